@@ -1,0 +1,297 @@
+"""Every message on the bus, as pydantic v2 models.
+
+Each message carries the envelope ``v`` (schema version), ``type``, ``match``,
+``seq`` (per-sender counter) and ``ts`` (sender's wall clock). ``type`` is the
+discriminator of the ``Message`` union, so one ``parse()`` call validates any
+payload in a single pass through pydantic-core.
+
+The models are data only: routing lives in ``backroom.referee`` and rules in
+``backroom.games``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+SCHEMA_VERSION = 1
+#: Largest payload the referee accepts from an agent; bigger ones get an error.
+MAX_PAYLOAD_BYTES = 64 * 1024
+#: Longest chat text (the Trust-and-Split paper allows 500 characters).
+MAX_CHAT_CHARS = 2000
+
+JSON = Any
+AgentId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class Envelope(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    v: Literal[1] = SCHEMA_VERSION
+    match: str | None = Field(default=None, max_length=128)
+    seq: int = Field(default=0, ge=0)
+    ts: float = Field(default_factory=time.time)
+
+
+# --- match configuration (travels inside a match request) -------------------
+
+
+class ChannelSpec(BaseModel):
+    """A talk channel: who may speak and hear, who overhears, when it is open.
+
+    ``opens``:
+      * ``before_act`` — before each of a member's act turns the member gets a
+        talk turn on this channel (Loki's message-then-act protocol);
+      * ``always`` — members may send chat at any time during the match;
+      * ``game`` — the game's own talk phases (Trust-and-Split, beauty contest
+        discussion) are routed to this channel.
+    ``max_messages`` bounds messages per member per opening (``before_act``,
+    ``game``) or per match (``always``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    members: list[int] = Field(description="seat indices that may speak and hear")
+    eavesdroppers: list[int] = Field(default_factory=list, description="seats that hear, marked overheard")
+    opens: Literal["before_act", "always", "game"] = "before_act"
+    max_messages: int = Field(default=1, ge=0, le=1000)
+    max_chars: int = Field(default=500, ge=1, le=MAX_CHAT_CHARS)
+
+
+class RewardTransform(BaseModel):
+    """Post-game reward shaping. ``coalition``: members each get the mean of their returns (Loki eq. 1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["none", "coalition"] = "none"
+    members: list[int] = Field(default_factory=list)
+
+
+class MatchSpec(BaseModel):
+    """Everything a referee needs to run one match."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    game: str
+    params: dict[str, JSON] = Field(default_factory=dict)
+    seats: list[AgentId] = Field(min_length=1, description="agent id per seat")
+    channels: list[ChannelSpec] = Field(default_factory=list)
+    transform: RewardTransform = Field(default_factory=RewardTransform)
+    turn_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    on_timeout: Literal["default", "random", "forfeit"] = "default"
+    seed: int = 0
+    crn_group: str | None = None
+    run: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$")
+
+
+# --- messages -----------------------------------------------------------------
+
+
+class MatchRequest(Envelope):
+    type: Literal["match_request"] = "match_request"
+    spec: MatchSpec
+
+
+class MatchStart(Envelope):
+    type: Literal["match_start"] = "match_start"
+    seat: int
+    seats: list[str]
+    game: str
+    params: dict[str, JSON] = Field(default_factory=dict)
+    channels: list[ChannelSpec] = Field(default_factory=list, description="channels this seat is in or overhears")
+    turn_timeout_s: float
+
+
+class Turn(Envelope):
+    """Your move: the observation, its text, and what you may answer."""
+
+    type: Literal["turn"] = "turn"
+    turn: int = Field(ge=0)
+    seat: int
+    phase: Literal["talk", "act"]
+    channel: str | None = None
+    observation: dict[str, JSON]
+    prompt: str = ""
+    legal: dict[str, JSON] = Field(default_factory=dict)
+    deadline_s: float
+
+
+class Action(Envelope):
+    type: Literal["action"] = "action"
+    turn: int = Field(ge=0)
+    action: JSON
+
+
+class Chat(Envelope):
+    """A message to a channel; in a talk turn ``turn`` names it, free chat leaves it out."""
+
+    type: Literal["chat"] = "chat"
+    channel: str
+    text: str = Field(max_length=MAX_CHAT_CHARS)
+    turn: int | None = None
+
+
+class Delivery(Envelope):
+    """A chat message as delivered to one reader; ``overheard`` for eavesdroppers."""
+
+    type: Literal["message"] = "message"
+    channel: str
+    sender: str
+    sender_seat: int
+    text: str
+    overheard: bool = False
+
+
+class Error(Envelope):
+    type: Literal["error"] = "error"
+    reason: str
+    detail: str = ""
+    ref_seq: int | None = None
+
+
+class MatchEnd(Envelope):
+    type: Literal["match_end"] = "match_end"
+    seat: int
+    returns: list[float]
+    raw_returns: list[float]
+    reason: str
+    observation: dict[str, JSON] = Field(default_factory=dict)
+
+
+class Status(Envelope):
+    type: Literal["status"] = "status"
+    state: Literal["online", "offline"]
+    kind: str = ""
+
+
+class Event(Envelope):
+    """A public event of a match (``matches/{match}/public``): nothing private goes here."""
+
+    type: Literal["event"] = "event"
+    kind: str
+    data: dict[str, JSON] = Field(default_factory=dict)
+
+
+class ActionRecord(BaseModel):
+    turn: int
+    t: float
+    seat: int
+    agent: str
+    phase: Literal["talk", "act"]
+    action: JSON
+    timed_out: bool = False
+
+
+class DeliveryRecord(BaseModel):
+    t: float
+    channel: str
+    from_seat: int
+    to_seat: int
+    text: str
+    overheard: bool
+
+
+class EpisodeRecord(BaseModel):
+    """One finished match, as published on ``episodes/{game}`` and appended to episodes.jsonl."""
+
+    match: str
+    run: str
+    referee: str
+    spec: MatchSpec
+    game: str
+    params: dict[str, JSON]
+    seed: int
+    crn_group: str | None
+    seats: list[str]
+    actions: list[ActionRecord]
+    deliveries: list[DeliveryRecord]
+    round_rewards: list[list[float]]
+    raw_returns: list[float]
+    returns: list[float]
+    reason: Literal["normal", "timeout", "forfeit", "error", "voided"]
+    detail: str = ""
+    timeouts: list[int] = Field(default_factory=list, description="seat of each timed-out turn")
+    invalid_inputs: int = 0
+    started_at: float
+    ended_at: float
+    final_observations: list[dict[str, JSON]] = Field(default_factory=list)
+
+
+class Episode(Envelope):
+    type: Literal["episode"] = "episode"
+    record: EpisodeRecord
+
+
+class Trace(Envelope):
+    """One decision of a trainable agent, joined with episodes by (match, turn)."""
+
+    type: Literal["trace"] = "trace"
+    agent: str
+    turn: int
+    phase: Literal["talk", "act"]
+    prompt_ids: list[int] = Field(default_factory=list)
+    completion_ids: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    adapter_version: str | None = None
+    request: JSON = None
+    reply: JSON = None
+
+
+class Checkpoint(Envelope):
+    type: Literal["checkpoint"] = "checkpoint"
+    policy: str
+    version: str
+    uri: str
+
+
+Message = Annotated[
+    MatchRequest
+    | MatchStart
+    | Turn
+    | Action
+    | Chat
+    | Delivery
+    | Error
+    | MatchEnd
+    | Status
+    | Event
+    | Episode
+    | Trace
+    | Checkpoint,
+    Field(discriminator="type"),
+]
+
+_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+
+
+class WireError(ValueError):
+    """A payload that is not a valid message; ``reason`` is a short code for metrics."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def parse(payload: bytes | str) -> Message:
+    """Validate any wire payload; raise ``WireError`` with a reason an agent can act on."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise WireError("oversized", f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    try:
+        return _ADAPTER.validate_json(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        kind = first["type"]
+        loc = ".".join(str(x) for x in first["loc"])
+        if kind == "json_invalid":
+            raise WireError("malformed", f"not JSON: {first['msg']}") from None
+        if kind in ("union_tag_invalid", "union_tag_not_found", "model_attributes_type"):
+            raise WireError("unknown_type", f"{first['msg']}") from None
+        raise WireError("invalid", f"{loc}: {first['msg']}") from None
+
+
+def dump(msg: BaseModel) -> bytes:
+    return msg.model_dump_json(exclude_none=False).encode()

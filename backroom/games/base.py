@@ -1,0 +1,209 @@
+"""The game interface every rules engine implements.
+
+Modelled on OpenSpiel's ``State``: a game is a small state machine with the
+current players, their legal actions, ``apply`` and ``returns``. Two choices
+differ from OpenSpiel, both because backroom's games are played over a bus by
+agents that talk:
+
+* ``current_players()`` is a *set*: simultaneous moves (IPD, Bertrand, the
+  beauty contest) are first-class, and a turn-based game returns one player.
+* ``phase`` is ``"talk"`` or ``"act"``: in a talk phase the "action" is a text
+  message, which the referee routes by channel.
+
+Chance is explicit. A state built with ``new_initial_state(seed=None)`` stops
+at chance nodes (``current_players() == {CHANCE}``) so solvers can enumerate
+``chance_outcomes()``; with an integer seed the state resolves chance itself
+from ``random.Random(seed)``, so the same seed replays the same chance — which
+is what a common-random-numbers (CRN) group needs.
+
+Engines are pure: no I/O, no asyncio, no clocks. Everything here must be
+deterministic given the seed and the actions.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+#: The pseudo-player that moves at chance nodes (OpenSpiel uses -1 too).
+CHANCE = -1
+
+Phase = Literal["talk", "act"]
+#: An action is any JSON value: an int or name for card games, a number for a
+#: price, a dict for a proposal, a string for a message in a talk phase.
+Action = Any
+JSON = Any
+
+
+class IllegalActionError(ValueError):
+    """The action is not allowed here; the message says why, for the agent."""
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """How an agent may answer: a finite list of choices, or a described shape.
+
+    Finite games list ``choices``; games with a continuous or very large action
+    set (a price, a three-way split) leave ``choices`` empty and describe the
+    value in ``schema`` (a small JSON-schema-like dict) instead.
+    """
+
+    choices: tuple[Action, ...] = ()
+    schema: dict[str, JSON] = field(default_factory=dict)
+    names: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, JSON]:
+        out: dict[str, JSON] = {}
+        if self.choices:
+            out["choices"] = list(self.choices)
+        if self.names:
+            out["names"] = list(self.names)
+        if self.schema:
+            out["schema"] = self.schema
+        return out
+
+
+class State(ABC):
+    """One point of play. Subclasses implement the ``_``-prefixed hooks."""
+
+    game: Game
+    phase: Phase = "act"
+
+    def __init__(self, game: Game, seed: int | None) -> None:
+        self.game = game
+        self.seed = seed
+        self._rng = random.Random(seed) if seed is not None else None
+        #: Per-round rewards, appended by engines that pay out during play.
+        self.round_rewards: list[list[float]] = []
+
+    # --- the public interface ------------------------------------------------
+
+    @abstractmethod
+    def current_players(self) -> frozenset[int]:
+        """Players who must move now; ``{CHANCE}`` at a chance node; empty when over."""
+
+    @abstractmethod
+    def legal_actions(self, player: int) -> Sequence[Action]:
+        """The finite set of legal actions (games with infinite sets override ``action_spec``)."""
+
+    @abstractmethod
+    def observation(self, player: int) -> dict[str, JSON]:
+        """What ``player`` may know now, as JSON-able data for non-LLM agents."""
+
+    @abstractmethod
+    def prompt(self, player: int) -> str:
+        """The same information as text, for an LLM."""
+
+    @abstractmethod
+    def is_terminal(self) -> bool: ...
+
+    @abstractmethod
+    def returns(self) -> list[float]:
+        """Total reward of each player (meaningful once terminal)."""
+
+    def information_state(self, player: int) -> str:
+        """A string that identifies what ``player`` knows; policies are keyed by it."""
+        raise NotImplementedError(f"{type(self).__name__} defines no information-state strings")
+
+    def action_spec(self, player: int) -> ActionSpec:
+        return ActionSpec(choices=tuple(self.legal_actions(player)))
+
+    def check_action(self, player: int, action: Action) -> Action:
+        """Validate one player's action; return its canonical form or raise ``IllegalActionError``."""
+        if player not in self.current_players():
+            raise IllegalActionError(f"player {player} is not to move")
+        legal = self.legal_actions(player)
+        if action in legal:
+            return action
+        raise IllegalActionError(f"{action!r} is not legal here; legal: {list(legal)}")
+
+    def default_action(self, player: int) -> Action:
+        """What the referee plays for a seat that timed out (a fold, a pass, a no-op)."""
+        return self.legal_actions(player)[0]
+
+    def chance_outcomes(self) -> list[tuple[Action, float]]:
+        raise NotImplementedError(f"{type(self).__name__} has no chance node here")
+
+    def apply(self, actions: Mapping[int, Action]) -> None:
+        """Apply one move: an action for every current player (or ``{CHANCE: outcome}``)."""
+        movers = self.current_players()
+        if set(actions) != set(movers):
+            raise IllegalActionError(f"expected actions for {sorted(movers)}, got {sorted(actions)}")
+        if movers == {CHANCE}:
+            self._apply_chance(actions[CHANCE])
+        else:
+            checked = {p: self.check_action(p, a) for p, a in actions.items()}
+            self._apply(checked)
+        self._resolve_chance()
+
+    def clone(self) -> State:
+        return copy.deepcopy(self)
+
+    @property
+    def num_players(self) -> int:
+        return self.game.num_players
+
+    # --- hooks for engines ---------------------------------------------------
+
+    @abstractmethod
+    def _apply(self, actions: Mapping[int, Action]) -> None: ...
+
+    def _apply_chance(self, outcome: Action) -> None:
+        raise NotImplementedError
+
+    def _resolve_chance(self) -> None:
+        """With a seed, sample chance nodes away so agents never see them."""
+        if self._rng is None:
+            return
+        while self.current_players() == {CHANCE}:
+            outcomes = self.chance_outcomes()
+            values = [o for o, _ in outcomes]
+            weights = [p for _, p in outcomes]
+            self._apply_chance(self._rng.choices(values, weights)[0])
+
+
+class Game(ABC):
+    """A game with fixed parameters; ``new_initial_state`` starts a play."""
+
+    name: ClassVar[str]
+    num_players: int
+
+    @abstractmethod
+    def new_initial_state(self, seed: int | None = None) -> State: ...
+
+    def params(self) -> dict[str, JSON]:
+        """The parameters that made this game, for the episode record."""
+        return {}
+
+
+_REGISTRY: dict[str, type[Game]] = {}
+
+
+def register(cls: type[Game]) -> type[Game]:
+    """Class decorator: make a game constructible by name from a config."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def make_game(name: str, **params: Any) -> Game:
+    """Build a registered game; unknown names and bad parameters raise ``ValueError``."""
+    from backroom import games as _games  # noqa: F401  (imports register the engines)
+
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown game {name!r}; known: {sorted(_REGISTRY)}") from None
+    try:
+        return cls(**params)
+    except TypeError as exc:
+        raise ValueError(f"bad parameters for game {name!r}: {exc}") from None
+
+
+def registered_games() -> list[str]:
+    from backroom import games as _games  # noqa: F401
+
+    return sorted(_REGISTRY)
