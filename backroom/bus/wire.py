@@ -90,8 +90,12 @@ class MatchSpec(BaseModel):
 # --- messages -----------------------------------------------------------------
 
 
+MATCH_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+
 class MatchRequest(Envelope):
     type: Literal["match_request"] = "match_request"
+    match: str = Field(pattern=MATCH_ID)  # type: ignore[assignment]
     spec: MatchSpec
 
 
@@ -123,6 +127,7 @@ class Action(Envelope):
     type: Literal["action"] = "action"
     turn: int = Field(ge=0)
     action: JSON
+    seat: int | None = Field(default=None, description="needed only when one agent holds several seats")
 
 
 class Chat(Envelope):
@@ -132,6 +137,7 @@ class Chat(Envelope):
     channel: str
     text: str = Field(max_length=MAX_CHAT_CHARS)
     turn: int | None = None
+    seat: int | None = None
 
 
 class Delivery(Envelope):

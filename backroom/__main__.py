@@ -1,0 +1,3 @@
+from backroom.cli import main
+
+main()

@@ -1,0 +1,168 @@
+"""Connects an ``Agent`` to the bus: status, inbox, answers, reconnects.
+
+Each agent has its own MQTT identity (username = agent id), reads only its own
+inbox and writes only its own outbox and status — the broker enforces that.
+Its status topic is retained, with a last will of ``offline``, so the referee
+learns at once when an agent process dies and stops waiting on it.
+
+Usage from any script or notebook, against a running stack::
+
+    async with AgentRunner(MyAgent("alice"), BusConfig.from_url(url, "alice", pw)) as runner:
+        await runner.wait_closed()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from backroom import metrics
+from backroom.agents.base import Agent
+from backroom.bus import topics
+from backroom.bus.client import Bus, BusConfig, Will
+from backroom.bus.wire import (
+    Action,
+    Chat,
+    Delivery,
+    Error,
+    MatchEnd,
+    MatchStart,
+    Status,
+    Turn,
+    WireError,
+    dump,
+    parse,
+)
+
+log = logging.getLogger("backroom.agent")
+
+
+class AgentRunner:
+    def __init__(self, agent: Agent, config: BusConfig) -> None:
+        if config.username and config.username != agent.id:
+            raise ValueError(f"agent id {agent.id!r} must equal its MQTT username {config.username!r}")
+        config.username = agent.id
+        self.agent = agent
+        self.config = config
+        self.bus: Bus | None = None
+        self.errors: deque[Error] = deque(maxlen=1000)
+        self.answered: deque[tuple[str | None, int, int]] = deque(maxlen=10_000)
+        self._answered_set: set[tuple[str | None, int, int]] = set()
+        self.seq = 0
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.lock = asyncio.Lock()
+        self._closed = asyncio.Event()
+
+    async def __aenter__(self) -> AgentRunner:
+        await self.agent.setup()
+        offline = Status(state="offline", kind=self.agent.kind)
+        self.bus = Bus(
+            self.config,
+            will=Will(topics.status(self.agent.id), dump(offline)),
+            on_connect=[self._announce],
+            role="agent",
+        )
+        await self.bus.__aenter__()
+        await self.bus.subscribe(topics.inbox(self.agent.id), self._on_inbox)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.bus is not None:
+            try:
+                await asyncio.wait_for(
+                    self.bus.publish(
+                        topics.status(self.agent.id), Status(state="offline", kind=self.agent.kind), retain=True
+                    ),
+                    2,
+                )
+            except Exception:  # the will covers us if the broker is gone
+                pass
+            await self.bus.close()
+        for t in list(self.tasks):
+            t.cancel()
+        await self.agent.close()
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def _announce(self) -> None:
+        assert self.bus is not None
+        await self.bus.publish(
+            topics.status(self.agent.id), Status(state="online", kind=self.agent.kind), retain=True
+        )
+
+    # --- inbox -----------------------------------------------------------------------
+
+    def _on_inbox(self, _topic: str, payload: bytes) -> None:
+        try:
+            msg = parse(payload)
+        except WireError as exc:
+            log.warning("%s: unreadable inbox message: %s", self.agent.id, exc)
+            return
+        if isinstance(msg, Turn):
+            key = (msg.match, msg.turn, msg.seat)
+            if key in self._answered_set:
+                return  # a QoS 1 redelivery of a turn already answered
+            self._remember(key)
+            self._spawn(self._decide(msg))
+        elif isinstance(msg, Delivery):
+            self._spawn(self.agent.on_message(msg))
+        elif isinstance(msg, MatchStart):
+            self._spawn(self.agent.on_match_start(msg))
+        elif isinstance(msg, MatchEnd):
+            self._spawn(self.agent.on_match_end(msg))
+        elif isinstance(msg, Error):
+            self.errors.append(msg)
+            metrics.AGENT_ERRORS.labels(kind=self.agent.kind, reason=msg.reason).inc()
+            log.info("%s: referee says %s: %s", self.agent.id, msg.reason, msg.detail)
+
+    def _remember(self, key: tuple[str | None, int, int]) -> None:
+        if len(self.answered) == self.answered.maxlen:
+            self._answered_set.discard(self.answered[0])
+        self.answered.append(key)
+        self._answered_set.add(key)
+
+    async def _decide(self, turn: Turn) -> None:
+        if self.agent.concurrent:
+            reply = await self._reply(turn)
+        else:
+            async with self.lock:
+                reply = await self._reply(turn)
+        if reply is None:
+            return
+        self.seq += 1
+        reply.seq = self.seq
+        assert self.bus is not None
+        await self.bus.publish(topics.outbox(self.agent.id), reply)
+
+    async def _reply(self, turn: Turn) -> Action | Chat | None:
+        metrics.AGENT_DECISIONS.labels(kind=self.agent.kind, phase=turn.phase).inc()
+        try:
+            if turn.phase == "talk":
+                text = await self.agent.talk(turn)
+                return Chat(match=turn.match, turn=turn.turn, seat=turn.seat, channel=turn.channel or "", text=text or "")
+            action = await self.agent.act(turn)
+            return Action(match=turn.match, turn=turn.turn, seat=turn.seat, action=action)
+        except Exception:
+            # A bug in the agent's policy leaves the seat to the referee's timeout default.
+            log.exception("%s: decision failed for %s turn %s", self.agent.id, turn.match, turn.turn)
+            return None
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+async def serve(agent: Agent, config: BusConfig) -> None:
+    """Run one agent until cancelled."""
+    async with AgentRunner(agent, config) as runner:
+        await runner.wait_closed()
+
+
+async def serve_many(agents: list[Agent], configs: list[BusConfig]) -> None:
+    """Host several agents in one process, each with its own identity and connection."""
+    await asyncio.gather(*(serve(a, c) for a, c in zip(agents, configs, strict=True)))

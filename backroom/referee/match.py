@@ -1,0 +1,406 @@
+"""One match, refereed: turns, deadlines, legality, channels, rewards, the record.
+
+The referee owns the game state; agents only ever see what their seat may see
+(``state.observation(seat)``) and chat from channels they belong to or
+overhear. Every action and every delivery is written into the episode record,
+so "who saw what" can be audited afterwards.
+
+A match never stops on bad input: an invalid, illegal, late or out-of-turn
+message gets an ``Error`` back in the sender's inbox and play goes on; a seat
+that does not answer in time gets the configured default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from backroom import metrics
+from backroom.bus import topics
+from backroom.bus.wire import (
+    Action,
+    ActionRecord,
+    ChannelSpec,
+    Chat,
+    Delivery,
+    DeliveryRecord,
+    EpisodeRecord,
+    Error,
+    Event,
+    MatchEnd,
+    MatchSpec,
+    MatchStart,
+    Turn,
+)
+from backroom.games import IllegalActionError, State, make_game
+from backroom.referee.transforms import apply_transform
+
+if TYPE_CHECKING:
+    from backroom.referee.service import Referee
+
+#: Name of the implicit all-seats channel used for a game's own talk phases.
+TABLE = "table"
+
+
+class Forfeit(Exception):
+    def __init__(self, seat: int) -> None:
+        self.seat = seat
+
+
+class Voided(Exception):
+    pass
+
+
+@dataclass
+class Pending:
+    """A seat the referee is waiting on, for one turn."""
+
+    turn: int
+    phase: str
+    channel: str | None
+    future: asyncio.Future[Any]
+    sent_at: float = field(default_factory=time.perf_counter)
+
+
+class Match:
+    def __init__(self, referee: Referee, match_id: str, spec: MatchSpec) -> None:
+        self.referee = referee
+        self.id = match_id
+        self.spec = spec
+        self.game = make_game(spec.game, **spec.params)
+        if len(spec.seats) != self.game.num_players:
+            raise ValueError(
+                f"game {spec.game} with {spec.params} seats {self.game.num_players} players, "
+                f"the request names {len(spec.seats)}"
+            )
+        self.channels = {c.name: c for c in spec.channels}
+        for c in spec.channels:
+            bad = [s for s in c.members + c.eavesdroppers if not 0 <= s < self.game.num_players]
+            if bad:
+                raise ValueError(f"channel {c.name!r} names seats {bad} outside 0..{self.game.num_players - 1}")
+        if TABLE not in self.channels and not any(c.opens == "game" for c in spec.channels):
+            self.channels[TABLE] = ChannelSpec(
+                name=TABLE, members=list(range(self.game.num_players)), opens="game", max_messages=1000
+            )
+        self.state: State = self.game.new_initial_state(spec.seed)
+        self.rng = random.Random(spec.seed ^ 0x5EED)
+        self.turn_no = 0
+        self.seq = 0
+        self.pending: dict[int, Pending] = {}
+        self.free_chat_used: dict[tuple[str, int], int] = {}
+        self.actions: list[ActionRecord] = []
+        self.deliveries: list[DeliveryRecord] = []
+        self.timeouts: list[int] = []
+        self.invalid_inputs = 0
+        self.started_at = time.time()
+        self.voided: str | None = None
+
+    # --- the match loop ---------------------------------------------------------
+
+    async def run(self) -> None:
+        reason, detail = "normal", ""
+        try:
+            self.start()
+            while not self.state.is_terminal():
+                if self.voided:
+                    raise Voided(self.voided)
+                await self.step()
+            if self.timeouts:
+                reason, detail = "timeout", f"{len(self.timeouts)} turn(s) timed out"
+        except Forfeit as f:
+            reason, detail = "forfeit", f"seat {f.seat} ({self.spec.seats[f.seat]}) forfeited by timeout"
+        except Voided as v:
+            reason, detail = "voided", str(v)
+        except Exception as exc:  # a bug in a game engine must not take the referee down
+            reason, detail = "error", f"{type(exc).__name__}: {exc}"
+            self.referee.log.exception("match %s failed", self.id)
+        finally:
+            for p in self.pending.values():
+                p.future.cancel()
+            self.pending.clear()
+        await self.finish(reason, detail)
+
+    def start(self) -> None:
+        metrics.MATCHES_STARTED.labels(game=self.spec.game).inc()
+        for seat, agent in enumerate(self.spec.seats):
+            mine = [c for c in self.channels.values() if seat in c.members or seat in c.eavesdroppers]
+            self.send(
+                agent,
+                MatchStart(
+                    seat=seat,
+                    seats=list(self.spec.seats),
+                    game=self.spec.game,
+                    params=self.game.params(),
+                    channels=mine,
+                    turn_timeout_s=self.spec.turn_timeout_s,
+                ),
+            )
+        self.public("started", {"game": self.spec.game, "seats": list(self.spec.seats)})
+
+    async def step(self) -> None:
+        state = self.state
+        players = sorted(state.current_players())
+        if state.phase == "talk":
+            channel = self.game_channel()
+            texts = await self.turn(players, "talk", channel.name)
+            for seat, text in texts.items():
+                if text:
+                    self.deliver(seat, channel, text)
+            self.apply({p: texts.get(p) or "" for p in players}, "talk")
+            return
+        for channel in self.channels.values():
+            if channel.opens == "before_act" and channel.max_messages > 0:
+                speakers = [p for p in players if p in channel.members]
+                for _ in range(channel.max_messages):
+                    if not speakers:
+                        break
+                    texts = await self.turn(speakers, "talk", channel.name)
+                    for seat, text in texts.items():
+                        if text:
+                            self.deliver(seat, channel, text)
+        actions = await self.turn(players, "act", None)
+        self.apply(actions, "act")
+
+    def apply(self, actions: dict[int, Any], phase: str) -> None:
+        self.state.apply(actions)
+        if phase == "act":
+            self.public("moved", {"turn": self.turn_no, "actions": {str(s): a for s, a in actions.items()}})
+
+    def void(self, why: str) -> None:
+        """Stop the match at the next await; its record will say ``voided`` and why."""
+        self.voided = why
+        for p in self.pending.values():
+            if not p.future.done():
+                p.future.cancel()
+
+    def seat_offline(self, agent: str) -> None:
+        for seat, p in self.pending.items():
+            if self.spec.seats[seat] == agent and not p.future.done():
+                p.future.cancel()
+
+    def game_channel(self) -> ChannelSpec:
+        for c in self.channels.values():
+            if c.opens == "game":
+                return c
+        return self.channels[TABLE]
+
+    # --- turns ----------------------------------------------------------------
+
+    async def turn(self, seats: list[int], phase: str, channel: str | None) -> dict[int, Any]:
+        """Ask ``seats`` for their move, wait until all answer or the deadline passes."""
+        self.turn_no += 1
+        loop = asyncio.get_running_loop()
+        for seat in seats:
+            fut: asyncio.Future[Any] = loop.create_future()
+            self.pending[seat] = Pending(self.turn_no, phase, channel, fut)
+            self.send_turn(seat)
+        waits = {seat: self.pending[seat].future for seat in seats}
+        for seat in seats:
+            # A seat whose agent announced itself offline (its last will) gets
+            # the timeout default now instead of holding the table up.
+            if self.spec.seats[seat] in self.referee.offline:
+                waits[seat].cancel()
+        open_futures = [f for f in waits.values() if not f.done()]
+        if open_futures:
+            await asyncio.wait(open_futures, timeout=self.spec.turn_timeout_s)
+        if self.voided:
+            raise Voided(self.voided)
+        answers: dict[int, Any] = {}
+        for seat, fut in waits.items():
+            self.pending.pop(seat, None)
+            if fut.done() and not fut.cancelled():
+                answers[seat] = fut.result()
+            else:
+                fut.cancel()
+                answers[seat] = self.on_timeout(seat, phase)
+        return answers
+
+    def send_turn(self, seat: int) -> None:
+        p = self.pending[seat]
+        state = self.state
+        legal = state.action_spec(seat).to_json() if p.phase == "act" else {
+            "schema": {"type": "string", "maxLength": self.channels[p.channel or TABLE].max_chars}
+        }
+        self.send(
+            self.spec.seats[seat],
+            Turn(
+                turn=p.turn,
+                seat=seat,
+                phase="talk" if p.phase == "talk" else "act",
+                channel=p.channel,
+                observation=state.observation(seat),
+                prompt=state.prompt(seat),
+                legal=legal,
+                deadline_s=self.spec.turn_timeout_s,
+            ),
+        )
+
+    def on_timeout(self, seat: int, phase: str) -> Any:
+        metrics.TIMEOUTS.labels(game=self.spec.game, phase=phase).inc()
+        self.timeouts.append(seat)
+        if phase == "talk":
+            self.record(seat, "talk", None, timed_out=True)
+            return None
+        if self.spec.on_timeout == "forfeit":
+            raise Forfeit(seat)
+        if self.spec.on_timeout == "random":
+            action = self.rng.choice(list(self.state.legal_actions(seat)))
+        else:
+            action = self.state.default_action(seat)
+        self.record(seat, "act", action, timed_out=True)
+        return action
+
+    # --- input from agents -------------------------------------------------------
+
+    def on_message(self, agent: str, msg: Action | Chat) -> None:
+        seats = [i for i, a in enumerate(self.spec.seats) if a == agent]
+        if not seats:
+            return self.reject(agent, msg, "not_seated", f"{agent} has no seat in match {self.id}")
+        if msg.seat is not None:
+            if msg.seat not in seats:
+                return self.reject(agent, msg, "not_your_seat", f"seat {msg.seat} is not yours")
+            seats = [msg.seat]
+        if isinstance(msg, Chat) and msg.turn is None:
+            return self.free_chat(agent, seats[0], msg)
+        waiting = [s for s in seats if s in self.pending]
+        if not waiting:
+            return self.reject(agent, msg, "not_your_turn", "no turn of yours is open")
+        seat = waiting[0]
+        p = self.pending[seat]
+        if msg.turn != p.turn:
+            reason = "late" if msg.turn < p.turn else "bad_turn"
+            return self.reject(agent, msg, reason, f"turn {msg.turn} is not the open turn {p.turn}")
+        if isinstance(msg, Chat):
+            if p.phase != "talk":
+                return self.reject(agent, msg, "wrong_phase", "this turn wants an action, not chat")
+            if msg.channel != p.channel:
+                return self.reject(agent, msg, "wrong_channel", f"this talk turn is on {p.channel!r}")
+            limit = self.channels[p.channel or TABLE].max_chars
+            if len(msg.text) > limit:
+                return self.reject(agent, msg, "too_long", f"{len(msg.text)} characters > {limit}")
+            answer: Any = msg.text
+            if p.phase == "talk" and self.state.phase == "talk":
+                try:
+                    self.state.check_action(seat, msg.text)
+                except IllegalActionError as exc:
+                    return self.reject(agent, msg, "illegal_action", str(exc))
+        else:
+            if p.phase != "act":
+                return self.reject(agent, msg, "wrong_phase", "this turn wants chat on its channel")
+            try:
+                answer = self.state.check_action(seat, msg.action)
+            except IllegalActionError as exc:
+                return self.reject(agent, msg, "illegal_action", str(exc))
+        metrics.TURN_LATENCY.labels(kind=self.referee.kind_of(agent), phase=p.phase).observe(
+            time.perf_counter() - p.sent_at
+        )
+        self.pending.pop(seat)
+        self.record(seat, p.phase, answer)
+        p.future.set_result(answer)
+
+    def free_chat(self, agent: str, seat: int, msg: Chat) -> None:
+        channel = self.channels.get(msg.channel)
+        if channel is None or seat not in channel.members:
+            return self.reject(agent, msg, "not_a_member", f"you are not a member of channel {msg.channel!r}")
+        if channel.opens != "always":
+            return self.reject(agent, msg, "channel_closed", f"channel {msg.channel!r} opens only in talk turns")
+        used = self.free_chat_used.get((channel.name, seat), 0)
+        if used >= channel.max_messages:
+            return self.reject(agent, msg, "quota", f"{channel.max_messages} messages per match on {channel.name!r}")
+        if len(msg.text) > channel.max_chars:
+            return self.reject(agent, msg, "too_long", f"{len(msg.text)} characters > {channel.max_chars}")
+        self.free_chat_used[(channel.name, seat)] = used + 1
+        self.deliver(seat, channel, msg.text)
+
+    def reject(self, agent: str, msg: Action | Chat, reason: str, detail: str) -> None:
+        self.invalid_inputs += 1
+        self.referee.reject(agent, reason, detail, match=self.id, ref_seq=msg.seq)
+
+    # --- output -------------------------------------------------------------------
+
+    def deliver(self, seat: int, channel: ChannelSpec, text: str) -> None:
+        """Route one chat message: members hear it, eavesdroppers overhear it, all of it recorded."""
+        now = time.time()
+        sender = self.spec.seats[seat]
+        readers = [(s, False) for s in channel.members if s != seat]
+        readers += [(s, True) for s in channel.eavesdroppers if s not in channel.members]
+        for to_seat, overheard in readers:
+            self.send(
+                self.spec.seats[to_seat],
+                Delivery(channel=channel.name, sender=sender, sender_seat=seat, text=text, overheard=overheard),
+            )
+            self.deliveries.append(
+                DeliveryRecord(t=now, channel=channel.name, from_seat=seat, to_seat=to_seat, text=text, overheard=overheard)
+            )
+        if channel.name == TABLE:
+            self.public("talk", {"seat": seat, "text": text})
+
+    def record(self, seat: int, phase: str, action: Any, timed_out: bool = False) -> None:
+        self.actions.append(
+            ActionRecord(
+                turn=self.turn_no,
+                t=time.time(),
+                seat=seat,
+                agent=self.spec.seats[seat],
+                phase="talk" if phase == "talk" else "act",
+                action=action,
+                timed_out=timed_out,
+            )
+        )
+
+    def send(self, agent: str, msg: Any) -> None:
+        self.seq += 1
+        msg.match = self.id
+        msg.seq = self.seq
+        self.referee.send(topics.inbox(agent), msg)
+
+    def public(self, kind: str, data: dict[str, Any]) -> None:
+        self.seq += 1
+        self.referee.send(topics.public(self.id), Event(match=self.id, seq=self.seq, kind=kind, data=data))
+
+    async def finish(self, reason: str, detail: str) -> None:
+        state = self.state
+        terminal = state.is_terminal()
+        raw = list(state.returns()) if terminal and reason in ("normal", "timeout") else [0.0] * len(self.spec.seats)
+        returns = apply_transform(self.spec.transform, raw)
+        finals = [state.observation(s) for s in range(len(self.spec.seats))] if terminal else []
+        record = EpisodeRecord(
+            match=self.id,
+            run=self.spec.run,
+            referee=self.referee.id,
+            spec=self.spec,
+            game=self.spec.game,
+            params=self.game.params(),
+            seed=self.spec.seed,
+            crn_group=self.spec.crn_group,
+            seats=list(self.spec.seats),
+            actions=self.actions,
+            deliveries=self.deliveries,
+            round_rewards=list(state.round_rewards),
+            raw_returns=raw,
+            returns=returns,
+            reason=reason,  # type: ignore[arg-type]
+            detail=detail,
+            timeouts=self.timeouts,
+            invalid_inputs=self.invalid_inputs,
+            started_at=self.started_at,
+            ended_at=time.time(),
+            final_observations=finals,
+        )
+        await self.referee.finished(self, record)
+        for seat, agent in enumerate(self.spec.seats):
+            self.send(
+                agent,
+                MatchEnd(
+                    seat=seat,
+                    returns=returns,
+                    raw_returns=raw,
+                    reason=reason,
+                    observation=finals[seat] if finals else {},
+                ),
+            )
+        self.public("ended", {"reason": reason, "returns": returns})
+

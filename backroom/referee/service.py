@@ -1,0 +1,248 @@
+"""The referee process: takes match requests, runs matches, routes what agents send.
+
+Several referees split the work: match requests arrive through the shared
+subscription ``$share/referees/.../control/matches``, so the broker hands each
+request to one of them. Each referee reads every outbox and acts only on
+messages for its own matches.
+
+Input handling is the security boundary after the broker's ACL. The sender of
+an outbox message is the agent named in the topic (the ACL lets only that
+identity write there); anything that fails validation gets an ``Error`` with a
+reason in the sender's inbox and is counted in
+``backroom_invalid_inputs_total``. Nothing an agent sends can stop a match or
+the referee.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from backroom import metrics
+from backroom.bus import topics
+from backroom.bus.client import Bus, BusConfig, Will
+from backroom.bus.wire import (
+    Action,
+    Chat,
+    Episode,
+    EpisodeRecord,
+    Error,
+    MatchRequest,
+    Status,
+    WireError,
+    dump,
+    parse,
+)
+from backroom.referee.episodes import EpisodeLog
+from backroom.referee.match import Match
+
+#: How many finished match ids a referee remembers, to answer late messages and drop duplicate requests.
+FINISHED_MEMORY = 10_000
+
+
+class Referee:
+    def __init__(
+        self,
+        config: BusConfig,
+        runs_dir: str | Path = "runs",
+        referee_id: str | None = None,
+        max_matches: int = 10_000,
+    ) -> None:
+        self.config = config
+        self.id = referee_id or f"{config.username or 'referee'}@{socket.gethostname()}:{os.getpid()}"
+        self.log = logging.getLogger("backroom.referee")
+        self.episodes = EpisodeLog(runs_dir)
+        self.max_matches = max_matches
+        self.matches: dict[str, Match] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.finished_ids: OrderedDict[str, None] = OrderedDict()
+        self.offline: set[str] = set()
+        self.kinds: dict[str, str] = {}
+        self.bus: Bus | None = None
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    async def __aenter__(self) -> Referee:
+        name = self.config.username or "referee"
+        self.bus = Bus(
+            self.config,
+            will=Will(topics.status(name), dump(Status(state="offline", kind="referee"))),
+            on_connect=[self._announce],
+            on_disconnect=[self._on_disconnect],
+            role="referee",
+        )
+        await self.bus.__aenter__()
+        await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
+        await self.bus.subscribe(topics.ALL_OUTBOXES, self._on_outbox)
+        await self.bus.subscribe(topics.CONTROL_MATCHES_SHARED, self._on_request)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for match in list(self.matches.values()):
+            match.void("referee shutting down")
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=5)
+        if self.bus is not None:
+            await self.bus.close()
+
+    async def serve_forever(self) -> None:
+        async with self:
+            await asyncio.Event().wait()
+
+    async def _announce(self) -> None:
+        assert self.bus is not None
+        name = self.config.username or "referee"
+        await self.bus.publish(topics.status(name), Status(state="online", kind="referee"), retain=True)
+
+    async def _on_disconnect(self) -> None:
+        # Messages sent while the broker was away may be lost both ways, so a
+        # match in flight can no longer be refereed fairly: void it, and say so.
+        for match in list(self.matches.values()):
+            match.void("broker connection lost mid-match")
+
+    # --- inbound -------------------------------------------------------------------
+
+    def _on_request(self, _topic: str, payload: bytes) -> None:
+        try:
+            msg = parse(payload)
+        except WireError as exc:
+            metrics.INVALID_INPUTS.labels(reason=f"request_{exc.reason}").inc()
+            self.log.warning("bad match request: %s", exc)
+            return
+        if not isinstance(msg, MatchRequest):
+            metrics.INVALID_INPUTS.labels(reason="request_unknown_type").inc()
+            return
+        metrics.MESSAGES.labels(direction="in", type=msg.type).inc()
+        if msg.match in self.matches or msg.match in self.finished_ids:
+            return  # a redelivered request (QoS 1 is at least once): the match runs once
+        try:
+            match = Match(self, msg.match, msg.spec)
+        except ValueError as exc:
+            self.log.warning("refused match %s: %s", msg.match, exc)
+            self._publish_refusal(msg, str(exc))
+            return
+        self.matches[match.id] = match
+        self.idle.clear()
+        self._spawn(self._run_match(match))
+
+    async def _run_match(self, match: Match) -> None:
+        try:
+            await match.run()
+        finally:
+            self.matches.pop(match.id, None)
+            self.finished_ids[match.id] = None
+            while len(self.finished_ids) > FINISHED_MEMORY:
+                self.finished_ids.popitem(last=False)
+            if not self.matches:
+                self.idle.set()
+
+    def _on_outbox(self, topic: str, payload: bytes) -> None:
+        agent = topics.agent_of(topic)
+        if agent is None:
+            return
+        try:
+            msg = parse(payload)
+        except WireError as exc:
+            return self.reject(agent, exc.reason, exc.detail)
+        metrics.MESSAGES.labels(direction="in", type=msg.type).inc()
+        if not isinstance(msg, Action | Chat):
+            return self.reject(agent, "unexpected_type", f"agents send action or chat, not {msg.type!r}")
+        match = self.matches.get(msg.match or "")
+        if match is None:
+            if msg.match in self.finished_ids:
+                return self.reject(agent, "late", f"match {msg.match} has finished", msg.match, msg.seq)
+            return self.reject(agent, "unknown_match", f"no match {msg.match!r} is running here", msg.match, msg.seq)
+        match.on_message(agent, msg)
+
+    def _on_status(self, topic: str, payload: bytes) -> None:
+        agent = topics.agent_of(topic)
+        try:
+            msg = parse(payload)
+        except WireError:
+            return
+        if agent is None or not isinstance(msg, Status):
+            return
+        if msg.kind:
+            self.kinds[agent] = msg.kind
+        if msg.state == "offline":
+            self.offline.add(agent)
+            for match in self.matches.values():
+                match.seat_offline(agent)
+        else:
+            self.offline.discard(agent)
+
+    def kind_of(self, agent: str) -> str:
+        return self.kinds.get(agent, "unknown")
+
+    # --- outbound ------------------------------------------------------------------
+
+    def send(self, topic: str, msg: BaseModel) -> None:
+        """Publish without waiting for the PUBACK: the move path must not wait on the broker twice."""
+        metrics.MESSAGES.labels(direction="out", type=getattr(msg, "type", "?")).inc()
+        assert self.bus is not None
+        self._spawn(self.bus.publish(topic, msg))
+
+    def reject(
+        self, agent: str, reason: str, detail: str, match: str | None = None, ref_seq: int | None = None
+    ) -> None:
+        metrics.INVALID_INPUTS.labels(reason=reason).inc()
+        self.send(topics.inbox(agent), Error(match=match, reason=reason, detail=detail, ref_seq=ref_seq))
+
+    async def finished(self, match: Match, record: EpisodeRecord) -> None:
+        await self.episodes.append(record)
+        metrics.MATCHES_FINISHED.labels(game=record.game, outcome=record.reason).inc()
+        assert self.bus is not None
+        await self.bus.publish(topics.episodes(record.game), Episode(match=record.match, record=record))
+
+    def _publish_refusal(self, msg: MatchRequest, why: str) -> None:
+        """A request the referee cannot run still gets an episode, so the runner never waits forever."""
+        record = EpisodeRecord(
+            match=msg.match,
+            run=msg.spec.run,
+            referee=self.id,
+            spec=msg.spec,
+            game=msg.spec.game,
+            params=msg.spec.params,
+            seed=msg.spec.seed,
+            crn_group=msg.spec.crn_group,
+            seats=list(msg.spec.seats),
+            actions=[],
+            deliveries=[],
+            round_rewards=[],
+            raw_returns=[0.0] * len(msg.spec.seats),
+            returns=[0.0] * len(msg.spec.seats),
+            reason="error",
+            detail=f"refused: {why}",
+            started_at=time.time(),
+            ended_at=time.time(),
+        )
+        self.finished_ids[msg.match] = None
+
+        async def publish() -> None:
+            await self.episodes.append(record)
+            metrics.MATCHES_FINISHED.labels(game=record.game, outcome="error").inc()
+            assert self.bus is not None
+            await self.bus.publish(topics.episodes(record.game), Episode(match=record.match, record=record))
+
+        self._spawn(publish())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.log.error("referee task failed: %r", task.exception())
+

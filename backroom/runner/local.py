@@ -1,0 +1,275 @@
+"""``backroom run``: start what is missing, run the matches, collect the episodes.
+
+On one machine the runner starts a broker (when no URL is given), the
+referee(s) and every agent as separate OS processes — the same processes a
+user would start by hand on many machines — then submits match requests with
+at most ``concurrency`` in flight and gathers one episode per match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from backroom.bus import topics
+from backroom.bus.auth import CredentialStore
+from backroom.bus.broker import Broker
+from backroom.bus.client import Bus, BusConfig
+from backroom.bus.wire import EpisodeRecord, MatchRequest, Status, WireError, parse
+from backroom.runner.config import RunConfig
+
+
+class RunError(RuntimeError):
+    pass
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    episodes: list[EpisodeRecord]
+    seconds: float
+    run_dir: Path
+    broker_url: str
+
+    @property
+    def matches_per_second(self) -> float:
+        return len(self.episodes) / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Stack:
+    """The processes a run started; ``stop`` ends them all (a crash cannot leave orphans behind)."""
+
+    run_dir: Path
+    broker: Broker | None = None
+    url: str = ""
+    credentials: CredentialStore | None = None
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start_broker(self, url: str | None, credentials_dir: str | Path | None) -> None:
+        if url is None:
+            self.broker = Broker(self.run_dir / "broker").start()
+            self.url = self.broker.url
+            self.credentials = self.broker.credentials
+        else:
+            if credentials_dir is None:
+                raise RunError(
+                    "with --broker, pass --credentials DIR: the credentials.json of that broker "
+                    "(written by `backroom broker` or `backroom credentials add`)"
+                )
+            self.url = url
+            self.credentials = CredentialStore(credentials_dir)
+
+    def identity(self, username: str, role: str = "agent") -> BusConfig:
+        assert self.credentials is not None
+        cred = self.credentials.add(username, role=role)  # type: ignore[arg-type]
+        if self.broker is not None:
+            self.broker.reload()
+        return BusConfig.from_url(self.url, username=cred.username, password=cred.password)
+
+    def spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log = (logs / f"{name}.log").open("ab")
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "backroom", *args],
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def dead(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is not None]
+
+    def log_tail(self, name: str, lines: int = 15) -> str:
+        path = self.run_dir / "logs" / f"{name}.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if self.broker is not None:
+            self.broker.stop()
+
+
+def _env(cfg: BusConfig) -> dict[str, str]:
+    return {
+        "BACKROOM_BROKER": f"mqtt://{cfg.host}:{cfg.port}",
+        "BACKROOM_USERNAME": cfg.username or "",
+        "BACKROOM_PASSWORD": cfg.password or "",
+    }
+
+
+def start_processes(stack: Stack, config: RunConfig, runs_dir: Path) -> list[str]:
+    """Spawn the referee(s) and agents; return the identities to wait for."""
+    waiting = []
+    for i in range(config.referees):
+        name = "referee" if i == 0 else f"referee-{i}"
+        cfg = stack.identity(name, role="referee")
+        stack.spawn(name, ["referee", "--runs-dir", str(runs_dir)], _env(cfg))
+        waiting.append(name)
+    if config.agent_processes == "single":
+        passwords = {}
+        for a in config.agents:
+            passwords[a.id] = stack.identity(a.id).password or ""
+        spec = json.dumps([a.model_dump() for a in config.agents])
+        env = {**_env(stack.identity(config.agents[0].id)), "BACKROOM_PASSWORDS": json.dumps(passwords)}
+        stack.spawn("agents", ["agent-host", "--spec-json", spec], env)
+    else:
+        for a in config.agents:
+            cfg = stack.identity(a.id)
+            args = ["agent", a.kind, "--id", a.id, "--options-json", json.dumps(a.options)]
+            stack.spawn(a.id, args, _env(cfg))
+    waiting += [a.id for a in config.agents]
+    return waiting
+
+
+async def run_matches(
+    config: RunConfig,
+    bus_config: BusConfig,
+    wait_for: list[str],
+    stack: Stack | None = None,
+    on_episode: Callable[[EpisodeRecord, int], None] | None = None,
+    ready_timeout_s: float = 60.0,
+) -> list[EpisodeRecord]:
+    """Submit the run's matches (``concurrency`` in flight) and return one episode per match."""
+    online: set[str] = set()
+    ready = asyncio.Event()
+    episodes: dict[str, EpisodeRecord] = {}
+    window = asyncio.Semaphore(config.concurrency)
+    all_done = asyncio.Event()
+    nonce = f"{int(time.time() * 1000) % 10**10:010d}"
+    match_ids = [f"{config.run}.{nonce}.{suffix}" for suffix, _ in config.match_specs()]
+    wanted = set(match_ids)
+
+    def on_status(topic: str, payload: bytes) -> None:
+        agent = topics.agent_of(topic)
+        try:
+            msg = parse(payload)
+        except WireError:
+            return
+        if agent and isinstance(msg, Status):
+            (online.add if msg.state == "online" else online.discard)(agent)
+            if all(w in online for w in wait_for):
+                ready.set()
+
+    def on_episode_msg(_topic: str, payload: bytes) -> None:
+        try:
+            msg = parse(payload)
+        except WireError:
+            return
+        record = getattr(msg, "record", None)
+        if record is None or record.match not in wanted or record.match in episodes:
+            return  # someone else's run, or a redelivery
+        episodes[record.match] = record
+        window.release()
+        if on_episode:
+            on_episode(record, len(episodes))
+        if len(episodes) == len(wanted):
+            all_done.set()
+
+    async with Bus(bus_config, role="runner") as bus:
+        await bus.subscribe(topics.ALL_STATUS, on_status)
+        await bus.subscribe(topics.episodes(config.game), on_episode_msg)
+        if not wait_for:
+            ready.set()
+        deadline = time.monotonic() + ready_timeout_s
+        while not ready.is_set():
+            if stack is not None and (dead := stack.dead()):
+                raise RunError(
+                    f"process {dead[0]} exited before the run started:\n{stack.log_tail(dead[0])}"
+                )
+            if time.monotonic() > deadline:
+                missing = sorted(set(wait_for) - online)
+                raise RunError(f"not online after {ready_timeout_s}s: {missing}")
+            try:
+                await asyncio.wait_for(ready.wait(), 0.1)
+            except TimeoutError:
+                pass
+        for match_id, (_, spec) in zip(match_ids, config.match_specs(), strict=False):
+            await window.acquire()
+            await bus.publish(topics.CONTROL_MATCHES, MatchRequest(match=match_id, spec=spec))
+        while not all_done.is_set():
+            if stack is not None and (dead := [d for d in stack.dead() if d.startswith("referee")]):
+                raise RunError(f"referee {dead[0]} died:\n{stack.log_tail(dead[0])}")
+            try:
+                await asyncio.wait_for(all_done.wait(), 0.5)
+            except TimeoutError:
+                pass
+    return [episodes[m] for m in match_ids]
+
+
+async def run_local(
+    config: RunConfig,
+    runs_dir: str | Path = "runs",
+    broker_url: str | None = None,
+    credentials_dir: str | Path | None = None,
+    on_episode: Callable[[EpisodeRecord, int], None] | None = None,
+    external_agents: bool = False,
+) -> RunResult:
+    """Start broker (if needed), referee and agents as processes; run the config; stop them.
+
+    ``external_agents``: do not start the agents, wait for them to come online
+    (for agents a user runs from a notebook or another machine).
+    """
+    runs = Path(runs_dir).resolve()
+    run_dir = runs / config.run
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stack = Stack(run_dir)
+    try:
+        stack.start_broker(broker_url, credentials_dir)
+        waiting = start_processes(stack, config, runs) if not external_agents else []
+        if external_agents:
+            for i in range(config.referees):
+                name = "referee" if i == 0 else f"referee-{i}"
+                stack.spawn(name, ["referee", "--runs-dir", str(runs)], _env(stack.identity(name, "referee")))
+                waiting.append(name)
+            waiting += [a.id for a in config.agents]
+        bus_config = stack.identity("runner", role="runner")
+        t0 = time.perf_counter()
+        episodes = await run_matches(config, bus_config, waiting, stack, on_episode)
+        seconds = time.perf_counter() - t0
+        return RunResult(config, episodes, seconds, run_dir, stack.url)
+    finally:
+        stack.stop()
+
+
+def summarize(result: RunResult) -> dict[str, Any]:
+    """Per agent: matches, mean raw return, mean return after the transform, timeouts; outcomes."""
+    per: dict[str, dict[str, float]] = {}
+    outcomes: dict[str, int] = {}
+    for ep in result.episodes:
+        outcomes[ep.reason] = outcomes.get(ep.reason, 0) + 1
+        for seat, agent in enumerate(ep.seats):
+            row = per.setdefault(agent, {"matches": 0, "raw": 0.0, "reward": 0.0, "timeouts": 0})
+            row["matches"] += 1
+            row["raw"] += ep.raw_returns[seat]
+            row["reward"] += ep.returns[seat]
+            row["timeouts"] += ep.timeouts.count(seat)
+    for row in per.values():
+        n = max(1, int(row["matches"]))
+        row["raw"] /= n
+        row["reward"] /= n
+    return {"agents": per, "outcomes": outcomes}

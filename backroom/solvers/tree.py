@@ -1,0 +1,473 @@
+"""An explicit, array-shaped game tree enumerated once from a pure engine.
+
+CFR touches every history of the game on every iteration. Walking engine
+``State`` objects (clone, apply, string keys) each time is what makes a
+generic solver slow, so we walk the engine exactly once and keep only what the
+algorithms need, in the *sequence form* (Koller, Megiddo & von Stengel 1994;
+von Stengel 1996):
+
+* a **slot** is one (information set, action) pair, i.e. one *sequence* of the
+  acting player's own moves. Each player also has one empty root sequence
+  (slots ``0..n-1``), treated as a dummy information set with one action so the
+  iteration needs no special cases.
+* every information set records its **parent sequence**: the player's previous
+  slot on the path. Perfect recall makes that unique; we check it, because the
+  whole sequence form (and CFR's guarantees) rest on it.
+* every terminal history ``z`` records its chance probability ``c(z)``, the
+  utility of every (solver) player, each seat's raw return, and for every
+  player the last slot ``seq_p(z)`` that player played on the way.
+
+With that, the probability of reaching ``z`` under a behaviour profile ``σ`` is
+``c(z) · Π_p x_p(seq_p(z))`` where the *realization plan* ``x`` is computed top
+down, level by level: ``x(σ_I a) = x(parent(I)) · σ(I, a)``. Slots are ordered
+by level (own-move depth) and information sets are contiguous inside a level,
+so each level is one slice and the solver's iteration is a handful of
+gather/scatter/multiply operations per level, not Python per node.
+
+Simultaneous moves are sequentialised: the movers choose one after another,
+each keyed by the information-state string of the state *before* anyone moved,
+so a later mover learns nothing from an earlier one.
+
+The tree can be built with a different *owner* map and key function, which is
+how the team (collusion) solve turns two seats into one solver player that
+knows both private cards: see :mod:`backroom.solvers.team`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from backroom.games.base import CHANCE, Action, Game, State
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+#: ``key(state, seat) -> str``: the information-state string that seat acts on.
+InfosetKey = Callable[[State, int], str]
+
+#: Default ceiling on histories (chance + decision + terminal nodes) we enumerate.
+DEFAULT_MAX_NODES = 2_000_000
+
+
+class TreeTooLargeError(ValueError):
+    """The game has more histories than ``max_nodes``: too big to enumerate."""
+
+
+class NotPerfectRecallError(ValueError):
+    """An information set is reached after different own sequences: CFR needs perfect recall."""
+
+
+def default_key(state: State, seat: int) -> str:
+    return state.information_state(seat)
+
+
+@dataclass
+class GameTree:
+    """The sequence-form view of a game; see the module docstring for the terms.
+
+    Arrays indexed by slot have length ``num_slots``; by information set,
+    ``num_infosets``; by terminal, ``num_terminals``. Slots ``0..num_players-1``
+    (information sets likewise) are the players' empty root sequences.
+    """
+
+    game: str
+    params: dict[str, Any]
+    num_players: int  # solver players (a team counts once)
+    num_seats: int  # engine seats
+    owner: tuple[int, ...]  # seat -> solver player
+    # information sets
+    infoset_player: IntArray
+    infoset_key: list[str]  # "" for the root dummies
+    infoset_actions: list[tuple[Action, ...]]
+    infoset_start: IntArray  # first slot of each information set
+    infoset_size: IntArray
+    infoset_parent: IntArray  # parent sequence (slot) of each information set
+    # slots
+    slot_infoset: IntArray
+    slot_parent: IntArray  # = infoset_parent[slot_infoset]
+    slot_level: IntArray
+    level_bounds: list[tuple[int, int]]  # slot range [lo, hi) of each level; level 0 = roots
+    # terminals
+    term_chance: FloatArray  # c(z)
+    term_utility: FloatArray  # (Z, num_players) u_p(z)
+    term_returns: FloatArray  # (Z, num_seats) raw engine returns
+    term_seq: IntArray  # (Z, num_players) seq_p(z)
+    term_path: IntArray  # index into chance_paths
+    chance_paths: list[tuple[Action, ...]]  # distinct sequences of chance outcomes
+    chance_path_prob: FloatArray
+    # decision nodes (for reach probabilities of information sets and distillation)
+    node_infoset: IntArray
+    node_chance: FloatArray
+    node_seq: IntArray  # (H, num_players): each player's current sequence at the node
+    node_seat: IntArray
+    node_label: list[str]  # the engine's own information-state string of the mover
+    num_nodes: int = 0  # histories enumerated (chance + decision + terminal)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.slot_infoset)
+
+    @property
+    def num_infosets(self) -> int:
+        return len(self.infoset_key)
+
+    @property
+    def num_terminals(self) -> int:
+        return len(self.term_chance)
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.level_bounds)
+
+    def real_infosets(self) -> range:
+        """Information sets of the game proper (the root dummies excluded)."""
+        return range(self.num_players, self.num_infosets)
+
+    def uniform(self) -> FloatArray:
+        """The uniform behaviour profile, one probability per slot."""
+        return 1.0 / self.infoset_size[self.slot_infoset].astype(np.float64)
+
+    def policy_dict(self, sigma: FloatArray) -> dict[str, dict[str, float]]:
+        """``{info_state: {json.dumps(action): prob}}``: the policy file format the ``table`` agent plays."""
+        out: dict[str, dict[str, float]] = {}
+        for i in self.real_infosets():
+            s = int(self.infoset_start[i])
+            out[self.infoset_key[i]] = {
+                json.dumps(a): float(sigma[s + k]) for k, a in enumerate(self.infoset_actions[i])
+            }
+        return out
+
+    def sigma_from_policy(
+        self, policy: dict[str, dict[str, float]] | Callable[[str, tuple[Action, ...]], Sequence[float]]
+    ) -> FloatArray:
+        """Slot probabilities from a policy mapping (file format) or a function.
+
+        Missing information sets, or all-zero rows, play uniformly — the same
+        rule the ``table`` agent applies at the table.
+        """
+        sigma = self.uniform()
+        for i in self.real_infosets():
+            s, k = int(self.infoset_start[i]), int(self.infoset_size[i])
+            actions = self.infoset_actions[i]
+            if callable(policy):
+                row = np.asarray(policy(self.infoset_key[i], actions), dtype=np.float64)
+            else:
+                probs = policy.get(self.infoset_key[i])
+                if not probs:
+                    continue
+                row = np.array([float(probs.get(json.dumps(a), 0.0)) for a in actions])
+            row = np.maximum(row, 0.0)
+            total = row.sum()
+            if total > 0:
+                sigma[s : s + k] = row / total
+        return sigma
+
+    def realization(self, sigma: FloatArray) -> FloatArray:
+        """Sequence-form realization plan ``x``: ``x(σ_I a) = x(parent(I)) σ(I, a)``, roots 1."""
+        x = np.empty_like(sigma)
+        x[: self.num_players] = 1.0
+        for lo, hi in self.level_bounds[1:]:
+            x[lo:hi] = x[self.slot_parent[lo:hi]] * sigma[lo:hi]
+        return x
+
+    def terminal_reach(self, sigma: FloatArray) -> FloatArray:
+        """``π(z) = c(z) Π_p x_p(seq_p(z))`` for every terminal."""
+        x = self.realization(sigma)
+        return self.term_chance * np.prod(x[self.term_seq], axis=1)
+
+    def infoset_reach(self, sigma: FloatArray) -> FloatArray:
+        """Probability that play reaches each information set (the paper's "CFR state probability")."""
+        x = self.realization(sigma)
+        reach = self.node_chance * np.prod(x[self.node_seq], axis=1)
+        return np.bincount(self.node_infoset, reach, minlength=self.num_infosets)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "nodes": self.num_nodes,
+            "terminals": self.num_terminals,
+            "infosets": self.num_infosets - self.num_players,
+            "sequences": self.num_slots - self.num_players,
+            "levels": self.num_levels - 1,
+        }
+
+
+# --- size estimate -------------------------------------------------------------
+
+
+def estimate_tree_size(game: Game, samples: int = 64, seed: int = 0) -> float:
+    """Knuth's (1975) unbiased estimate of the number of histories, from random walks.
+
+    On a walk, a node at depth d stands for ``Π_{k<d} b_k`` nodes (the product
+    of branching factors above it); summing that over the walk and averaging
+    over walks estimates the tree size without enumerating it. Simultaneous
+    moves branch on the product of the movers' action counts.
+    """
+    rng = random.Random(seed)
+    total = 0.0
+    for _ in range(samples):
+        state = game.new_initial_state()
+        weight, count = 1.0, 0.0
+        while True:
+            count += weight
+            if state.is_terminal():
+                break
+            movers = sorted(state.current_players())
+            if movers == [CHANCE]:
+                outcomes = [o for o, _ in state.chance_outcomes()]
+                weight *= len(outcomes)
+                move: dict[int, Action] = {CHANCE: rng.choice(outcomes)}
+            else:
+                move = {}
+                for p in movers:
+                    legal = list(state.legal_actions(p))
+                    if not legal:
+                        raise ValueError(f"player {p} must move but has no finite legal actions")
+                    weight *= len(legal)
+                    move[p] = rng.choice(legal)
+            state.apply(move)
+            if weight > 1e15:
+                return float("inf")
+        total += count
+    return total / samples
+
+
+# --- enumeration -----------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(
+        self,
+        game: Game,
+        owner: tuple[int, ...],
+        key: InfosetKey,
+        label: InfosetKey,
+        max_nodes: int,
+    ) -> None:
+        self.game = game
+        self.owner = owner
+        self.n = max(owner) + 1
+        self.key = key
+        self.label = label
+        self.max_nodes = max_nodes
+        self.count = 0
+        # information sets; ids 0..n-1 are the root dummies with one action each
+        self.iset_id: dict[tuple[int, str], int] = {}
+        self.iset_player: list[int] = list(range(self.n))
+        self.iset_key: list[str] = [""] * self.n
+        self.iset_actions: list[tuple[Action, ...]] = [(None,)] * self.n
+        self.iset_parent: list[int] = list(range(self.n))  # parent slot (provisional ids)
+        self.iset_start: list[int] = list(range(self.n))
+        self.num_slots = self.n
+        self.terms: list[tuple[float, tuple[int, ...], list[float], int]] = []
+        self.paths: dict[tuple[Action, ...], int] = {}
+        self.path_prob: list[float] = []
+        self.nodes: list[tuple[int, float, tuple[int, ...], int, str]] = []
+
+    def tick(self) -> None:
+        self.count += 1
+        if self.count > self.max_nodes:
+            raise TreeTooLargeError(
+                f"{self.game.name} {self.game.params()} has more than max_nodes={self.max_nodes:,} "
+                "histories; too large to enumerate (raise max_nodes if you have the memory)"
+            )
+
+    def infoset(self, player: int, key: str, legal: tuple[Action, ...], parent: int) -> int:
+        idx = self.iset_id.get((player, key))
+        if idx is None:
+            idx = len(self.iset_player)
+            self.iset_id[(player, key)] = idx
+            self.iset_player.append(player)
+            self.iset_key.append(key)
+            self.iset_actions.append(legal)
+            self.iset_parent.append(parent)
+            self.iset_start.append(self.num_slots)
+            self.num_slots += len(legal)
+            return idx
+        if self.iset_actions[idx] != legal:
+            raise ValueError(
+                f"information state {key!r} of player {player} has different legal actions "
+                f"in different histories: {self.iset_actions[idx]} vs {legal}"
+            )
+        if self.iset_parent[idx] != parent:
+            raise NotPerfectRecallError(
+                f"information state {key!r} of player {player} follows different own moves "
+                "in different histories; CFR and best responses here need perfect recall"
+            )
+        return idx
+
+    def visit(self, state: State, cp: float, seqs: tuple[int, ...], path: tuple[Action, ...]) -> None:
+        self.tick()
+        if state.is_terminal():
+            returns = [float(r) for r in state.returns()]
+            utility = [0.0] * self.n
+            for seat, r in enumerate(returns):
+                utility[self.owner[seat]] += r
+            pidx = self.paths.get(path)
+            if pidx is None:
+                pidx = self.paths[path] = len(self.path_prob)
+                self.path_prob.append(cp)
+            self.terms.append((cp, seqs, utility + returns, pidx))
+            return
+        movers = sorted(state.current_players())
+        if movers == [CHANCE]:
+            for outcome, prob in state.chance_outcomes():
+                if prob <= 0:
+                    continue
+                child = state.clone()
+                child.apply({CHANCE: outcome})
+                self.visit(child, cp * prob, seqs, (*path, outcome))
+            return
+        if not movers:
+            raise ValueError("a non-terminal state has no player to move")
+        self.decide(state, movers, {}, cp, seqs, path)
+
+    def decide(
+        self,
+        state: State,
+        movers: list[int],
+        chosen: dict[int, Action],
+        cp: float,
+        seqs: tuple[int, ...],
+        path: tuple[Action, ...],
+    ) -> None:
+        if len(movers) == len(chosen):
+            child = state.clone()
+            child.apply(chosen)
+            self.visit(child, cp, seqs, path)
+            return
+        if chosen:
+            self.tick()  # a sequentialised simultaneous move is a node of its own
+        seat = movers[len(chosen)]
+        player = self.owner[seat]
+        key = self.key(state, seat)
+        # Two seats of one solver player moving at once: the later one knows the earlier's choice.
+        own = [json.dumps(chosen[s]) for s in movers[: len(chosen)] if self.owner[s] == player]
+        if own:
+            key = f"{key} |{','.join(own)}"
+        legal = tuple(state.legal_actions(seat))
+        if not legal:
+            raise ValueError(f"seat {seat} must move but the engine lists no finite legal actions")
+        iset = self.infoset(player, key, legal, seqs[player])
+        label = self.label(state, seat)
+        self.nodes.append((iset, cp, seqs, seat, label))
+        start = self.iset_start[iset]
+        for k, action in enumerate(legal):
+            new = (*seqs[:player], start + k, *seqs[player + 1 :])
+            self.decide(state, movers, {**chosen, seat: action}, cp, new, path)
+
+    def finish(self, meta: dict[str, Any]) -> GameTree:
+        n = self.n
+        num_isets = len(self.iset_player)
+        # Level of an information set = its player's own-move depth (roots 0).
+        slot_owner_iset = np.empty(self.num_slots, dtype=np.int64)
+        for i, (s, acts) in enumerate(zip(self.iset_start, self.iset_actions, strict=True)):
+            slot_owner_iset[s : s + len(acts)] = i
+        level = [0] * num_isets
+        for i in range(n, num_isets):  # parents are created before children
+            level[i] = level[int(slot_owner_iset[self.iset_parent[i]])] + 1
+        order = sorted(range(num_isets), key=lambda i: (level[i], i))
+        new_iset = np.empty(num_isets, dtype=np.int64)
+        new_iset[order] = np.arange(num_isets)
+        old_to_new_slot = np.empty(self.num_slots, dtype=np.int64)
+        starts, sizes, pos = [], [], 0
+        for i in order:
+            k = len(self.iset_actions[i])
+            old_to_new_slot[self.iset_start[i] : self.iset_start[i] + k] = np.arange(pos, pos + k)
+            starts.append(pos)
+            sizes.append(k)
+            pos += k
+        infoset_start = np.array(starts, dtype=np.int64)
+        infoset_size = np.array(sizes, dtype=np.int64)
+        infoset_parent = old_to_new_slot[np.array([self.iset_parent[i] for i in order], dtype=np.int64)]
+        slot_infoset = np.repeat(np.arange(num_isets, dtype=np.int64), infoset_size)
+        slot_parent = infoset_parent[slot_infoset]
+        infoset_level = np.array([level[i] for i in order], dtype=np.int64)
+        slot_level = infoset_level[slot_infoset]
+        num_levels = int(slot_level.max()) + 1
+        bounds = [
+            (int(np.searchsorted(slot_level, d, "left")), int(np.searchsorted(slot_level, d, "right")))
+            for d in range(num_levels)
+        ]
+        assert bounds[0] == (0, n)
+
+        z_seq = np.array([t[1] for t in self.terms], dtype=np.int64).reshape(-1, n)
+        vals = np.array([t[2] for t in self.terms], dtype=np.float64).reshape(len(self.terms), -1)
+        h_seq = np.array([t[2] for t in self.nodes], dtype=np.int64).reshape(-1, n)
+        return GameTree(
+            game=self.game.name,
+            params=dict(self.game.params()),
+            num_players=n,
+            num_seats=len(self.owner),
+            owner=self.owner,
+            infoset_player=np.array([self.iset_player[i] for i in order], dtype=np.int64),
+            infoset_key=[self.iset_key[i] for i in order],
+            infoset_actions=[self.iset_actions[i] for i in order],
+            infoset_start=infoset_start,
+            infoset_size=infoset_size,
+            infoset_parent=infoset_parent,
+            slot_infoset=slot_infoset,
+            slot_parent=slot_parent,
+            slot_level=slot_level,
+            level_bounds=bounds,
+            term_chance=np.array([t[0] for t in self.terms], dtype=np.float64),
+            term_utility=vals[:, :n].copy(),
+            term_returns=vals[:, n:].copy(),
+            term_seq=old_to_new_slot[z_seq],
+            term_path=np.array([t[3] for t in self.terms], dtype=np.int64),
+            chance_paths=list(self.paths),
+            chance_path_prob=np.array(self.path_prob, dtype=np.float64),
+            node_infoset=new_iset[np.array([t[0] for t in self.nodes], dtype=np.int64)],
+            node_chance=np.array([t[1] for t in self.nodes], dtype=np.float64),
+            node_seq=old_to_new_slot[h_seq],
+            node_seat=np.array([t[3] for t in self.nodes], dtype=np.int64),
+            node_label=[t[4] for t in self.nodes],
+            num_nodes=self.count,
+            meta=meta,
+        )
+
+
+def build_tree(
+    game: Game,
+    *,
+    max_nodes: int = DEFAULT_MAX_NODES,
+    owner: Sequence[int] | None = None,
+    key: InfosetKey | None = None,
+    estimate_samples: int = 64,
+) -> GameTree:
+    """Enumerate ``game`` once into a :class:`GameTree`.
+
+    ``owner[seat]`` maps engine seats to solver players (default: each seat is
+    its own player); a solver player's utility is the sum of its seats'
+    returns. ``key(state, seat)`` names the information set a seat acts in
+    (default: the engine's ``information_state``). Before enumerating we
+    estimate the size from random walks and refuse games estimated at more
+    than ``max_nodes`` histories; the enumeration also stops with
+    :class:`TreeTooLargeError` the moment it passes ``max_nodes``.
+    """
+    seats = game.num_players
+    own = tuple(range(seats)) if owner is None else tuple(int(o) for o in owner)
+    if len(own) != seats or sorted(set(own)) != list(range(max(own) + 1)):
+        raise ValueError(f"owner must map all {seats} seats onto players 0..k without gaps, got {own}")
+    estimate = estimate_tree_size(game, samples=estimate_samples) if estimate_samples else 0.0
+    if estimate > max_nodes:
+        raise TreeTooLargeError(
+            f"{game.name} {game.params()} has an estimated {estimate:,.0f} histories, more than "
+            f"max_nodes={max_nodes:,}; too large to enumerate (raise max_nodes if you have the memory)"
+        )
+    builder = _Builder(game, own, key or default_key, default_key, max_nodes)
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        builder.visit(game.new_initial_state(), 1.0, tuple(range(builder.n)), ())
+    finally:
+        sys.setrecursionlimit(limit)
+    return builder.finish({"estimated_nodes": estimate})
