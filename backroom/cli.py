@@ -27,10 +27,12 @@ from backroom.bus.auth import ROLES, CredentialStore
 from backroom.bus.broker import Broker, BrokerError, read_pid
 from backroom.bus.client import BusConfig, BusError, run
 from backroom.runner.config import ConfigError, RunConfig, load_config, parse_config
+from backroom.solvers.commands import solve_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 credentials_app = typer.Typer(no_args_is_help=True, help="Identities on a broker: add, list, remove.")
 app.add_typer(credentials_app, name="credentials")
+app.add_typer(solve_app, name="solve", help="CFR solvers, exploitability and the Loki collusion analysis.")
 console = Console()
 
 BrokerOpt = Annotated[

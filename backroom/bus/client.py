@@ -60,7 +60,7 @@ class BusConfig:
     port: int = 1883
     username: str | None = None
     password: str | None = field(default=None, repr=False)
-    keepalive: int = 15
+    keepalive: int = 10
     session_expiry_s: int = 300
     connect_timeout_s: float = 10.0
 
@@ -145,6 +145,10 @@ class Bus:
     ) -> None:
         await self.close()
 
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
     async def close(self) -> None:
         self._closing = True
         if self._supervisor is not None:
@@ -222,11 +226,11 @@ class Bus:
 
     # --- the connection loop ---------------------------------------------------
 
-    def _make_client(self) -> aiomqtt.Client:
+    def _make_client(self, clean_start: bool, expiry_s: int | None = None) -> aiomqtt.Client:
         props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = self.config.session_expiry_s
+        props.SessionExpiryInterval = self.config.session_expiry_s if expiry_s is None else expiry_s
         will = None
-        if self.will is not None:
+        if self.will is not None and not clean_start:
             will = aiomqtt.Will(self.will.topic, self.will.payload, qos=1, retain=self.will.retain)
         return aiomqtt.Client(
             self.config.host,
@@ -238,16 +242,33 @@ class Bus:
             will=will,
             keepalive=self.config.keepalive,
             properties=props,
-            clean_start=paho.MQTT_CLEAN_START_FIRST_ONLY,
+            clean_start=clean_start,
             max_inflight_messages=1000,
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
             timeout=self.config.connect_timeout_s,
         )
 
+    async def _discard_stale_session(self) -> None:
+        """Drop what a previous process with this identity left queued.
+
+        Every real connection uses clean start 0 with a session expiry, so QoS 1
+        messages sent while we are away (a broker restart, a network cut) are
+        kept for us — Mosquitto 2.0 persists a session across its own restart
+        only when the client connected with clean start 0. A fresh process must
+        not inherit its predecessor's queue, so it first connects once with
+        clean start 1 and expiry 0, which deletes any old session.
+        """
+        try:
+            async with self._make_client(clean_start=True, expiry_s=0):
+                pass
+        except aiomqtt.MqttError as exc:
+            log.debug("bus %s: could not pre-clean the session: %s", self.config.username, exc)
+
     async def _supervise(self) -> None:
         delay = 0.05
-        client = self._make_client()
+        await self._discard_stale_session()
         while not self._closing:
+            client = self._make_client(clean_start=False)
             try:
                 async with client:
                     client._client.on_publish = self._wrap_on_publish(client._client.on_publish)
@@ -263,8 +284,7 @@ class Bus:
                     delay = 0.05
                     for hook in self.on_connect:
                         asyncio.create_task(hook())
-                    async for message in client.messages:
-                        self._dispatch(message)
+                    await self._pump(client)
             except aiomqtt.MqttCodeError as exc:
                 if self._first is not None and not self._first.done() and _is_auth_failure(exc):
                     self._first.set_exception(
@@ -291,6 +311,36 @@ class Bus:
                 asyncio.create_task(hook())
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 2.0)
+
+    async def _pump(self, client: aiomqtt.Client) -> None:
+        """Dispatch messages until the connection drops.
+
+        A watchdog polls paho's own connection state: when the socket dies in
+        the middle of a write, aiomqtt can miss the disconnect and only the
+        keepalive would notice, seconds later.
+        """
+
+        async def receive() -> None:
+            async for message in client.messages:
+                self._dispatch(message)
+
+        async def watchdog() -> None:
+            paho_client: paho.Client = client._client
+            misses = 0
+            while True:
+                await asyncio.sleep(0.2)
+                misses = 0 if paho_client.is_connected() else misses + 1
+                if misses >= 2:
+                    raise aiomqtt.MqttError("connection lost (watchdog)")
+
+        tasks = {asyncio.create_task(receive()), asyncio.create_task(watchdog())}
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
 
     def _wrap_on_publish(self, inner: Any) -> Any:
         def on_publish(c: Any, u: Any, mid: int, reason: Any, props: Any) -> None:

@@ -177,9 +177,20 @@ class Match:
                 p.future.cancel()
 
     def seat_offline(self, agent: str) -> None:
+        """An agent's last will said offline: default its open turns after a short grace.
+
+        Not at once: a broker shutting down publishes every client's will before
+        the referee notices it lost the broker too, and an agent that merely
+        reconnects comes back within the grace.
+        """
+        loop = asyncio.get_running_loop()
         for seat, p in self.pending.items():
             if self.spec.seats[seat] == agent and not p.future.done():
-                p.future.cancel()
+                loop.call_later(self.referee.offline_grace_s, self._give_up, agent, p.future)
+
+    def _give_up(self, agent: str, fut: asyncio.Future[Any]) -> None:
+        if agent in self.referee.offline and not fut.done():
+            fut.cancel()
 
     def game_channel(self) -> ChannelSpec:
         for c in self.channels.values():
@@ -199,10 +210,8 @@ class Match:
             self.send_turn(seat)
         waits = {seat: self.pending[seat].future for seat in seats}
         for seat in seats:
-            # A seat whose agent announced itself offline (its last will) gets
-            # the timeout default now instead of holding the table up.
             if self.spec.seats[seat] in self.referee.offline:
-                waits[seat].cancel()
+                self.seat_offline(self.spec.seats[seat])
         open_futures = [f for f in waits.values() if not f.done()]
         if open_futures:
             await asyncio.wait(open_futures, timeout=self.spec.turn_timeout_s)
@@ -245,6 +254,7 @@ class Match:
             self.record(seat, "talk", None, timed_out=True)
             return None
         if self.spec.on_timeout == "forfeit":
+            self.record(seat, "act", None, timed_out=True)
             raise Forfeit(seat)
         if self.spec.on_timeout == "random":
             action = self.rng.choice(list(self.state.legal_actions(seat)))

@@ -55,12 +55,14 @@ class Referee:
         runs_dir: str | Path = "runs",
         referee_id: str | None = None,
         max_matches: int = 10_000,
+        offline_grace_s: float = 1.0,
     ) -> None:
         self.config = config
         self.id = referee_id or f"{config.username or 'referee'}@{socket.gethostname()}:{os.getpid()}"
         self.log = logging.getLogger("backroom.referee")
         self.episodes = EpisodeLog(runs_dir)
         self.max_matches = max_matches
+        self.offline_grace_s = offline_grace_s
         self.matches: dict[str, Match] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.finished_ids: OrderedDict[str, None] = OrderedDict()
@@ -243,6 +245,9 @@ class Referee:
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.log.error("referee task failed: %r", task.exception())
+        if task.cancelled() or task.exception() is None:
+            return
+        if self.bus is not None and self.bus.closing:
+            return  # a publish cut short by our own shutdown
+        self.log.error("referee task failed: %r", task.exception())
 

@@ -153,6 +153,7 @@ async def run_matches(
     stack: Stack | None = None,
     on_episode: Callable[[EpisodeRecord, int], None] | None = None,
     ready_timeout_s: float = 60.0,
+    ack_timeout_s: float = 2.0,
 ) -> list[EpisodeRecord]:
     """Submit the run's matches (``concurrency`` in flight) and return one episode per match."""
     online: set[str] = set()
@@ -163,6 +164,7 @@ async def run_matches(
     nonce = f"{int(time.time() * 1000) % 10**10:010d}"
     match_ids = [f"{config.run}.{nonce}.{suffix}" for suffix, _ in config.match_specs()]
     wanted = set(match_ids)
+    sent: dict[str, tuple[MatchRequest, float]] = {}  # submitted, not yet acknowledged
 
     def on_status(topic: str, payload: bytes) -> None:
         agent = topics.agent_of(topic)
@@ -175,6 +177,13 @@ async def run_matches(
             if all(w in online for w in wait_for):
                 ready.set()
 
+    def on_public(topic: str, payload: bytes) -> None:
+        # A referee's "started" event acknowledges a request; cheap test before parsing.
+        if b'"started"' not in payload:
+            return
+        match = topic.split("/")[-2]
+        sent.pop(match, None)
+
     def on_episode_msg(_topic: str, payload: bytes) -> None:
         try:
             msg = parse(payload)
@@ -184,15 +193,32 @@ async def run_matches(
         if record is None or record.match not in wanted or record.match in episodes:
             return  # someone else's run, or a redelivery
         episodes[record.match] = record
+        sent.pop(record.match, None)
         window.release()
         if on_episode:
             on_episode(record, len(episodes))
         if len(episodes) == len(wanted):
             all_done.set()
 
+    async def resubmit() -> None:
+        """Send again what no referee acknowledged: a broker restart can drop a request.
+
+        Safe because referees drop requests for matches they run or ran; with
+        several referees, a request lost *after* one referee took it but before
+        its "started" event got out could run twice (the runner keeps the first).
+        """
+        while True:
+            await asyncio.sleep(ack_timeout_s / 2)
+            now = time.monotonic()
+            for match_id, (request, at) in list(sent.items()):
+                if now - at > ack_timeout_s:
+                    sent[match_id] = (request, now)
+                    await bus.publish(topics.CONTROL_MATCHES, request)
+
     async with Bus(bus_config, role="runner") as bus:
         await bus.subscribe(topics.ALL_STATUS, on_status)
         await bus.subscribe(topics.episodes(config.game), on_episode_msg)
+        await bus.subscribe(topics.ALL_PUBLIC, on_public)
         if not wait_for:
             ready.set()
         deadline = time.monotonic() + ready_timeout_s
@@ -208,9 +234,12 @@ async def run_matches(
                 await asyncio.wait_for(ready.wait(), 0.1)
             except TimeoutError:
                 pass
+        resubmitter = asyncio.create_task(resubmit())
         for match_id, (_, spec) in zip(match_ids, config.match_specs(), strict=False):
             await window.acquire()
-            await bus.publish(topics.CONTROL_MATCHES, MatchRequest(match=match_id, spec=spec))
+            request = MatchRequest(match=match_id, spec=spec)
+            sent[match_id] = (request, time.monotonic())
+            await bus.publish(topics.CONTROL_MATCHES, request)
         while not all_done.is_set():
             if stack is not None and (dead := [d for d in stack.dead() if d.startswith("referee")]):
                 raise RunError(f"referee {dead[0]} died:\n{stack.log_tail(dead[0])}")
@@ -218,6 +247,7 @@ async def run_matches(
                 await asyncio.wait_for(all_done.wait(), 0.5)
             except TimeoutError:
                 pass
+        resubmitter.cancel()
     return [episodes[m] for m in match_ids]
 
 

@@ -7,9 +7,9 @@ algorithms need, in the *sequence form* (Koller, Megiddo & von Stengel 1994;
 von Stengel 1996):
 
 * a **slot** is one (information set, action) pair, i.e. one *sequence* of the
-  acting player's own moves. Each player also has one empty root sequence
-  (slots ``0..n-1``), treated as a dummy information set with one action so the
-  iteration needs no special cases.
+  acting player's own moves. Each player also has one empty root sequence,
+  treated as a dummy information set with one action so the iteration needs
+  no special cases.
 * every information set records its **parent sequence**: the player's previous
   slot on the path. Perfect recall makes that unique; we check it, because the
   whole sequence form (and CFR's guarantees) rest on it.
@@ -20,9 +20,10 @@ von Stengel 1996):
 With that, the probability of reaching ``z`` under a behaviour profile ``σ`` is
 ``c(z) · Π_p x_p(seq_p(z))`` where the *realization plan* ``x`` is computed top
 down, level by level: ``x(σ_I a) = x(parent(I)) · σ(I, a)``. Slots are ordered
-by level (own-move depth) and information sets are contiguous inside a level,
-so each level is one slice and the solver's iteration is a handful of
-gather/scatter/multiply operations per level, not Python per node.
+by player, then level (own-move depth), with each information set's slots
+contiguous, so each (player, level) *block* is one slice, a player's slots are
+one slice too, and the solver's iteration is a handful of
+gather/scatter/multiply operations per block, not Python per node.
 
 Simultaneous moves are sequentialised: the movers choose one after another,
 each keyed by the information-state string of the state *before* anyone moved,
@@ -39,7 +40,7 @@ import json
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -72,8 +73,8 @@ class GameTree:
     """The sequence-form view of a game; see the module docstring for the terms.
 
     Arrays indexed by slot have length ``num_slots``; by information set,
-    ``num_infosets``; by terminal, ``num_terminals``. Slots ``0..num_players-1``
-    (information sets likewise) are the players' empty root sequences.
+    ``num_infosets``; by terminal, ``num_terminals``. ``root_slot[p]`` is player
+    ``p``'s empty sequence, the first slot of its range ``player_bounds[p]``.
     """
 
     game: str
@@ -92,7 +93,9 @@ class GameTree:
     slot_infoset: IntArray
     slot_parent: IntArray  # = infoset_parent[slot_infoset]
     slot_level: IntArray
-    level_bounds: list[tuple[int, int]]  # slot range [lo, hi) of each level; level 0 = roots
+    blocks: list[tuple[int, int, int, int]]  # (player, level, lo, hi), sorted; level 0 = root
+    root_slot: IntArray  # (num_players,)
+    player_bounds: list[tuple[int, int]]  # slot range [lo, hi) of each player, root first
     # terminals
     term_chance: FloatArray  # c(z)
     term_utility: FloatArray  # (Z, num_players) u_p(z)
@@ -124,11 +127,12 @@ class GameTree:
 
     @property
     def num_levels(self) -> int:
-        return len(self.level_bounds)
+        return int(self.slot_level.max()) + 1
 
-    def real_infosets(self) -> range:
+    def real_infosets(self) -> list[int]:
         """Information sets of the game proper (the root dummies excluded)."""
-        return range(self.num_players, self.num_infosets)
+        roots = set(self.slot_infoset[self.root_slot].tolist())
+        return [i for i in range(self.num_infosets) if i not in roots]
 
     def uniform(self) -> FloatArray:
         """The uniform behaviour profile, one probability per slot."""
@@ -145,7 +149,8 @@ class GameTree:
         return out
 
     def sigma_from_policy(
-        self, policy: dict[str, dict[str, float]] | Callable[[str, tuple[Action, ...]], Sequence[float]]
+        self,
+        policy: dict[str, dict[str, float]] | Callable[[str, tuple[Action, ...]], Sequence[float]],
     ) -> FloatArray:
         """Slot probabilities from a policy mapping (file format) or a function.
 
@@ -172,9 +177,10 @@ class GameTree:
     def realization(self, sigma: FloatArray) -> FloatArray:
         """Sequence-form realization plan ``x``: ``x(σ_I a) = x(parent(I)) σ(I, a)``, roots 1."""
         x = np.empty_like(sigma)
-        x[: self.num_players] = 1.0
-        for lo, hi in self.level_bounds[1:]:
-            x[lo:hi] = x[self.slot_parent[lo:hi]] * sigma[lo:hi]
+        x[self.root_slot] = 1.0
+        for _p, d, lo, hi in self.blocks:
+            if d:
+                x[lo:hi] = x[self.slot_parent[lo:hi]] * sigma[lo:hi]
         return x
 
     def terminal_reach(self, sigma: FloatArray) -> FloatArray:
@@ -186,7 +192,7 @@ class GameTree:
         """Probability that play reaches each information set (the paper's "CFR state probability")."""
         x = self.realization(sigma)
         reach = self.node_chance * np.prod(x[self.node_seq], axis=1)
-        return np.bincount(self.node_infoset, reach, minlength=self.num_infosets)
+        return cast(FloatArray, np.bincount(self.node_infoset, reach, minlength=self.num_infosets))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -194,11 +200,22 @@ class GameTree:
             "terminals": self.num_terminals,
             "infosets": self.num_infosets - self.num_players,
             "sequences": self.num_slots - self.num_players,
-            "levels": self.num_levels - 1,
+            "max_own_moves": self.num_levels - 1,
         }
 
 
 # --- size estimate -------------------------------------------------------------
+
+
+def _no_actions(state: State, seat: int) -> str:
+    spec = state.action_spec(seat)
+    what = f"the {state.phase!r} phase" + (
+        f" with an action described as {spec.schema}" if spec.schema else ""
+    )
+    return (
+        f"seat {seat} must move in {what} but the engine lists no finite legal actions; "
+        "only games whose moves are finite lists (no free talk, no continuous ranges) can be enumerated"
+    )
 
 
 def estimate_tree_size(game: Game, samples: int = 64, seed: int = 0) -> float:
@@ -228,7 +245,7 @@ def estimate_tree_size(game: Game, samples: int = 64, seed: int = 0) -> float:
                 for p in movers:
                     legal = list(state.legal_actions(p))
                     if not legal:
-                        raise ValueError(f"player {p} must move but has no finite legal actions")
+                        raise ValueError(_no_actions(state, p))
                     weight *= len(legal)
                     move[p] = rng.choice(legal)
             state.apply(move)
@@ -302,7 +319,9 @@ class _Builder:
             )
         return idx
 
-    def visit(self, state: State, cp: float, seqs: tuple[int, ...], path: tuple[Action, ...]) -> None:
+    def visit(
+        self, state: State, cp: float, seqs: tuple[int, ...], path: tuple[Action, ...]
+    ) -> None:
         self.tick()
         if state.is_terminal():
             returns = [float(r) for r in state.returns()]
@@ -353,7 +372,7 @@ class _Builder:
             key = f"{key} |{','.join(own)}"
         legal = tuple(state.legal_actions(seat))
         if not legal:
-            raise ValueError(f"seat {seat} must move but the engine lists no finite legal actions")
+            raise ValueError(_no_actions(state, seat))
         iset = self.infoset(player, key, legal, seqs[player])
         label = self.label(state, seat)
         self.nodes.append((iset, cp, seqs, seat, label))
@@ -365,14 +384,15 @@ class _Builder:
     def finish(self, meta: dict[str, Any]) -> GameTree:
         n = self.n
         num_isets = len(self.iset_player)
-        # Level of an information set = its player's own-move depth (roots 0).
+        # Level of an information set = its player's own-move depth (roots 0);
+        # order by (player, level) so every block and every player is one slice.
         slot_owner_iset = np.empty(self.num_slots, dtype=np.int64)
         for i, (s, acts) in enumerate(zip(self.iset_start, self.iset_actions, strict=True)):
             slot_owner_iset[s : s + len(acts)] = i
         level = [0] * num_isets
         for i in range(n, num_isets):  # parents are created before children
             level[i] = level[int(slot_owner_iset[self.iset_parent[i]])] + 1
-        order = sorted(range(num_isets), key=lambda i: (level[i], i))
+        order = sorted(range(num_isets), key=lambda i: (self.iset_player[i], level[i], i))
         new_iset = np.empty(num_isets, dtype=np.int64)
         new_iset[order] = np.arange(num_isets)
         old_to_new_slot = np.empty(self.num_slots, dtype=np.int64)
@@ -385,17 +405,30 @@ class _Builder:
             pos += k
         infoset_start = np.array(starts, dtype=np.int64)
         infoset_size = np.array(sizes, dtype=np.int64)
-        infoset_parent = old_to_new_slot[np.array([self.iset_parent[i] for i in order], dtype=np.int64)]
+        infoset_parent = old_to_new_slot[
+            np.array([self.iset_parent[i] for i in order], dtype=np.int64)
+        ]
         slot_infoset = np.repeat(np.arange(num_isets, dtype=np.int64), infoset_size)
         slot_parent = infoset_parent[slot_infoset]
         infoset_level = np.array([level[i] for i in order], dtype=np.int64)
         slot_level = infoset_level[slot_infoset]
-        num_levels = int(slot_level.max()) + 1
-        bounds = [
-            (int(np.searchsorted(slot_level, d, "left")), int(np.searchsorted(slot_level, d, "right")))
-            for d in range(num_levels)
+        slot_player = np.array([self.iset_player[i] for i in order], dtype=np.int64)[slot_infoset]
+        blocks: list[tuple[int, int, int, int]] = []
+        for s in range(len(slot_level)):
+            p, d = int(slot_player[s]), int(slot_level[s])
+            if blocks and blocks[-1][:2] == (p, d):
+                blocks[-1] = (p, d, blocks[-1][2], s + 1)
+            else:
+                blocks.append((p, d, s, s + 1))
+        root_slot = np.array([lo for p, d, lo, hi in blocks if d == 0], dtype=np.int64)
+        player_bounds = [
+            (
+                int(np.searchsorted(slot_player, p, "left")),
+                int(np.searchsorted(slot_player, p, "right")),
+            )
+            for p in range(n)
         ]
-        assert bounds[0] == (0, n)
+        assert all(lo == root_slot[p] for p, (lo, _hi) in enumerate(player_bounds))
 
         z_seq = np.array([t[1] for t in self.terms], dtype=np.int64).reshape(-1, n)
         vals = np.array([t[2] for t in self.terms], dtype=np.float64).reshape(len(self.terms), -1)
@@ -415,7 +448,9 @@ class _Builder:
             slot_infoset=slot_infoset,
             slot_parent=slot_parent,
             slot_level=slot_level,
-            level_bounds=bounds,
+            blocks=blocks,
+            root_slot=root_slot,
+            player_bounds=player_bounds,
             term_chance=np.array([t[0] for t in self.terms], dtype=np.float64),
             term_utility=vals[:, :n].copy(),
             term_returns=vals[:, n:].copy(),
@@ -454,11 +489,13 @@ def build_tree(
     seats = game.num_players
     own = tuple(range(seats)) if owner is None else tuple(int(o) for o in owner)
     if len(own) != seats or sorted(set(own)) != list(range(max(own) + 1)):
-        raise ValueError(f"owner must map all {seats} seats onto players 0..k without gaps, got {own}")
+        raise ValueError(
+            f"owner must map all {seats} seats onto players 0..k without gaps, got {own}"
+        )
     estimate = estimate_tree_size(game, samples=estimate_samples) if estimate_samples else 0.0
     if estimate > max_nodes:
         raise TreeTooLargeError(
-            f"{game.name} {game.params()} has an estimated {estimate:,.0f} histories, more than "
+            f"{game.name} {game.params()} has an estimated {estimate:,.0f} histories (inf: over 1e15), more than "
             f"max_nodes={max_nodes:,}; too large to enumerate (raise max_nodes if you have the memory)"
         )
     builder = _Builder(game, own, key or default_key, default_key, max_nodes)

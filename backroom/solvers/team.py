@@ -1,0 +1,242 @@
+"""The colluders as one team: a two-player zero-sum solve, and the Loki paper's strategy distillation.
+
+Modelling choice (documented in docs/solvers.md). Colluders on a private
+channel that "tells all" know each other's private card, and by Loki's
+coalition payoff (eq. 1, ``R = (R_A + R_B) / 2``) they want the sum of their
+rewards. So the two seats become **one solver player**, the *team*:
+
+* its information set at a colluder's turn is both colluders' information
+  states together (the mover's card, the partner's card, the public
+  history), so the team plays a *joint* strategy with perfect recall;
+* its utility is ``u_A + u_B``; the third player's is ``u_C``. Kuhn is zero-sum,
+  so ``u_team = −u_C``: the team game is a **two-player zero-sum game**.
+
+We run CFR on that game for both sides at once — the third player *runs CFR
+against the team* — so the average strategies converge to a Nash equilibrium
+of the team game, i.e. the team's max-min strategy and a third player who best
+responds to it (the gap is the team game's exploitability, which we report).
+This is our reading of the Loki paper's "CFR Collusion" row. Why this is the
+right yardstick: at a Nash equilibrium of the three-player game the third
+player already best-responds to the colluders, so in a zero-sum game the
+colluders' value there is ``min_C u_team(σ_A, σ_B, C) ≤ max_team min_C u_team``
+— the team solve can only gain, up to the solvers' own gaps. Two other
+readings are computed too (see :mod:`backroom.solvers.collusion`): the team's
+strategy against an *unaware* third player who keeps its three-player CFR
+policy, and the team's best response to that fixed policy (an upper bound on
+what collusion can extract from a player who does not adapt).
+
+Algorithm 3 of the paper (*Distill CFR Strategies*) averages, for a partly
+specified state (a hand, the bets, the folds), the strategies of every CFR
+state that matches it, weighted by the probability that play reaches that
+state. :func:`distill_strategy` is that algorithm as written;
+:func:`distill_team_policy` applies it to the team strategy to get, for each
+colluder, a policy keyed by its *own* information state (partner's card
+marginalised out), which the ``table`` agent can play without a channel.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from backroom.games.base import Game, State
+from backroom.solvers.cfr import CFRSolver
+from backroom.solvers.evaluate import best_response, expected_returns, exploitability
+from backroom.solvers.tree import DEFAULT_MAX_NODES, FloatArray, GameTree, build_tree
+
+TEAM = 0  # the team is solver player 0 in a team tree
+
+
+def team_key(team: Sequence[int]) -> Callable[[State, int], str]:
+    """Information-set key: colluders see both colluders' information states.
+
+    ``"team[0] 0:<seat 0's info state> / 1:<seat 1's info state>"`` — the mover
+    first in brackets, then every colluder's own string, so the key holds
+    every private card the team knows plus the public history.
+    """
+    members = tuple(team)
+
+    def key(state: State, seat: int) -> str:
+        if seat not in members:
+            return state.information_state(seat)
+        parts = " / ".join(f"{s}:{state.information_state(s)}" for s in members)
+        return f"team[{seat}] {parts}"
+
+    return key
+
+
+def team_owner(num_seats: int, team: Sequence[int]) -> tuple[int, ...]:
+    """Seat → solver player: the team is player 0, every other seat its own player after it."""
+    if len(set(team)) != len(team) or not all(0 <= s < num_seats for s in team) or len(team) < 2:
+        raise ValueError(
+            f"a team needs two or more distinct seats of 0..{num_seats - 1}, got {team}"
+        )
+    owner, nxt = [], 1
+    for seat in range(num_seats):
+        if seat in team:
+            owner.append(TEAM)
+        else:
+            owner.append(nxt)
+            nxt += 1
+    return tuple(owner)
+
+
+def build_team_tree(
+    game: Game, team: Sequence[int] = (0, 1), *, max_nodes: int = DEFAULT_MAX_NODES
+) -> GameTree:
+    """The game tree with ``team``'s seats merged into one player that sees both private states."""
+    tree = build_tree(
+        game, owner=team_owner(game.num_players, team), key=team_key(team), max_nodes=max_nodes
+    )
+    tree.meta["team"] = list(team)
+    return tree
+
+
+@dataclass
+class TeamSolution:
+    """A solved team game: the joint team strategy and the other seats' strategy."""
+
+    tree: GameTree
+    sigma: FloatArray
+    team: tuple[int, ...]
+    iterations: int
+    algo: str
+    values: FloatArray  # expected utility per solver player (team first)
+    exploitability: float  # of the team game (two-player zero-sum: NashConv / 2)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def team_value(self) -> float:
+        """Expected sum of the colluders' rewards (twice Loki's coalition payoff)."""
+        return float(self.values[TEAM])
+
+    def guaranteed_value(self) -> float:
+        """``min_C u_team(τ, C)``: the team's value when every other seat best-responds."""
+        total = 0.0
+        for p in range(1, self.tree.num_players):
+            br, _ = best_response(self.tree, self.sigma, p)
+            total += br
+        return -total if self.tree.num_players == 2 else float("nan")
+
+    def policy(self) -> dict[str, dict[str, float]]:
+        """Team keys for colluders' turns, plain information states for the others."""
+        return self.tree.policy_dict(self.sigma)
+
+
+def solve_team(
+    game: Game,
+    team: Sequence[int] = (0, 1),
+    iterations: int = 10_000,
+    algo: str = "cfr+",
+    *,
+    tree: GameTree | None = None,
+    max_nodes: int = DEFAULT_MAX_NODES,
+) -> TeamSolution:
+    """CFR on the team game (team vs the other seats, all running CFR); see the module docstring."""
+    tree = tree or build_team_tree(game, team, max_nodes=max_nodes)
+    solver = CFRSolver(tree, algo)
+    solver.run(iterations)
+    sigma = solver.average_policy()
+    expl = exploitability(tree, sigma) if tree.num_players == 2 else float("nan")
+    return TeamSolution(
+        tree=tree,
+        sigma=sigma,
+        team=tuple(team),
+        iterations=iterations,
+        algo=algo,
+        values=expected_returns(tree, sigma),
+        exploitability=expl,
+    )
+
+
+def lift_policy(tree: GameTree, policy: dict[str, dict[str, float]]) -> FloatArray:
+    """A per-seat policy (engine information states) played on a team tree.
+
+    Each team information set plays what the mover's own information state
+    says, ignoring the partner's card: how independent players look to the team game.
+    """
+    labels: dict[int, str] = {}
+    for iset, label in zip(tree.node_infoset.tolist(), tree.node_label, strict=True):
+        labels.setdefault(iset, label)
+    sigma = tree.uniform()
+    for i in tree.real_infosets():
+        probs = policy.get(labels.get(i, tree.infoset_key[i]))
+        if not probs:
+            continue
+        s, k = int(tree.infoset_start[i]), int(tree.infoset_size[i])
+        row = np.array(
+            [max(0.0, float(probs.get(json.dumps(a), 0.0))) for a in tree.infoset_actions[i]]
+        )
+        if row.sum() > 0:
+            sigma[s : s + k] = row / row.sum()
+    return sigma
+
+
+# --- Algorithm 3: strategy distillation ---------------------------------------------------
+
+
+def distill_strategy(
+    entries: Iterable[tuple[int, str, Sequence[float], float]],
+    players: Collection[int],
+    matches: Callable[[str], bool],
+    num_actions: int,
+) -> list[float]:
+    """Loki Algorithm 3, *Distill CFR Strategies*, line by line.
+
+    ``entries`` are the CFR strategies as ``(player, state, strategy, weight)``
+    with ``weight`` the CFR state probability; ``matches(state)`` says whether
+    the state contains the queried {hand, bets, folds}.
+    """
+    distill = np.zeros(num_actions)  # 1: distill_strategy ← 0
+    norm = 0.0  # 2: norm_factor ← 0
+    # 3: for player, state, strategy in CFR strategies
+    for player, state, strategy, weight in entries:
+        if player not in players:  # 4-5: skip players outside the coalition
+            continue
+        if matches(state):  # 7: if {hand, bets, folds} ∈ state
+            s = np.asarray(strategy, dtype=np.float64)
+            distill += weight * s / s.sum()  # 8-9: distill += weight · strategy / Σ strategy
+            norm += weight  # 10: norm_factor += weight
+    if norm > 0:  # 13-14
+        return (distill / norm).tolist()
+    return [1.0 / num_actions] * num_actions  # 15-16: uniform
+
+
+def distill_team_policy(solution: TeamSolution) -> dict[str, dict[str, float]]:
+    """Per-colluder policies keyed by the engine's own information states (Algorithm 3).
+
+    For a colluder's own information state (its card, the bets, the folds),
+    average the team's strategy over every team information set that matches
+    it — one per partner card — weighted by the probability that play reaches
+    that set under the solved profile. Grouped rather than scanned, so it is
+    linear in the tree; :func:`distill_strategy` is the same sum.
+    """
+    tree, sigma = solution.tree, solution.sigma
+    x = tree.realization(sigma)
+    node_reach = tree.node_chance * np.prod(x[tree.node_seq], axis=1)
+    team_nodes = tree.infoset_player[tree.node_infoset] == TEAM
+    num: dict[str, np.ndarray] = {}
+    den: dict[str, float] = defaultdict(float)
+    actions: dict[str, tuple[Any, ...]] = {}
+    owners: dict[str, int] = {}
+    for h in np.flatnonzero(team_nodes):
+        iset = int(tree.node_infoset[h])
+        label = tree.node_label[h]
+        s, k = int(tree.infoset_start[iset]), int(tree.infoset_size[iset])
+        w = float(node_reach[h])
+        seat = int(tree.node_seat[h])
+        if owners.setdefault(label, seat) != seat:
+            raise ValueError(f"seats {owners[label]} and {seat} share information state {label!r}")
+        num[label] = num.get(label, np.zeros(k)) + w * sigma[s : s + k]
+        den[label] += w
+        actions[label] = tree.infoset_actions[iset]
+    out: dict[str, dict[str, float]] = {}
+    for label, acts in actions.items():
+        row = num[label] / den[label] if den[label] > 0 else np.full(len(acts), 1.0 / len(acts))
+        out[label] = {json.dumps(a): float(p) for a, p in zip(acts, row, strict=True)}
+    return out

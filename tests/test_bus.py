@@ -1,0 +1,102 @@
+"""The bus against a real Mosquitto: identity, ACL, reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import pytest
+
+from backroom.bus import topics
+from backroom.bus.auth import hash_password
+from backroom.bus.broker import Broker
+from backroom.bus.client import Bus, BusConfig, BusError, NotAuthorizedError
+from backroom.bus.wire import MAX_PAYLOAD_BYTES, Action, WireError, parse
+
+from .conftest import identity
+
+
+def test_password_hash_is_what_mosquitto_passwd_writes(tmp_path) -> None:
+    path = tmp_path / "pw"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(path), "alice", "s3cret"], check=True)
+    theirs = path.read_text().strip().split(":", 1)[1]
+    _, _, iterations, salt_b64, _ = theirs.split("$")
+    import base64
+
+    ours = hash_password("s3cret", iterations=int(iterations), salt=base64.b64decode(salt_b64))
+    assert ours == theirs
+
+
+async def test_agent_cannot_write_another_outbox_or_read_another_inbox(broker: Broker) -> None:
+    alice, bob, ref = identity(broker, "alice"), identity(broker, "bob"), identity(broker, "referee", "referee")
+    snooped: list[str] = []
+    got_own: list[str] = []
+    async with Bus(alice) as a, Bus(bob) as b, Bus(ref) as r:
+        # bob subscribes to everything; Mosquitto accepts the SUBSCRIBE but filters delivery by ACL.
+        await b.subscribe("backroom/v1/#", lambda t, p: snooped.append(t))
+        await a.subscribe(topics.inbox("alice"), lambda t, p: got_own.append(t))
+        with pytest.raises(NotAuthorizedError, match="refused publish"):
+            await a.publish(topics.outbox("bob"), b"{}")
+        with pytest.raises(NotAuthorizedError):
+            await a.publish(topics.inbox("bob"), b"{}")
+        with pytest.raises(NotAuthorizedError):
+            await a.publish(topics.CONTROL_MATCHES, b"{}")
+        await a.publish(topics.outbox("alice"), b"{}")
+        await r.publish(topics.inbox("alice"), b"secret")
+        await r.publish(topics.public("m1"), b"public")
+        await asyncio.sleep(0.2)
+    assert got_own == [topics.inbox("alice")]
+    # bob saw the public event and alice's status-less traffic never
+    assert topics.inbox("alice") not in snooped
+    assert topics.outbox("alice") not in snooped
+    assert topics.public("m1") in snooped
+
+
+async def test_wrong_password_is_refused_with_a_clear_error(broker: Broker) -> None:
+    good = identity(broker, "carol")
+    bad = BusConfig(host=good.host, port=good.port, username="carol", password="nope", connect_timeout_s=3)
+    with pytest.raises(BusError, match="refused login|could not connect"):
+        async with Bus(bad):
+            pass
+
+
+async def test_identity_added_while_broker_runs_can_connect(broker: Broker) -> None:
+    late = identity(broker, "latecomer")  # writes files and SIGHUPs the broker
+    await asyncio.sleep(0.1)
+    async with Bus(late) as bus:
+        await bus.publish(topics.outbox("latecomer"), b"{}")
+
+
+async def test_client_reconnects_and_resubscribes_after_broker_restart(broker: Broker) -> None:
+    alice, ref = identity(broker, "alice"), identity(broker, "referee", "referee")
+    received: list[bytes] = []
+    async with Bus(alice) as a, Bus(ref) as r:
+        await a.subscribe(topics.inbox("alice"), lambda t, p: received.append(p))
+        await r.publish(topics.inbox("alice"), b"before")
+        await asyncio.sleep(0.1)
+        await asyncio.to_thread(broker.restart, 0.3)
+        # publish blocks until the connection is back, then goes through
+        await asyncio.wait_for(r.publish(topics.inbox("alice"), b"after"), 15)
+        for _ in range(100):
+            if b"after" in received:
+                break
+            await asyncio.sleep(0.05)
+        assert a.reconnects >= 1 and r.reconnects >= 1
+    assert received[0] == b"before" and b"after" in received
+
+
+def test_wire_rejects_bad_payloads_with_reasons() -> None:
+    with pytest.raises(WireError) as e:
+        parse(b"{not json")
+    assert e.value.reason == "malformed"
+    with pytest.raises(WireError) as e:
+        parse(b'{"type": "teleport", "v": 1}')
+    assert e.value.reason == "unknown_type"
+    with pytest.raises(WireError) as e:
+        parse(b'{"type": "action", "v": 1, "turn": -3, "action": 1}')
+    assert e.value.reason == "invalid" and "turn" in e.value.detail
+    with pytest.raises(WireError) as e:
+        parse(b"x" * (MAX_PAYLOAD_BYTES + 1))
+    assert e.value.reason == "oversized"
+    ok = parse(Action(match="m", turn=2, action="raise").model_dump_json())
+    assert isinstance(ok, Action) and ok.action == "raise"

@@ -1,0 +1,268 @@
+"""The referee over a real broker: turns, channels, eavesdroppers, bad input, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from backroom.bus import topics
+from backroom.bus.broker import Broker
+from backroom.bus.client import Bus
+from backroom.bus.wire import (
+    Action,
+    ChannelSpec,
+    Chat,
+    Delivery,
+    EpisodeRecord,
+    Error,
+    MatchEnd,
+    MatchRequest,
+    MatchSpec,
+    RewardTransform,
+    Turn,
+    parse,
+)
+from backroom.referee.episodes import read_episodes
+
+from .conftest import RawAgent, agents, identity, stack
+
+LOKI = {"variant": "loki"}
+COLLUDE = ChannelSpec(name="colluders", members=[0, 1], eavesdroppers=[2], opens="before_act", max_messages=1)
+
+
+class Runner:
+    """Submits match requests and collects their episodes, as `backroom run` does."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.bus = Bus(identity(broker, "runner", "runner"))
+        self.episodes: dict[str, EpisodeRecord] = {}
+        self.arrived = asyncio.Event()
+
+    async def __aenter__(self) -> Runner:
+        await self.bus.__aenter__()
+        await self.bus.subscribe(topics.ALL_EPISODES, self._on)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.bus.close()
+
+    def _on(self, _t: str, payload: bytes) -> None:
+        rec = parse(payload).record  # type: ignore[union-attr]
+        self.episodes[rec.match] = rec
+        self.arrived.set()
+
+    async def submit(self, match: str, spec: MatchSpec) -> None:
+        await self.bus.publish(topics.CONTROL_MATCHES, MatchRequest(match=match, spec=spec))
+
+    async def wait(self, matches: list[str], timeout: float = 30) -> list[EpisodeRecord]:
+        async def all_in() -> None:
+            while not all(m in self.episodes for m in matches):
+                self.arrived.clear()
+                await self.arrived.wait()
+
+        await asyncio.wait_for(all_in(), timeout)
+        return [self.episodes[m] for m in matches]
+
+
+def loki_spec(seats: list[str], seed: int = 0, **kw: object) -> MatchSpec:
+    base: dict[str, object] = dict(
+        game="kuhn",
+        params=LOKI,
+        seats=seats,
+        channels=[COLLUDE],
+        transform=RewardTransform(kind="coalition", members=[0, 1]),
+        turn_timeout_s=3,
+        seed=seed,
+        run="t",
+    )
+    base.update(kw)
+    return MatchSpec(**base)  # type: ignore[arg-type]
+
+
+async def play_raw(raw: RawAgent, action: str = "call", stop: asyncio.Event | None = None) -> None:
+    """Answer every act turn with ``action`` (or the first legal one) and stay silent in talk turns."""
+    answered: set[tuple[str | None, int]] = set()
+    while stop is None or not stop.is_set():
+        for msg in list(raw.inbox):
+            if isinstance(msg, Turn) and (msg.match, msg.turn) not in answered:
+                answered.add((msg.match, msg.turn))
+                if msg.phase == "talk":
+                    await raw.send(Chat(match=msg.match, turn=msg.turn, channel=msg.channel or "", text=""))
+                else:
+                    names = msg.legal.get("names", [])
+                    pick = action if action in names else names[0]
+                    await raw.send(Action(match=msg.match, turn=msg.turn, action=pick))
+        raw.new.clear()
+        try:
+            await asyncio.wait_for(raw.new.wait(), 0.2)
+        except TimeoutError:
+            pass
+
+
+async def test_coalition_match_records_and_transforms(broker: Broker, tmp_path: Path) -> None:
+    players = agents(("a", "kuhn-colluder"), ("b", "kuhn-colluder"), ("c", "random"))
+    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+        ids = [f"m{i}" for i in range(30)]
+        for i, m in enumerate(ids):
+            await run.submit(m, loki_spec(["a", "b", "c"], seed=i))
+        eps = await run.wait(ids)
+    for ep in eps:
+        assert ep.reason == "normal"
+        assert sum(ep.raw_returns) == 0
+        assert ep.returns[0] == ep.returns[1] == pytest.approx((ep.raw_returns[0] + ep.raw_returns[1]) / 2)
+        assert ep.returns[2] == ep.raw_returns[2]
+        # one talk turn before each colluder action, each heard by the partner and overheard by c
+        talks = [a for a in ep.actions if a.phase == "talk"]
+        acts = [a for a in ep.actions if a.phase == "act"]
+        assert len(talks) == len([a for a in acts if a.seat in (0, 1)])
+        assert len(ep.deliveries) == 2 * len(talks)
+    on_disk = list(read_episodes(tmp_path / "runs" / "t"))
+    assert sorted(r["match"] for r in on_disk) == sorted(ids)
+
+
+@pytest.mark.parametrize("eavesdrop", [True, False])
+async def test_private_messages_reach_only_members_and_the_eavesdropper(
+    broker: Broker, tmp_path: Path, eavesdrop: bool
+) -> None:
+    players = agents(("a", "kuhn-colluder"), ("b", "kuhn-colluder"))
+    channel = COLLUDE.model_copy(update={"eavesdroppers": [2] if eavesdrop else []})
+    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+        async with RawAgent(identity(broker, "carol")) as carol:
+            stop = asyncio.Event()
+            driver = asyncio.create_task(play_raw(carol, "call", stop))
+            ids = [f"p{i}" for i in range(12)]
+            for i, m in enumerate(ids):
+                await run.submit(m, loki_spec(["a", "b", "carol"], seed=i, channels=[channel]))
+            eps = await run.wait(ids)
+            await asyncio.sleep(0.2)
+            stop.set()
+            await driver
+    private = [d for ep in eps for d in ep.deliveries if d.channel == "colluders"]
+    to_carol = [d for d in private if d.to_seat == 2]
+    sent = {(ep.match, d.from_seat, d.text) for ep in eps for d in ep.deliveries}
+    heard = [m for m in carol.inbox if isinstance(m, Delivery)]
+    if eavesdrop:
+        assert len(to_carol) == len(private) // 2 and to_carol  # every message: partner + carol
+        assert all(d.overheard for d in to_carol)
+        assert len(heard) == len(to_carol) and all(m.overheard for m in heard)
+        assert {(m.match, m.sender_seat, m.text) for m in heard} <= sent
+    else:
+        assert to_carol == [] and heard == []
+    # The broker let carol's raw client read nothing but her inbox, her status and public topics.
+    for topic, _ in carol.seen:
+        assert topic == topics.inbox("carol") or topic.endswith("/public") or topic.endswith("/status"), topic
+    # and nothing private travels on public topics
+    for topic, payload in carol.seen:
+        if topic.endswith("/public"):
+            assert b"my card is" not in payload
+
+
+async def test_bad_input_gets_errors_and_the_match_goes_on(broker: Broker, tmp_path: Path) -> None:
+    players = agents(("a", "random"), ("b", "random"), ("x", "random"), ("y", "random"))
+    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+        async with RawAgent(identity(broker, "mallory")) as mal, RawAgent(identity(broker, "zed")):
+            # an unrelated match mallory is not in, held open by zed who never answers
+            other = loki_spec(["x", "y", "zed"], channels=[], turn_timeout_s=2, params={"variant": "loki", "start": 2})
+            await run.submit("other", other)
+            await run.submit("mine", loki_spec(["mallory", "a", "b"], channels=[], params={"variant": "loki", "start": 1}))
+            turn = await mal.next_of(Turn, timeout=10)
+            assert isinstance(turn, Turn)
+
+            async def error_for(payload: bytes | object) -> Error:
+                before = len(mal.inbox)
+                await mal.send(payload)
+                err = await mal.next_of(Error, after=before)
+                assert isinstance(err, Error)
+                return err
+
+            assert (await error_for(b"{nope")).reason == "malformed"
+            assert (await error_for(b"[" * 70000)).reason == "oversized"
+            assert (await error_for(b'{"type": "teleport", "v": 1}')).reason == "unknown_type"
+            assert (await error_for(b'{"type": "action", "v": 1, "turn": "x"}')).reason == "invalid"
+            err = await error_for(Action(match="other", turn=1, action="call"))
+            assert err.reason == "not_seated"
+            err = await error_for(Action(match="nosuch", turn=1, action="call"))
+            assert err.reason == "unknown_match"
+            err = await error_for(Action(match="mine", turn=turn.turn, action="shove"))
+            assert err.reason == "illegal_action" and "one of" in err.detail
+            err = await error_for(Action(match="mine", turn=turn.turn + 5, action="call"))
+            assert err.reason == "bad_turn"
+            err = await error_for(Chat(match="mine", channel="colluders", text="psst"))
+            assert err.reason == "not_a_member"
+            # now a good move: the match continues and ends
+            await mal.send(Action(match="mine", turn=turn.turn, action="call"))
+            err = await error_for(Action(match="mine", turn=turn.turn, action="call"))
+            assert err.reason in ("late", "not_your_turn")
+            stop = asyncio.Event()
+            driver = asyncio.create_task(play_raw(mal, "call", stop))
+            mine, other = await run.wait(["mine", "other"])  # type: ignore[assignment]
+            stop.set()
+            await driver
+            assert mine.reason == "normal" and other.reason == "timeout"
+            assert mine.invalid_inputs >= 3
+            end = await mal.next_of(MatchEnd)
+            assert isinstance(end, MatchEnd) and end.reason == "normal"
+            # after the end, an action is late
+            err = await error_for(Action(match="mine", turn=turn.turn, action="call"))
+            assert err.reason == "late"
+
+
+@pytest.mark.parametrize(
+    ("on_timeout", "reason"), [("default", "timeout"), ("random", "timeout"), ("forfeit", "forfeit")]
+)
+async def test_silent_seat_gets_the_configured_default(
+    broker: Broker, tmp_path: Path, on_timeout: str, reason: str
+) -> None:
+    players = agents(("a", "random"), ("b", "random"))
+    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+        async with RawAgent(identity(broker, "sleepy")):
+            spec = loki_spec(["sleepy", "a", "b"], channels=[], turn_timeout_s=0.3, on_timeout=on_timeout,
+                             params={"variant": "loki", "start": 0})
+            await run.submit("s", spec)
+            (ep,) = await run.wait(["s"])
+    assert ep.reason == reason
+    assert 0 in ep.timeouts
+    first = next(a for a in ep.actions if a.seat == 0)
+    assert first.timed_out
+    if on_timeout == "forfeit":
+        assert ep.returns == [0.0, 0.0, 0.0] and "seat 0" in ep.detail
+        assert first.action is None
+    else:
+        assert first.action in (0, 1, 2)
+        if on_timeout == "default":
+            assert first.action == 1  # nothing to call yet: the default checks
+        assert sum(ep.raw_returns) == 0
+
+
+async def test_offline_agent_is_not_waited_for(broker: Broker, tmp_path: Path) -> None:
+    players = agents(("a", "random"), ("b", "random"))
+    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+        ghost = identity(broker, "ghost")
+        async with Bus(ghost) as g:
+            from backroom.bus.wire import Status
+
+            await g.publish(topics.status("ghost"), Status(state="offline"), retain=True)
+        await asyncio.sleep(0.1)
+        spec = loki_spec(["ghost", "a", "b"], channels=[], turn_timeout_s=20)
+        await run.submit("g", spec)
+        (ep,) = await run.wait(["g"], timeout=10)  # far less than one 20 s timeout
+    assert ep.reason == "timeout" and 0 in ep.timeouts
+
+
+async def test_duplicate_and_unrunnable_requests(broker: Broker, tmp_path: Path) -> None:
+    players = agents(("a", "random"), ("b", "random"), ("c", "random"))
+    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+        spec = loki_spec(["a", "b", "c"], channels=[])
+        await run.submit("dup", spec)
+        await run.submit("dup", spec)
+        await run.submit("bad", spec.model_copy(update={"game": "chess"}))
+        await run.submit("short", spec.model_copy(update={"seats": ["a", "b"]}))
+        dup, bad, short = await run.wait(["dup", "bad", "short"])
+        await asyncio.sleep(0.3)
+    assert dup.reason == "normal"
+    assert bad.reason == "error" and "unknown game" in bad.detail
+    assert short.reason == "error" and "3 players" in short.detail
+    lines = list(read_episodes(tmp_path / "runs" / "t"))
+    assert [r["match"] for r in lines].count("dup") == 1

@@ -1,0 +1,228 @@
+"""Team (collusion) solve, strategy distillation, per-deal analysis, heatmap and EV table."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from backroom.games import make_game
+from backroom.solvers.cfr import CFRSolver
+from backroom.solvers.collusion import (
+    PAPER_HANDS,
+    CollusionReport,
+    advantage_grid,
+    analyse_collusion,
+    ev_table,
+    hand_evs_from_episodes,
+    hand_values,
+    per_deal_values,
+    plot_heatmap,
+    write_report,
+)
+from backroom.solvers.commands import solve_app
+from backroom.solvers.evaluate import best_response, expected_returns, nash_conv
+from backroom.solvers.team import (
+    TEAM,
+    build_team_tree,
+    distill_strategy,
+    distill_team_policy,
+    lift_policy,
+    solve_team,
+)
+from backroom.solvers.tree import build_tree
+
+
+@cache
+def solved(variant: str, iterations: int) -> tuple:
+    """3-player CFR and the team solve for one Kuhn variant (cached across tests)."""
+    kw = {"variant": variant, "players": 3} if variant == "classic" else {"variant": variant}
+    game = make_game("kuhn", **kw)
+    tree = build_tree(game)
+    solver = CFRSolver(tree, "cfr+")
+    solver.run(iterations)
+    sol = solve_team(game, (0, 1), iterations, "cfr+")
+    return game, tree, solver.average_policy(), sol
+
+
+def test_team_tree_sees_both_cards_and_is_two_player_zero_sum() -> None:
+    game = make_game("kuhn", variant="loki")
+    tree = build_team_tree(game, (0, 1))
+    assert tree.num_players == 2 and tree.owner == (0, 0, 1)
+    np.testing.assert_allclose(tree.term_utility.sum(axis=1), 0.0, atol=1e-12)
+    np.testing.assert_allclose(tree.term_utility[:, 0], tree.term_returns[:, :2].sum(axis=1))
+    team_keys = [
+        tree.infoset_key[i] for i in tree.real_infosets() if tree.infoset_player[i] == TEAM
+    ]
+    assert all(k.startswith("team[") and " / 1:" in k for k in team_keys)
+    # 20 ordered colluder card pairs x 3 starts at the first colluder decision
+    plain = build_tree(game)
+    assert len(team_keys) > sum(
+        1 for i in plain.real_infosets() if plain.infoset_player[i] in (0, 1)
+    )
+    with pytest.raises(ValueError):
+        build_team_tree(game, (0, 0))
+
+
+@pytest.mark.parametrize(("variant", "iterations"), [("classic", 3000), ("loki", 1500)])
+def test_team_never_worse_than_independent_cfr(variant: str, iterations: int) -> None:
+    """The team solve gives the colluders at least what independent CFR gives them.
+
+    At a three-player equilibrium C already best-responds, so in a zero-sum
+    game the colluders' value there is at most the team's max-min value; the
+    slack allowed is the solvers' own distance from equilibrium.
+    """
+    _game, tree, cfr, sol = solved(variant, iterations)
+    indep = expected_returns(tree, cfr)[:2].sum()
+    slack = nash_conv(tree, cfr) + 2 * sol.exploitability
+    assert sol.team_value >= indep - slack
+    # worst case over C: the team strategy guarantees at least the independent one
+    lifted = lift_policy(sol.tree, tree.policy_dict(cfr))
+    np.testing.assert_allclose(expected_returns(sol.tree, lifted)[TEAM], indep, atol=1e-12)
+    indep_guaranteed = -best_response(sol.tree, lifted, 1)[0]
+    assert sol.guaranteed_value() >= indep_guaranteed - 2 * sol.exploitability
+    # and against C's fixed CFR policy, the team's best response beats playing independently
+    br_value, response = best_response(sol.tree, lifted, TEAM, with_response=True)
+    assert br_value >= indep - 1e-12
+    assert response is not None
+    assert expected_returns(sol.tree, response)[TEAM] == pytest.approx(br_value, abs=1e-12)
+
+
+def test_loki_team_gains_strictly() -> None:
+    """Sharing cards is worth something real in Loki Kuhn, beyond solver error."""
+    _game, tree, cfr, sol = solved("loki", 1500)
+    indep = expected_returns(tree, cfr)[:2].sum()
+    slack = nash_conv(tree, cfr) + 2 * sol.exploitability
+    assert sol.team_value - indep > 10 * slack
+
+
+def test_distillation_matches_algorithm_3_literally() -> None:
+    _game, _tree, _cfr, sol = solved("classic", 3000)
+    distilled = distill_team_policy(sol)
+    t = sol.tree
+    reach = t.infoset_reach(sol.sigma)
+    entries = []
+    for i in t.real_infosets():
+        if t.infoset_player[i] != TEAM:
+            continue
+        s, k = int(t.infoset_start[i]), int(t.infoset_size[i])
+        seat = int(t.infoset_key[i][5])
+        entries.append((seat, t.infoset_key[i], sol.sigma[s : s + k].tolist(), float(reach[i])))
+    assert distilled
+
+    def own_state(key: str, seat: int) -> str | None:
+        """The seat's own information state inside a team key, when that seat is the mover."""
+        if not key.startswith(f"team[{seat}] "):
+            return None
+        parts = dict(p.split(":", 1) for p in key.split(" ", 1)[1].split(" / "))
+        return parts[str(seat)]
+
+    checked = 0
+    for label, row in distilled.items():
+        for seat in (0, 1):
+            if not any(own_state(e[1], seat) == label for e in entries):
+                continue
+
+            def matches(key: str, s: int = seat, lab: str = label) -> bool:
+                return own_state(key, s) == lab
+
+            literal = distill_strategy(entries, [seat], matches, 2)
+            np.testing.assert_allclose([row["0"], row["1"]], literal, atol=1e-12)
+            checked += 1
+    assert checked == len(distilled)
+    # no match -> uniform (Algorithm 3, line 16)
+    assert distill_strategy(entries, [0], lambda key: False, 3) == [1 / 3] * 3
+    # weights matter: a zero-weight entry is ignored
+    assert distill_strategy(
+        [(0, "a", [1, 0], 0.0), (0, "a", [0, 1], 2.0)], [0], lambda k: True, 2
+    ) == [0, 1]
+    # players outside the coalition are skipped
+    assert distill_strategy([(2, "a", [1, 0], 1.0)], [0, 1], lambda k: True, 2) == [0.5, 0.5]
+
+
+def test_per_deal_values_average_to_expected_returns() -> None:
+    _game, tree, cfr, _sol = solved("loki", 1500)
+    deals, values = per_deal_values(tree, cfr)
+    assert len(deals) == 60 and len(set(deals)) == 60
+    np.testing.assert_allclose(values.mean(axis=0), expected_returns(tree, cfr), atol=1e-12)
+    np.testing.assert_allclose(values.sum(axis=1), 0.0, atol=1e-12)
+    # the Ace holder never loses chips at showdown: its conditional value beats the 10's
+    ace = np.mean([v[2] for d, v in zip(deals, values, strict=True) if d[2] == 4])
+    ten = np.mean([v[2] for d, v in zip(deals, values, strict=True) if d[2] == 0])
+    assert ace > 0 > ten
+
+
+@pytest.fixture(scope="module")
+def report() -> CollusionReport:
+    return analyse_collusion(make_game("kuhn", variant="loki"), 1500)
+
+
+def test_collusion_report_heatmap_and_table(report: CollusionReport, tmp_path: Path) -> None:
+    adv = report.advantage()
+    assert adv.shape == (60,)
+    assert report.average_advantage() == pytest.approx(float(adv.mean()))
+    s = report.summary
+    # coalition payoff is the mean of the two colluders: half the team's summed advantage
+    cfr_team = sum(s["mean_values"]["cfr"][:2])
+    assert report.average_advantage() == pytest.approx(
+        (s["team_value_sum"] - cfr_team) / 2, abs=1e-9
+    )
+    assert s["team_br_value_sum"] >= max(cfr_team, s["team_value_sum"] - 1e-3)
+    grid = advantage_grid(report)
+    assert np.isnan(grid[:, 2, 2]).all() and np.isnan(grid[2, 2, :]).all()  # impossible deals blank
+    assert np.nanmean(grid[-1]) == pytest.approx(report.average_advantage())
+    png = plot_heatmap(report, tmp_path / "fig2.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    files = write_report(report, tmp_path / "out")
+    data = json.loads(files["json"].read_text())
+    assert len(data["deals"]) == 60
+    for name in ("cfr", "team", "distilled"):
+        doc = json.loads(files[f"{name}_policy"].read_text())
+        assert doc["game"] == "kuhn" and doc["policy"]
+    table = files["table"].read_text()
+    row = hand_values(report, "cfr", PAPER_HANDS, 2)
+    assert f"{row[(0, 1, 4)]:.2f}" in table and "CFR Collusion" in table
+
+
+def test_ev_table_takes_measured_rows() -> None:
+    records = []
+    for seed in range(40):
+        state = make_game("kuhn", variant="loki").new_initial_state(seed=seed)
+        while not state.is_terminal():
+            (p,) = state.current_players()
+            state.apply({p: 1})  # everybody calls: straight to showdown
+        rec = {
+            "game": "kuhn",
+            "params": {"variant": "loki"},
+            "seed": seed,
+            "seats": ["a", "b", "c"],
+            "reason": "normal",
+            "raw_returns": state.returns(),
+            "returns": state.returns(),
+            # half the records lack final observations: the hand comes from replaying the seed
+            "final_observations": [state.observation(s) for s in range(3)] if seed % 2 else [],
+        }
+        records.append(rec)
+    measured = hand_evs_from_episodes(records, seat=2)
+    assert sum(n for _, n in measured.values()) == 40
+    for hand, (mean, _n) in measured.items():
+        assert mean == (2.0 if hand[2] == max(hand) else -1.0)  # showdown: pot 3, ante 1
+    table = ev_table(
+        {"CFR": {(0, 1, 4): 2.5}, "measured": measured}, hands=[(0, 1, 4), *measured][:3]
+    )
+    assert "| CFR | 2.50 |" in table and "(n=" in table
+    assert table.count("\n") == 6
+
+
+@pytest.mark.slow
+def test_collusion_cli(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        solve_app, ["collusion", "--iterations", "300", "--out-dir", str(tmp_path)]
+    )
+    assert res.exit_code == 0, res.output
+    assert "average collusion advantage" in res.output
+    assert (tmp_path / "collusion_heatmap.png").exists() and (tmp_path / "ev_table.md").exists()
