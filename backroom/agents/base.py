@@ -15,10 +15,10 @@ Kinds are registered by name so configs and the CLI can build them::
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
-from backroom.bus.wire import Delivery, MatchEnd, MatchStart, Turn
+from backroom.bus.wire import Checkpoint, Delivery, MatchEnd, MatchStart, Trace, Turn
 
 JSON = Any
 
@@ -34,6 +34,8 @@ class Agent:
     kind: ClassVar[str] = "custom"
     #: Decisions may run concurrently across matches; set False to serialise them.
     concurrent: ClassVar[bool] = True
+    #: Name of the policy whose checkpoint messages this agent follows (trainable agents).
+    policy: str | None = None
 
     def __init__(self, agent_id: str, seed: int | None = None, **options: Any) -> None:
         if options:
@@ -41,6 +43,7 @@ class Agent:
         self.id = agent_id
         self.rng = random.Random(seed)
         self.matches: dict[str, dict[str, Any]] = {}
+        self._trace_sink: Callable[[Trace], Awaitable[None]] | None = None
 
     async def act(self, turn: Turn) -> JSON:
         """Return one legal action for an act turn (``turn.legal`` lists or describes them)."""
@@ -60,6 +63,18 @@ class Agent:
 
     async def on_match_end(self, end: MatchEnd) -> None:
         self.matches.pop(end.match or "", None)
+
+    async def on_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """A trainer published a new adapter for ``self.policy``; swap it in between matches."""
+
+    async def on_error(self, error: Any) -> None:
+        """The referee rejected something this agent sent (``backroom.bus.wire.Error``)."""
+
+    async def publish_trace(self, trace: Trace) -> None:
+        """Send one decision's trace to ``traces/{agent}`` (a no-op outside a runtime)."""
+        if self._trace_sink is not None:
+            trace.agent = self.id
+            await self._trace_sink(trace)
 
     async def setup(self) -> None:
         """Load models or files once before the first match (runs inside the event loop)."""

@@ -25,11 +25,13 @@ from backroom.bus.client import Bus, BusConfig, Will
 from backroom.bus.wire import (
     Action,
     Chat,
+    Checkpoint,
     Delivery,
     Error,
     MatchEnd,
     MatchStart,
     Status,
+    Trace,
     Turn,
     WireError,
     dump,
@@ -66,7 +68,23 @@ class AgentRunner:
         )
         await self.bus.__aenter__()
         await self.bus.subscribe(topics.inbox(self.agent.id), self._on_inbox)
+        self.agent._trace_sink = self._publish_trace
+        if self.agent.policy:
+            await self.bus.subscribe(topics.checkpoint(self.agent.policy), self._on_checkpoint)
         return self
+
+    async def _publish_trace(self, trace: Trace) -> None:
+        assert self.bus is not None
+        await self.bus.publish(topics.traces(self.agent.id), trace)
+
+    def _on_checkpoint(self, _topic: str, payload: bytes) -> None:
+        try:
+            msg = parse(payload)
+        except WireError as exc:
+            log.warning("%s: unreadable checkpoint message: %s", self.agent.id, exc)
+            return
+        if isinstance(msg, Checkpoint):
+            self._spawn(self.agent.on_checkpoint(msg))
 
     async def __aexit__(self, *exc: object) -> None:
         if self.bus is not None:
@@ -118,6 +136,7 @@ class AgentRunner:
             self.errors.append(msg)
             metrics.AGENT_ERRORS.labels(kind=self.agent.kind, reason=msg.reason).inc()
             log.info("%s: referee says %s: %s", self.agent.id, msg.reason, msg.detail)
+            self._spawn(self.agent.on_error(msg))
 
     def _remember(self, key: tuple[str | None, int, int]) -> None:
         if len(self.answered) == self.answered.maxlen:

@@ -1,4 +1,10 @@
 """Scripted agent kinds. Importing this package registers them all."""
 
 from backroom.agents.scripted import basic as basic
+from backroom.agents.scripted import beauty as beauty
+from backroom.agents.scripted import bertrand as bertrand
+from backroom.agents.scripted import cfr as cfr
+from backroom.agents.scripted import ipd as ipd
 from backroom.agents.scripted import kuhn_colluder as kuhn_colluder
+from backroom.agents.scripted import split as split
+from backroom.agents.scripted import trust_split as trust_split
