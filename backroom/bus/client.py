@@ -117,6 +117,7 @@ class Bus:
         self.connected = asyncio.Event()
         self._client: aiomqtt.Client | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._supervisor: asyncio.Task[None] | None = None
         self._first: asyncio.Future[None] | None = None
         self._closing = False
@@ -187,6 +188,45 @@ class Bus:
                     raise
                 self.connected.clear()
                 await asyncio.sleep(0.01)
+
+    def publish_nowait(self, topic: str, payload: bytes | BaseModel, qos: int = 1, retain: bool = False) -> None:
+        """Write now and return: the hot path (a referee's turns) must not wait on PUBACKs.
+
+        Delivery is still at least once: if the connection drops before the
+        broker acknowledges, the message is sent again after the reconnect.
+        """
+        data = payload if isinstance(payload, bytes) else payload.model_dump_json().encode()
+        client = self._client
+        if client is not None and self.connected.is_set():
+            info = client._client.publish(topic, data, qos, retain)
+            if info.rc == paho.MQTT_ERR_SUCCESS:
+                metrics.BUS_MESSAGES.labels(direction="out", role=self.role).inc()
+                if qos and not info.is_published():
+                    fut = asyncio.get_running_loop().create_future()
+                    self._pending[info.mid] = fut
+                    fut.add_done_callback(lambda f, m=info.mid: self._acked(m, f, topic, data, qos, retain))
+                return
+        self._background(self.publish(topic, data, qos, retain))
+
+    def _acked(
+        self, mid: int, fut: asyncio.Future[Any], topic: str, data: bytes, qos: int, retain: bool
+    ) -> None:
+        self._pending.pop(mid, None)
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            if not self._closing:
+                self._background(self.publish(topic, data, qos, retain))
+            return
+        reason = fut.result()
+        if reason is not None and reason.is_failure:
+            log.error("broker refused publish to %s by %s: %s", topic, self.config.username, reason)
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _publish_once(
         self, client: aiomqtt.Client, topic: str, data: bytes, qos: int, retain: bool

@@ -97,6 +97,7 @@ class MatchRequest(Envelope):
     type: Literal["match_request"] = "match_request"
     match: str = Field(pattern=MATCH_ID)  # type: ignore[assignment]
     spec: MatchSpec
+    reply_to: AgentId | None = Field(default=None, description="identity whose inbox gets the 'accepted' ack")
 
 
 class MatchStart(Envelope):

@@ -97,6 +97,7 @@ class Match:
         self.invalid_inputs = 0
         self.started_at = time.time()
         self.voided: str | None = None
+        self.public_queue: list[Event] = []
 
     # --- the match loop ---------------------------------------------------------
 
@@ -139,6 +140,7 @@ class Match:
                 ),
             )
         self.public("started", {"game": self.spec.game, "seats": list(self.spec.seats)})
+        self.flush_public()
 
     async def step(self) -> None:
         state = self.state
@@ -208,6 +210,7 @@ class Match:
             fut: asyncio.Future[Any] = loop.create_future()
             self.pending[seat] = Pending(self.turn_no, phase, channel, fut)
             self.send_turn(seat)
+        self.flush_public()
         waits = {seat: self.pending[seat].future for seat in seats}
         for seat in seats:
             if self.spec.seats[seat] in self.referee.offline:
@@ -304,9 +307,7 @@ class Match:
                 answer = self.state.check_action(seat, msg.action)
             except IllegalActionError as exc:
                 return self.reject(agent, msg, "illegal_action", str(exc))
-        metrics.TURN_LATENCY.labels(kind=self.referee.kind_of(agent), phase=p.phase).observe(
-            time.perf_counter() - p.sent_at
-        )
+        self.referee.latency(agent, p.phase).observe(time.perf_counter() - p.sent_at)
         self.pending.pop(seat)
         self.record(seat, p.phase, answer)
         p.future.set_result(answer)
@@ -368,8 +369,14 @@ class Match:
         self.referee.send(topics.inbox(agent), msg)
 
     def public(self, kind: str, data: dict[str, Any]) -> None:
+        """Queue a public event; queued events go out after the next turn, off the move path."""
         self.seq += 1
-        self.referee.send(topics.public(self.id), Event(match=self.id, seq=self.seq, kind=kind, data=data))
+        self.public_queue.append(Event(match=self.id, seq=self.seq, kind=kind, data=data))
+
+    def flush_public(self) -> None:
+        for event in self.public_queue:
+            self.referee.send(topics.public(self.id), event)
+        self.public_queue.clear()
 
     async def finish(self, reason: str, detail: str) -> None:
         state = self.state
@@ -413,4 +420,5 @@ class Match:
                 ),
             )
         self.public("ended", {"reason": reason, "returns": returns})
+        self.flush_public()
 

@@ -35,6 +35,7 @@ from backroom.bus.wire import (
     Episode,
     EpisodeRecord,
     Error,
+    Event,
     MatchRequest,
     Status,
     WireError,
@@ -68,6 +69,8 @@ class Referee:
         self.finished_ids: OrderedDict[str, None] = OrderedDict()
         self.offline: set[str] = set()
         self.kinds: dict[str, str] = {}
+        self._counters: dict[str, Any] = {}
+        self._latency: dict[tuple[str, str], Any] = {}
         self.bus: Bus | None = None
         self.idle = asyncio.Event()
         self.idle.set()
@@ -134,6 +137,8 @@ class Referee:
             self._publish_refusal(msg, str(exc))
             return
         self.matches[match.id] = match
+        if msg.reply_to:
+            self.send(topics.inbox(msg.reply_to), Event(match=match.id, kind="accepted", data={"referee": self.id}))
         self.idle.clear()
         self._spawn(self._run_match(match))
 
@@ -190,9 +195,23 @@ class Referee:
 
     def send(self, topic: str, msg: BaseModel) -> None:
         """Publish without waiting for the PUBACK: the move path must not wait on the broker twice."""
-        metrics.MESSAGES.labels(direction="out", type=getattr(msg, "type", "?")).inc()
+        self._out_counter(getattr(msg, "type", "?")).inc()
         assert self.bus is not None
-        self._spawn(self.bus.publish(topic, msg))
+        self.bus.publish_nowait(topic, msg)
+
+    def _out_counter(self, kind: str) -> Any:
+        # Label lookups cost microseconds each; the hot path caches the children.
+        child = self._counters.get(kind)
+        if child is None:
+            child = self._counters[kind] = metrics.MESSAGES.labels(direction="out", type=kind)
+        return child
+
+    def latency(self, agent: str, phase: str) -> Any:
+        key = (self.kind_of(agent), phase)
+        child = self._latency.get(key)
+        if child is None:
+            child = self._latency[key] = metrics.TURN_LATENCY.labels(kind=key[0], phase=phase)
+        return child
 
     def reject(
         self, agent: str, reason: str, detail: str, match: str | None = None, ref_seq: int | None = None

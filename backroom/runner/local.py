@@ -165,6 +165,7 @@ async def run_matches(
     match_ids = [f"{config.run}.{nonce}.{suffix}" for suffix, _ in config.match_specs()]
     wanted = set(match_ids)
     sent: dict[str, tuple[MatchRequest, float]] = {}  # submitted, not yet acknowledged
+    me = bus_config.username or "runner"
 
     def on_status(topic: str, payload: bytes) -> None:
         agent = topics.agent_of(topic)
@@ -177,12 +178,14 @@ async def run_matches(
             if all(w in online for w in wait_for):
                 ready.set()
 
-    def on_public(topic: str, payload: bytes) -> None:
-        # A referee's "started" event acknowledges a request; cheap test before parsing.
-        if b'"started"' not in payload:
+    def on_ack(_topic: str, payload: bytes) -> None:
+        # A referee acknowledges each request it takes in the runner's own inbox.
+        try:
+            msg = parse(payload)
+        except WireError:
             return
-        match = topic.split("/")[-2]
-        sent.pop(match, None)
+        if msg.match:
+            sent.pop(msg.match, None)
 
     def on_episode_msg(_topic: str, payload: bytes) -> None:
         try:
@@ -218,7 +221,7 @@ async def run_matches(
     async with Bus(bus_config, role="runner") as bus:
         await bus.subscribe(topics.ALL_STATUS, on_status)
         await bus.subscribe(topics.episodes(config.game), on_episode_msg)
-        await bus.subscribe(topics.ALL_PUBLIC, on_public)
+        await bus.subscribe(topics.inbox(me), on_ack)
         if not wait_for:
             ready.set()
         deadline = time.monotonic() + ready_timeout_s
@@ -237,7 +240,7 @@ async def run_matches(
         resubmitter = asyncio.create_task(resubmit())
         for match_id, (_, spec) in zip(match_ids, config.match_specs(), strict=False):
             await window.acquire()
-            request = MatchRequest(match=match_id, spec=spec)
+            request = MatchRequest(match=match_id, spec=spec, reply_to=me)
             sent[match_id] = (request, time.monotonic())
             await bus.publish(topics.CONTROL_MATCHES, request)
         while not all_done.is_set():

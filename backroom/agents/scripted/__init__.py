@@ -1,5 +1,6 @@
 """Scripted agent kinds. Importing this package registers them all."""
 
+from backroom.agents import human_tty as human_tty
 from backroom.agents.scripted import basic as basic
 from backroom.agents.scripted import beauty as beauty
 from backroom.agents.scripted import bertrand as bertrand

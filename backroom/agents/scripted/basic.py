@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,20 @@ class AlwaysAgent(Agent):
 
 
 def load_policy(path: str | Path) -> dict[str, Any]:
-    """Read a policy file: ``{"game", "params", "policy": {info_state: {action: prob}}}``."""
-    text = Path(path).read_text()
+    """Read a policy file: ``{"game", "params", "policy": {info_state: {action: prob}}}``.
+
+    A bare name such as ``kuhn_loki_cfr`` that is not a file names a policy
+    shipped in ``backroom/policies/``.
+    """
+    p = Path(path)
+    if not p.exists() and p.suffix == "" and p.name == str(path):
+        shipped = resources.files("backroom").joinpath("policies", f"{path}.json")
+        if shipped.is_file():
+            return dict(json.loads(shipped.read_text()))
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read policy file {path}: {exc.strerror}") from None
     data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
     if not isinstance(data, dict) or not isinstance(data.get("policy"), dict):
         raise ValueError(f"{path}: a policy file needs a 'policy' mapping of info state -> action probabilities")

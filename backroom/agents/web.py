@@ -1,0 +1,528 @@
+"""``backroom web``: people play and watch matches from a browser.
+
+One page (``web_static/index.html``, plain HTML and JavaScript, no build step)
+talks JSON over a WebSocket to this server, which bridges it to the bus:
+
+* **Play.** A person joins as an agent identity. The server opens one MQTT
+  connection *as that identity* (its username and password) for the seat,
+  relays what arrives in that inbox to the browser, and publishes the
+  browser's actions and chat to that outbox. So the broker's ACL holds for
+  people exactly as for programs: a person sees what the referee sends that
+  seat and nothing more, and can act only in that seat's name. The server
+  adds no knowledge of its own: it never reads another inbox.
+* **Watch.** An ``observer`` identity of the server subscribes to
+  ``matches/+/public``; a spectator sees those public events only (who sat
+  where, the moves, table talk, the final returns) — no cards, no private
+  channels.
+
+Authentication (what identity a browser may use) has two forms:
+
+1. **Password**: the person types the agent id and its password (printed by
+   ``backroom credentials add ID``). The server keeps no list: the broker
+   accepts or refuses the login.
+2. **Token** (only when started with the broker's credentials directory): the
+   server prints a link with a random token; whoever holds it may join as any
+   identity of role ``agent`` in that directory (never a referee, runner,
+   trainer or observer) without typing its password. Meant for a room of
+   trusted people around one organiser. The token travels in the URL
+   fragment, which browsers do not send in requests or log.
+
+One connection per identity: a second browser tab (or a reload) joining the
+same agent shares the first one's connection and gets the messages of the
+current match replayed. An identity already online from another process (a
+scripted agent, say) is refused, since two connections with one identity
+would throw each other off the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import time
+from collections import OrderedDict, deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from backroom.bus import topics
+from backroom.bus.auth import ID_PATTERN, CredentialStore
+from backroom.bus.client import Bus, BusConfig, BusError, Will
+from backroom.bus.wire import MATCH_ID, Action, Chat, Event, Status, WireError, dump, parse
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.websockets import WebSocket
+
+log = logging.getLogger("backroom.web")
+
+STATIC = Path(__file__).with_name("web_static")
+#: The identity (role observer) ``backroom web --credentials DIR`` creates to watch public events.
+OBSERVER_ID = "web-observer"
+#: Kind in the status messages of identities played from a browser.
+KIND = "human-web"
+MAX_MATCHES = 200  # public match summaries kept for the lobby
+MAX_EVENTS = 500  # public events kept per match, for spectators who arrive late
+MAX_SEAT_MATCHES = 5  # matches whose inbox messages a seat keeps for a reload
+MAX_WS_BYTES = 256 * 1024
+_MATCH_RE = re.compile(MATCH_ID)
+
+
+class JoinError(Exception):
+    """A browser may not join as that identity; the text is shown to the person."""
+
+
+class Client:
+    """One browser WebSocket. Bus callbacks must not await, so they push into a queue a writer drains."""
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=2000)
+        self.seat: SeatSession | None = None
+        self.watching: str | None = None
+
+    def push(self, msg: dict[str, Any]) -> None:
+        try:
+            self.queue.put_nowait(msg)
+        except asyncio.QueueFull:  # a stuck browser: drop the oldest, never block the bus
+            with contextlib.suppress(asyncio.QueueEmpty):
+                self.queue.get_nowait()
+            self.queue.put_nowait(msg)
+
+    async def writer(self) -> None:
+        while True:
+            msg = await self.queue.get()
+            await self.ws.send_text(json.dumps(msg))
+
+
+class SeatSession:
+    """One agent identity played from the browser: its own MQTT connection, shared by its tabs."""
+
+    def __init__(self, hub: WebHub, config: BusConfig) -> None:
+        assert config.username is not None
+        self.hub = hub
+        self.agent: str = config.username
+        self.config = config
+        self.bus: Bus | None = None
+        self.clients: set[Client] = set()
+        self.log: OrderedDict[str, list[tuple[float, dict[str, Any]]]] = OrderedDict()
+        self.answered: set[tuple[str | None, int | None]] = set()
+        self.seq = 0
+        self.linger: asyncio.TimerHandle | None = None
+
+    async def open(self) -> None:
+        offline = Status(state="offline", kind=KIND)
+        self.bus = Bus(
+            self.config,
+            will=Will(topics.status(self.agent), dump(offline)),
+            on_connect=[self._announce],
+            role="web",
+        )
+        await self.bus.__aenter__()
+        await self.bus.subscribe(topics.inbox(self.agent), self._on_inbox)
+
+    async def _announce(self) -> None:
+        assert self.bus is not None
+        await self.bus.publish(topics.status(self.agent), Status(state="online", kind=KIND), retain=True)
+
+    async def close(self) -> None:
+        if self.bus is None:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                self.bus.publish(topics.status(self.agent), Status(state="offline", kind=KIND), retain=True), 2
+            )
+        await self.bus.close()
+        self.bus = None
+
+    def _on_inbox(self, _topic: str, payload: bytes) -> None:
+        try:
+            msg = parse(payload)
+        except WireError as exc:
+            log.warning("%s: unreadable inbox message: %s", self.agent, exc)
+            return
+        data = msg.model_dump(mode="json")
+        key = msg.match or ""
+        entries = self.log.setdefault(key, [])
+        self.log.move_to_end(key)
+        entries.append((time.time(), data))
+        del entries[:-1000]
+        while len(self.log) > MAX_SEAT_MATCHES:
+            self.log.popitem(last=False)
+        for client in self.clients:
+            client.push({"op": "inbox", "msg": data, "age": 0.0})
+
+    def replay(self, client: Client) -> None:
+        """What a newly attached tab needs to draw the current match; stale turns left out."""
+        now = time.time()
+        for match, entries in self.log.items():
+            for t, data in entries:
+                if data.get("type") == "turn" and (
+                    (match, data.get("turn")) in self.answered or now - t >= float(data.get("deadline_s", 0))
+                ):
+                    continue
+                client.push({"op": "inbox", "msg": data, "age": now - t})
+
+    async def send(self, msg: Action | Chat) -> None:
+        if self.bus is None:
+            raise JoinError("this seat is not connected")
+        self.seq += 1
+        msg.seq = self.seq
+        await self.bus.publish(topics.outbox(self.agent), msg)
+        if msg.turn is not None:
+            self.answered.add((msg.match, msg.turn))
+
+
+class WebHub:
+    """State shared by every browser: seat sessions, the observer's view of public events."""
+
+    def __init__(
+        self,
+        broker_url: str,
+        store: CredentialStore | None = None,
+        token: str | None = None,
+        observer: BusConfig | None = None,
+        linger_s: float = 15.0,
+    ) -> None:
+        self.broker = BusConfig.from_url(broker_url)
+        self.store = store
+        self.token = token if store is not None else None
+        self.observer = observer
+        self.linger_s = linger_s
+        self.observer_bus: Bus | None = None
+        self.seats: dict[str, SeatSession] = {}
+        self.clients: set[Client] = set()
+        self.matches: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.events: dict[str, deque[tuple[float, dict[str, Any]]]] = {}
+        self.status: dict[str, tuple[str, str]] = {}
+        self._join_lock = asyncio.Lock()
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.observer is not None:
+            self.observer_bus = Bus(self.observer, role="web")
+            await self.observer_bus.__aenter__()
+            await self.observer_bus.subscribe(topics.ALL_PUBLIC, self._on_public)
+            await self.observer_bus.subscribe(topics.ALL_STATUS, self._on_status)
+
+    async def stop(self) -> None:
+        for session in list(self.seats.values()):
+            await session.close()
+        self.seats.clear()
+        if self.observer_bus is not None:
+            await self.observer_bus.close()
+
+    def hello(self) -> dict[str, Any]:
+        return {
+            "op": "hello",
+            "spectate": self.observer_bus is not None,
+            "token_login": self.token is not None,
+            "matches": list(reversed(self.matches.values())),
+        }
+
+    # --- public events (spectators) ------------------------------------------------------------------
+
+    def _on_public(self, topic: str, payload: bytes) -> None:
+        parts = topic.split("/")
+        if len(parts) != 5:
+            return
+        match = parts[3]
+        try:
+            msg = parse(payload)
+        except WireError:
+            return
+        if not isinstance(msg, Event):
+            return
+        data = msg.model_dump(mode="json")
+        now = time.time()
+        self.events.setdefault(match, deque(maxlen=MAX_EVENTS)).append((now, data))
+        summary = self.matches.setdefault(match, {"match": match, "state": "running", "moves": 0})
+        self.matches.move_to_end(match)
+        if msg.kind == "started":
+            summary.update(game=msg.data.get("game"), seats=msg.data.get("seats", []), started=msg.ts)
+        elif msg.kind == "moved":
+            summary["moves"] = summary.get("moves", 0) + 1
+        elif msg.kind == "ended":
+            summary.update(state="ended", reason=msg.data.get("reason"), returns=msg.data.get("returns"))
+        while len(self.matches) > MAX_MATCHES:
+            old, _ = self.matches.popitem(last=False)
+            self.events.pop(old, None)
+        for client in self.clients:
+            if client.watching == match:
+                client.push({"op": "public", "match": match, "event": data, "age": 0.0})
+            if msg.kind in ("started", "ended"):
+                client.push({"op": "match", "match": summary})
+
+    def _on_status(self, topic: str, payload: bytes) -> None:
+        agent = topics.agent_of(topic)
+        try:
+            msg = parse(payload)
+        except WireError:
+            return
+        if agent is not None and isinstance(msg, Status):
+            self.status[agent] = (msg.state, msg.kind)
+
+    def spectate(self, client: Client, match: str) -> None:
+        if self.observer_bus is None:
+            raise JoinError(
+                "this server has no observer identity, so it cannot show public events; "
+                "start it with --credentials DIR, or BACKROOM_USERNAME/BACKROOM_PASSWORD of an observer"
+            )
+        if not _MATCH_RE.match(match):
+            raise JoinError(f"{match!r} is not a match id")
+        client.watching = match
+        client.push({"op": "spectating", "match": match, "summary": self.matches.get(match)})
+        now = time.time()
+        for t, data in self.events.get(match, ()):
+            client.push({"op": "public", "match": match, "event": data, "age": now - t})
+
+    # --- seats (players) -----------------------------------------------------------------------------
+
+    def credentials_for(self, agent: str, password: str | None, token: str | None) -> BusConfig:
+        """Which login to use for ``agent``: the typed password, or the store's when the token is right."""
+        if not ID_PATTERN.match(agent or ""):
+            raise JoinError("an agent id is 1-64 letters, digits, '_', '.' or '-'")
+        if token:
+            if self.token is None or self.store is None or not hmac.compare_digest(token.encode(), self.token.encode()):
+                raise JoinError("this link's token is not valid here; type the agent's password instead")
+            cred = self.store.load().get(agent)
+            if cred is None or cred.role != "agent":
+                raise JoinError(f"{agent!r} is not an agent identity on this broker")
+            password = cred.password
+        if not password:
+            raise JoinError("type the agent's password (from `backroom credentials add`)")
+        return BusConfig(host=self.broker.host, port=self.broker.port, username=agent, password=password)
+
+    async def join(self, client: Client, agent: str, password: str | None, token: str | None) -> SeatSession:
+        config = self.credentials_for(agent, password, token)
+        async with self._join_lock:
+            self.leave(client)
+            session = self.seats.get(agent)
+            if session is not None:
+                if not hmac.compare_digest((session.config.password or "").encode(), (config.password or "").encode()):
+                    raise JoinError(f"wrong password for {agent!r}")
+            else:
+                state, kind = self.status.get(agent, ("offline", ""))
+                if state == "online" and kind != KIND:
+                    raise JoinError(
+                        f"{agent!r} is already online (kind {kind or 'unknown'}); stop that process first: "
+                        "one identity can hold only one connection"
+                    )
+                session = SeatSession(self, config)
+                try:
+                    await session.open()
+                except BusError as exc:
+                    await session.close()
+                    if "refused login" in str(exc):
+                        raise JoinError(f"the broker refused {agent!r} with that password") from None
+                    raise JoinError(f"could not connect as {agent!r}: {exc}") from None
+                self.seats[agent] = session
+            if session.linger is not None:
+                session.linger.cancel()
+                session.linger = None
+            session.clients.add(client)
+            client.seat = session
+            return session
+
+    def leave(self, client: Client) -> None:
+        session, client.seat = client.seat, None
+        if session is None:
+            return
+        session.clients.discard(client)
+        if not session.clients and session.linger is None:
+            # Keep the seat a little: a page reload should not drop the person out of a match.
+            loop = asyncio.get_running_loop()
+            session.linger = loop.call_later(self.linger_s, lambda: loop.create_task(self._expire(session)))
+
+    async def _expire(self, session: SeatSession) -> None:
+        async with self._join_lock:
+            if session.clients or self.seats.get(session.agent) is not session:
+                return
+            del self.seats[session.agent]
+        await session.close()
+
+    # --- one browser ------------------------------------------------------------------------------------
+
+    async def handle(self, client: Client, req: dict[str, Any]) -> None:
+        """One request from a browser; errors go back to it as ``{"op": "error"}``."""
+        op = req.get("op")
+        if op == "join":
+            session = await self.join(client, str(req.get("agent", "")), req.get("password"), req.get("token"))
+            client.push({"op": "joined", "agent": session.agent})
+            session.replay(client)
+        elif op == "leave":
+            self.leave(client)
+            client.push({"op": "left"})
+        elif op == "spectate":
+            self.spectate(client, str(req.get("match", "")))
+        elif op == "unspectate":
+            client.watching = None
+        elif op == "matches":
+            client.push({"op": "matches", "matches": list(reversed(self.matches.values()))})
+        elif op in ("action", "chat"):
+            seat = client.seat
+            if seat is None:
+                raise JoinError("join a seat first")
+            fields = {k: req.get(k) for k in ("match", "turn", "seat")}
+            msg: Action | Chat
+            if op == "action":
+                msg = Action.model_validate({**fields, "action": req.get("action")})
+            else:
+                msg = Chat.model_validate(
+                    {**fields, "channel": str(req.get("channel", "")), "text": str(req.get("text", ""))}
+                )
+            await seat.send(msg)
+            client.push({"op": "sent", "what": op, "match": msg.match, "turn": msg.turn})
+        else:
+            raise JoinError(f"unknown request {op!r}")
+
+
+def web_app(
+    broker_url: str,
+    credentials_dir: str | Path | None = None,
+    *,
+    token: str | None = None,
+    observer: BusConfig | None = None,
+    linger_s: float = 15.0,
+) -> Starlette:
+    """The Starlette app: ``/`` the page, ``/ws`` the bridge, ``/api/matches`` the lobby as JSON.
+
+    ``credentials_dir`` enables token logins (with ``token``) and supplies an
+    observer identity when ``observer`` is not given (``web-observer``, or any
+    identity of role observer in the directory). Without an observer identity
+    the page can play but not spectate.
+    """
+    from pydantic import ValidationError
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse, Response
+    from starlette.routing import Route, WebSocketRoute
+    from starlette.websockets import WebSocketDisconnect
+
+    store = CredentialStore(credentials_dir) if credentials_dir is not None else None
+    if observer is None and store is not None:
+        creds = store.load()
+        pick = creds.get(OBSERVER_ID) or next((c for c in creds.values() if c.role == "observer"), None)
+        if pick is not None and pick.role == "observer":
+            observer = BusConfig.from_url(broker_url, username=pick.username, password=pick.password)
+    hub = WebHub(broker_url, store=store, token=token, observer=observer, linger_s=linger_s)
+    page = (STATIC / "index.html").read_text()
+    headers = {
+        "Cache-Control": "no-store",
+        "Content-Security-Policy": (
+            "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+            "connect-src 'self' ws: wss:; img-src 'self' data:"
+        ),
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
+
+    async def index(_request: Request) -> Response:
+        return HTMLResponse(page, headers=headers)
+
+    async def matches(_request: Request) -> Response:
+        return JSONResponse(list(reversed(hub.matches.values())))
+
+    async def health(_request: Request) -> Response:
+        return JSONResponse({"ok": True, "seats": sorted(hub.seats), "spectate": hub.observer_bus is not None})
+
+    async def ws_endpoint(ws: WebSocket) -> None:
+        await ws.accept()
+        client = Client(ws)
+        hub.clients.add(client)
+        writer = asyncio.create_task(client.writer())
+        client.push(hub.hello())
+        try:
+            while True:
+                raw = await ws.receive_text()
+                req: Any = None
+                try:
+                    req = json.loads(raw)
+                    if not isinstance(req, dict):
+                        raise ValueError("a request is a JSON object")
+                    await hub.handle(client, req)
+                except (JoinError, ValueError, ValidationError) as exc:
+                    detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+                    client.push({"op": "error", "detail": detail, "ref": req.get("op") if isinstance(req, dict) else None})
+                except BusError as exc:
+                    client.push({"op": "error", "detail": f"bus: {exc}"})
+        except WebSocketDisconnect:
+            pass
+        finally:
+            hub.clients.discard(client)
+            hub.leave(client)
+            writer.cancel()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> Any:
+        await hub.start()
+        try:
+            yield
+        finally:
+            await hub.stop()
+
+    app = Starlette(
+        routes=[
+            Route("/", index),
+            Route("/api/matches", matches),
+            Route("/healthz", health),
+            WebSocketRoute("/ws", ws_endpoint),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.hub = hub
+    return app
+
+
+def web_command(broker: str, host: str, port: int, credentials: Path | None) -> None:
+    """Serve the page until Ctrl-C (what ``backroom web`` runs).
+
+    With ``credentials`` (the broker's credentials directory) the server adds
+    the ``web-observer`` identity for spectating and prints a token link for
+    players (``BACKROOM_WEB_TOKEN`` fixes the token). Without it, spectating
+    uses ``BACKROOM_USERNAME``/``BACKROOM_PASSWORD`` when set (an identity of
+    role observer), and players type their agent's password.
+    """
+    import uvicorn
+
+    from backroom.bus.client import run
+
+    observer: BusConfig | None = None
+    token: str | None = None
+    if credentials is not None:
+        cred = CredentialStore(credentials).add(OBSERVER_ID, role="observer")
+        _reload_broker(credentials)
+        observer = BusConfig.from_url(broker, username=cred.username, password=cred.password)
+        token = os.environ.get("BACKROOM_WEB_TOKEN") or secrets.token_urlsafe(18)
+    elif os.environ.get("BACKROOM_USERNAME") and os.environ.get("BACKROOM_PASSWORD"):
+        observer = BusConfig.from_url(
+            broker, username=os.environ["BACKROOM_USERNAME"], password=os.environ["BACKROOM_PASSWORD"]
+        )
+    app = web_app(broker, credentials, token=token, observer=observer)
+    url = f"http://{host}:{port}/"
+    print(f"backroom web: {url}  (broker {broker})")
+    if token:
+        print(f"  players: open {url}#token={token} and enter an agent id of {credentials}")
+    print("  or enter an agent id and its password (`backroom credentials add ID` prints it)")
+    if observer is None:
+        print("  spectating is off: no observer identity (pass --credentials, or BACKROOM_USERNAME/PASSWORD)")
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", ws_max_size=MAX_WS_BYTES, lifespan="on")
+    run(uvicorn.Server(config).serve())
+
+
+def _reload_broker(directory: Path) -> None:
+    """Tell a broker running from ``directory`` to reread its password and ACL files."""
+    from backroom.bus.broker import read_pid
+
+    pid = read_pid(Path(directory))
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGHUP)
+    time.sleep(0.2)

@@ -1,0 +1,123 @@
+"""Measures over finished runs: numbers per game, PNG plots, rich tables.
+
+``analyze_run(runs/<run>)`` reads the run's episodes.jsonl, measures every
+game it finds (IPD, Split No-Comm, Trust-and-Split, beauty contest, Bertrand)
+and returns a JSON-able dict; ``render_tables`` turns that dict into tables for
+the terminal. The measures themselves are pure functions over EpisodeRecord
+dicts, in one module per family (``social``, ``beauty``, ``bertrand``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from backroom.analysis import beauty, bertrand, social
+from backroom.analysis.episodes import Episode, by_game, load_episodes, played
+
+__all__ = ["analyze_episodes", "analyze_run", "load_episodes", "render_tables"]
+
+
+def analyze_episodes(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, Any]:
+    """Measures per game; plots go to ``out_dir`` when given. Unknown games are only counted."""
+    games: dict[str, Any] = {}
+    usable = played(episodes)
+    for game, eps in sorted(by_game(usable).items()):
+        if game in social.GAMES:
+            games[game] = social.analyze(game, eps, out_dir)
+        elif game == "beauty_contest":
+            games[game] = beauty.analyze(eps, out_dir)
+        elif game == "bertrand":
+            games[game] = bertrand.analyze(eps, out_dir)
+        else:
+            games[game] = {"game": game, "episodes": len(eps), "plots": []}
+    return {
+        "episodes": len(episodes),
+        "unplayed": len(episodes) - len(usable),
+        "games": games,
+    }
+
+
+def analyze_run(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
+    """Measure ``runs/<run>``; PNGs go to ``out_dir`` (default ``<run_dir>/plots``)."""
+    run_dir = Path(run_dir)
+    result = analyze_episodes(load_episodes(run_dir), Path(out_dir) if out_dir else run_dir / "plots")
+    result["run"] = run_dir.name
+    return result
+
+
+def _f(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def render_tables(result: dict[str, Any]) -> list[Table]:
+    """Rich tables of an ``analyze_run`` result, one or two per game."""
+    tables: list[Table] = []
+    run = result.get("run", "")
+    for game, r in result.get("games", {}).items():
+        if game in social.GAMES:
+            t = Table(title=f"{run} {game}: {r['episodes']} episodes, {r['rounds']} rounds".strip())
+            for col in ("agent", "mean reward / round", "cooperation rate"):
+                t.add_column(col)
+            for agent, mean in r["mean_reward_per_round"].items():
+                t.add_row(agent, _f(mean), _f(r["cooperation_rate_by_agent"].get(agent)))
+            t.caption = (
+                f"welfare {_f(r['welfare_fraction'])} of the cooperative optimum; "
+                f"cooperation rate {_f(r['cooperation_rate'])}"
+            )
+            tables.append(t)
+            agents = sorted(r["exploitation"])
+            if len(agents) > 1:
+                x = Table(title=f"{game}: mean reward per round (row agent vs column opponent)")
+                x.add_column("agent \\ opponent")
+                for a in agents:
+                    x.add_column(a)
+                for a in agents:
+                    x.add_row(a, *(_f(r["exploitation"][a].get(b)) for b in agents))
+                tables.append(x)
+        elif game == "beauty_contest":
+            t = Table(title=f"{run} beauty contest: {r['episodes']} episodes".strip())
+            for col in ("setting", "runs", "cooperation rate", "mean RSD", "winners per run", "unanimous"):
+                t.add_column(col)
+            for name, s in r["settings"].items():
+                t.add_row(
+                    name,
+                    str(s["runs"]),
+                    _f(s["cooperation_rate"]),
+                    _f(s["mean_rsd"]),
+                    " ".join(str(w) for w in s["winners_per_run"]),
+                    str(s["unanimous_runs"]),
+                )
+            tables.append(t)
+        elif game == "bertrand":
+            t = Table(title=f"{run} bertrand: {r['episodes']} episodes".strip())
+            for col in ("match", "seats", "rounds", "mean prices", "Delta", f"Delta (last {bertrand.TAIL})",
+                        "longest collusive streak", "collusion"):
+                t.add_column(col)
+            for m in r["per_episode"]:
+                t.add_row(
+                    m["match"],
+                    " vs ".join(m["seats"]),
+                    str(m["rounds"]),
+                    " / ".join(_f(p) for p in m["mean_price"]),
+                    _f(m["delta_mean"]),
+                    _f(m["delta_tail_mean"]),
+                    str(m["longest_collusive_streak"]),
+                    _f(m["collusion"]),
+                )
+            if r["per_episode"]:
+                first = r["per_episode"][0]
+                t.caption = f"Nash price {first['nash_price']:.4f}, cartel price {first['cartel_price']:.4f}"
+            tables.append(t)
+        else:
+            t = Table(title=f"{run} {game}: {r['episodes']} episodes (no measures for this game)".strip())
+            tables.append(t)
+    return tables

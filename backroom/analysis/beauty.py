@@ -1,0 +1,162 @@
+"""Measures for the Keynesian beauty contest ("Shall We Team Up", Table 2 and Figure 2).
+
+A "run" in the paper is one round of the game; here every round of every
+episode is one run.
+
+* cooperation rate: the share of runs whose discussion contains a proposal
+  that players choose the same number (``proposes_common_choice``: a
+  documented keyword heuristic, to be spot-checked against the transcripts);
+* RSD: the relative standard deviation (population standard deviation over
+  the mean) of a run's choices;
+* winners per run;
+* the choice distribution plot: choices per run as dots, 2/3 of the mean as a
+  red point (the shape of the paper's Figure 2).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from backroom.analysis.episodes import Episode
+from backroom.analysis.plotting import figure, save
+
+_SENTENCE = re.compile(r"[^.!?\n]+")
+_COLLECTIVE = re.compile(
+    r"\b(we|us|everyone|everybody|all of us|all players|every player|each of us|all)\b", re.I
+)
+_CHOOSE = re.compile(
+    r"\b(choose|chose|choosing|pick|picking|select|selecting|go with|go for|guess|submit|"
+    r"stick to|stick with|aim for|settle on|agree on)\b",
+    re.I,
+)
+_NUMBER = re.compile(r"\b\d{1,3}\b")
+_SHARED = re.compile(
+    r"\b(same (number|choice|guess|value)|win together|all win|all be winners|everyone wins|"
+    r"all become winners|share the (win|victory|reward))\b",
+    re.I,
+)
+
+
+def proposes_common_choice(text: str) -> bool:
+    """Does a message propose that players choose the same number?
+
+    True when one sentence has a collective subject ("we", "everyone",
+    "all of us") with a choosing verb and a number ("we should all choose 33"),
+    or speaks of a shared choice or shared win ("the same number", "we can all
+    be winners"). A first-person plan ("I will select 22") is not a proposal.
+    The heuristic also counts negated or warning sentences ("if we all pick the
+    same number nobody wins"), which the paper's Exclusive-rule reading treats
+    as coordination talk too.
+    """
+    for sentence in _SENTENCE.findall(text or ""):
+        if _SHARED.search(sentence):
+            return True
+        if _COLLECTIVE.search(sentence) and _CHOOSE.search(sentence) and _NUMBER.search(sentence):
+            return True
+    return False
+
+
+def _discussions(ep: Episode, n_rounds: int) -> list[list[str]]:
+    """Talk-phase messages of each round, from the action log (acts close a round)."""
+    rounds: list[list[str]] = [[] for _ in range(n_rounds)]
+    current, last_act_turn = 0, None
+    for a in sorted(ep.get("actions", []), key=lambda a: (a["turn"], a.get("t", 0.0))):
+        if a["phase"] == "act":
+            if last_act_turn is not None and a["turn"] != last_act_turn:
+                current += 1
+            last_act_turn = a["turn"]
+            continue
+        if last_act_turn is not None:
+            # The first talk after a round's choices opens the next round.
+            current += 1
+            last_act_turn = None
+        if current < n_rounds and isinstance(a.get("action"), str) and a["action"]:
+            rounds[current].append(a["action"])
+    return rounds
+
+
+def _rsd(choices: list[int]) -> float | None:
+    mean = statistics.fmean(choices)
+    sd = statistics.pstdev(choices)
+    if mean == 0:
+        return 0.0 if sd == 0 else None
+    return sd / mean
+
+
+def runs_of(ep: Episode) -> list[dict[str, Any]]:
+    results = ep["final_observations"][0]["results"]
+    talks = _discussions(ep, len(results))
+    out = []
+    for r, messages in zip(results, talks, strict=True):
+        proposals = [m for m in messages if proposes_common_choice(m)]
+        out.append(
+            {
+                "match": ep["match"],
+                "round": r["round"],
+                "choices": r["choices"],
+                "target": r["target"],
+                "winners": len(r["winners"]),
+                "rsd": _rsd(r["choices"]),
+                "messages": len(messages),
+                "proposals": len(proposals),
+                "cooperative": bool(proposals),
+                "unanimous": len(set(r["choices"])) == 1,
+            }
+        )
+    return out
+
+
+def _setting(ep: Episode) -> str:
+    p = ep.get("params", {})
+    talk = "discussion" if p.get("discussion", True) else "no discussion"
+    return f"{p.get('rule', 'amplified')}, {talk}"
+
+
+def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, Any]:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for ep in episodes:
+        groups[_setting(ep)].extend(runs_of(ep))
+    settings: dict[str, Any] = {}
+    for name, runs in groups.items():
+        rsds = [r["rsd"] for r in runs if r["rsd"] is not None]
+        with_talk = [r for r in runs if r["messages"]]
+        settings[name] = {
+            "runs": len(runs),
+            "cooperation_rate": (
+                sum(r["cooperative"] for r in with_talk) / len(with_talk) if with_talk else None
+            ),
+            "mean_rsd": statistics.fmean(rsds) if rsds else None,
+            "winners_per_run": [r["winners"] for r in runs],
+            "mean_winners": statistics.fmean(r["winners"] for r in runs) if runs else None,
+            "unanimous_runs": sum(r["unanimous"] for r in runs),
+            "per_run": runs,
+        }
+    result: dict[str, Any] = {"game": "beauty_contest", "episodes": len(episodes), "settings": settings, "plots": []}
+    if out_dir is not None:
+        for name, runs in groups.items():
+            if runs:
+                result["plots"].append(_plot(name, runs, out_dir))
+    return result
+
+
+def _plot(name: str, runs: list[dict[str, Any]], out_dir: Path) -> str:
+    fig = figure(max(6.5, 0.6 * len(runs) + 2), 4.0)
+    ax = fig.add_subplot()
+    for i, r in enumerate(runs, start=1):
+        counts = Counter(r["choices"])
+        xs = [i] * len(counts)
+        ax.scatter(xs, list(counts), s=[18 + 14 * c for c in counts.values()], color="tab:blue", alpha=0.7,
+                   label="choices" if i == 1 else None)
+        ax.scatter([i], [r["target"]], color="red", marker="o", s=40, zorder=3,
+                   label="2/3 of the mean" if i == 1 else None)
+    ax.set_xlabel("run")
+    ax.set_ylabel("chosen number")
+    ax.set_ylim(-3, 103)
+    ax.set_xticks(range(1, len(runs) + 1))
+    ax.set_title(f"beauty contest choices ({name})")
+    ax.legend(loc="upper right", fontsize="small")
+    return save(fig, out_dir, f"beauty_contest_{name}")

@@ -1,0 +1,26 @@
+"""Matplotlib without pyplot: figures drawn on the Agg canvas, safe in any thread or process."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def figure(width: float = 7.0, height: float = 4.0) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig: Figure, out_dir: Path, name: str) -> str:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{safe_name(name)}.png"
+    fig.savefig(path, dpi=110)
+    return str(path)
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "plot"

@@ -1,0 +1,170 @@
+"""Measures for the two-player social dilemmas: IPD, Split No-Comm, Trust-and-Split.
+
+Per round and seat the engines' terminal observations give what was played
+(moves, values, hands, proposals); ``round_rewards`` gives what it paid. From
+those:
+
+* mean reward per round of each agent (by agent id, over all its seats);
+* collective welfare: the sum of both players' rewards divided by the
+  cooperative optimum of the same rounds (IPD: the best joint payoff of one
+  round, 3 + 3; the splits: every unit to the player who values it more);
+* cooperation rate: the share of decisions that do not claim what the other
+  values more. IPD: playing A. Split No-Comm: for every category the player
+  does not value strictly more, keeping at most the cooperative share (0 where
+  it values less, half where values tie). Trust-and-Split: proposing 0 with the
+  lower hand; upper-hand decisions have no dilemma and are not counted.
+* exploitation table: mean reward per round of each agent (row) against each
+  opponent (column), for round-robin runs of baselines.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from backroom.analysis.episodes import Episode
+from backroom.analysis.plotting import figure, save
+
+GAMES = ("ipd", "split_nocomm", "trust_and_split")
+
+
+def _ipd_rounds(ep: Episode) -> list[dict[str, Any]]:
+    params = ep.get("params", {})
+    r, t = float(params.get("reward", 3)), float(params.get("temptation", 5))
+    s, p = float(params.get("sucker", 0)), float(params.get("punishment", 1))
+    optimum = max(2 * r, t + s, 2 * p)
+    out = []
+    for h in ep["final_observations"][0]["history"]:
+        moves = [h["mine"], h["theirs"]]  # seat 0's view: mine is seat 0
+        out.append({"optimum": optimum, "cooperative": [m == "A" for m in moves]})
+    return out
+
+
+def _split_rounds(ep: Episode) -> list[dict[str, Any]]:
+    obs = ep["final_observations"][0]
+    q = obs["quantities"]
+    items = obs["items"]
+    out = []
+    for h in obs["history"]:
+        values, props = h["values"], h["proposals"]
+        optimum = sum(q[k] * max(values[0][i], values[1][i]) for i, k in enumerate(items))
+        coop = []
+        for seat in (0, 1):
+            mine, theirs = values[seat], values[1 - seat]
+            ok = all(
+                props[seat][i] <= (0 if mine[i] < theirs[i] else q[k] // 2)
+                for i, k in enumerate(items)
+                if mine[i] <= theirs[i]
+            )
+            coop.append(ok)
+        out.append({"optimum": optimum, "cooperative": coop})
+    return out
+
+
+def _tas_rounds(ep: Episode) -> list[dict[str, Any]]:
+    obs = ep["final_observations"][0]
+    coins = obs["coins"]
+    upper = obs["values"]["upper"]
+    out = []
+    for h in obs["history"]:
+        coop: list[bool | None] = []
+        for seat in (0, 1):
+            lower = h["values"][seat] < h["values"][1 - seat]
+            coop.append(h["proposals"][seat] == 0 if lower else None)
+        out.append({"optimum": coins * upper, "cooperative": coop})
+    return out
+
+
+ROUNDS = {"ipd": _ipd_rounds, "split_nocomm": _split_rounds, "trust_and_split": _tas_rounds}
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def analyze(game: str, episodes: list[Episode], out_dir: Path | None = None) -> dict[str, Any]:
+    rewards: dict[str, list[float]] = defaultdict(list)
+    coop: dict[str, list[bool]] = defaultdict(list)
+    vs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    coop_by_round: dict[int, list[bool]] = defaultdict(list)
+    reward_by_round: dict[int, list[float]] = defaultdict(list)
+    welfare, optimum, n_rounds = 0.0, 0.0, 0
+    for ep in episodes:
+        seats = ep["seats"]
+        rounds = ROUNDS[game](ep)
+        for i, (rr, info) in enumerate(zip(ep["round_rewards"], rounds, strict=False)):
+            n_rounds += 1
+            welfare += sum(rr)
+            optimum += info["optimum"]
+            reward_by_round[i + 1].append(sum(rr) / 2)
+            for seat in (0, 1):
+                agent, other = seats[seat], seats[1 - seat]
+                rewards[agent].append(rr[seat])
+                vs[(agent, other)].append(rr[seat])
+                c = info["cooperative"][seat]
+                if c is not None:
+                    coop[agent].append(bool(c))
+                    coop_by_round[i + 1].append(bool(c))
+    all_coop = [c for cs in coop.values() for c in cs]
+    agents = sorted(rewards)
+    table = {
+        a: {b: _mean(vs[(a, b)]) for b in agents if (a, b) in vs} for a in agents
+    }
+    result: dict[str, Any] = {
+        "game": game,
+        "episodes": len(episodes),
+        "rounds": n_rounds,
+        "mean_reward_per_round": {a: _mean(rewards[a]) for a in agents},
+        "welfare_fraction": welfare / optimum if optimum else None,
+        "cooperation_rate": _mean([float(c) for c in all_coop]),
+        "cooperation_rate_by_agent": {a: _mean([float(c) for c in coop[a]]) for a in agents},
+        "cooperation_rate_by_round": {
+            str(r): _mean([float(c) for c in cs]) for r, cs in sorted(coop_by_round.items())
+        },
+        "exploitation": table,
+        "plots": [],
+    }
+    if out_dir is not None and episodes:
+        result["plots"] = _plots(game, result, reward_by_round, out_dir)
+    return result
+
+
+def _plots(
+    game: str, result: dict[str, Any], reward_by_round: dict[int, list[float]], out_dir: Path
+) -> list[str]:
+    paths = []
+    fig = figure()
+    ax = fig.add_subplot()
+    rounds = sorted(reward_by_round)
+    ax.plot(rounds, [sum(reward_by_round[r]) / len(reward_by_round[r]) for r in rounds], marker="o")
+    ax.set_xlabel("round")
+    ax.set_ylabel("reward")
+    ax2 = ax.twinx()
+    by_round = result["cooperation_rate_by_round"]
+    ax2.plot([int(r) for r in by_round], list(by_round.values()), color="tab:green", marker="s", label="cooperation rate")
+    ax2.set_ylim(-0.05, 1.05)
+    ax2.set_ylabel("cooperation rate")
+    ax.set_title(f"{game}: reward and cooperation by round")
+    paths.append(save(fig, out_dir, f"{game}_by_round"))
+
+    table = result["exploitation"]
+    agents = sorted(table)
+    if agents:
+        fig = figure(1.6 + 1.1 * len(agents), 1.4 + 0.8 * len(agents))
+        ax = fig.add_subplot()
+        grid = [[table[a].get(b) for b in agents] for a in agents]
+        nums = [[float("nan") if v is None else v for v in row] for row in grid]
+        im = ax.imshow(nums, cmap="viridis")
+        ax.set_xticks(range(len(agents)), agents, rotation=30, ha="right")
+        ax.set_yticks(range(len(agents)), agents)
+        ax.set_xlabel("opponent")
+        ax.set_ylabel("agent")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                if v is not None:
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w")
+        fig.colorbar(im, ax=ax, label="mean reward per round")
+        ax.set_title(f"{game}: exploitation table")
+        paths.append(save(fig, out_dir, f"{game}_exploitation"))
+    return paths

@@ -1,0 +1,542 @@
+"""Bertrand duopoly with differentiated goods, from "Shall We Team Up" (section 4).
+
+Two firms set prices simultaneously every round (up to 800 rounds in the
+paper); each then learns its own demand and profit and the rival's price. Two
+demand systems:
+
+* ``linear`` — the paper's public code (``SABM_Agent_Economics.demand_function``)
+  in the form the paper reports: q_i = 1400 - 200 p_i + 100 p_j, cost 2.
+  Nash price 6, cartel price 8.
+* ``logit`` — Calvano et al. (2020): q_i = e^((a - p_i)/mu) /
+  (sum_j e^((a - p_j)/mu) + e^(a0/mu)) with a = 2, a0 = 0, mu = 0.25, cost 1.
+  Nash price 1.4729, monopoly price 1.9250.
+
+The benchmark prices are derived from the demand parameters by
+``equilibrium_prices`` (closed form for linear demand, the first-order
+conditions solved by bisection for logit), never typed in.
+
+With ``talk_rounds`` = k > 0 every round opens with a talk phase of k
+exchanges on the firms' private channel, the speaking order drawn at random
+each round (a chance node), one speaker at a time — the paper's "three
+exchanges of dialogue". Choices where the paper is silent are in docs/games.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from backroom.games._common import check_message, fill, merge_prompts, parse_float, talk_spec
+from backroom.games.base import (
+    CHANCE,
+    JSON,
+    Action,
+    ActionSpec,
+    Game,
+    IllegalActionError,
+    State,
+    register,
+)
+
+Demand = Literal["linear", "logit"]
+DEMAND_DEFAULTS: dict[str, dict[str, float]] = {
+    # q_i = intercept - own_slope * p_i + cross_slope * p_j
+    "linear": {"intercept": 1400.0, "own_slope": 200.0, "cross_slope": 100.0, "cost": 2.0},
+    # Calvano et al. (2020), baseline
+    "logit": {"a": 2.0, "a0": 0.0, "mu": 0.25, "cost": 1.0},
+}
+
+#: Persona shorthands (the paper's code, ``SABM_Economics_Data.persona``).
+PERSONAS = {
+    "none": "",
+    "explore": "You are encouraged to actively explore your price to get more profit.",
+    "aggressive": "You are encouraged to adjust your price aggressively to get more profit.",
+    "uncooperative": (
+        "You are selfish and dishonest to other players. You are encouraged to actively reduce "
+        "your price to seek more demand in the market and beat your opponent."
+    ),
+}
+
+
+def _exp(x: float) -> float:
+    return math.exp(min(x, 700.0))
+
+
+@dataclass(frozen=True)
+class Market:
+    """A symmetric two-firm demand system: quantities and profits for a pair of prices."""
+
+    demand: str
+    params: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def cost(self) -> float:
+        return float(self.params["cost"])
+
+    def quantity(self, price: float, rival: float) -> float:
+        p = self.params
+        if self.demand == "linear":
+            # Demand cannot go negative: a firm priced out of the market sells nothing.
+            return max(0.0, p["intercept"] - p["own_slope"] * price + p["cross_slope"] * rival)
+        # Logit shares, written relative to the firm's own term so that large
+        # price gaps cannot overflow the exponentials.
+        mu = p["mu"]
+        return 1.0 / (1.0 + _exp((price - rival) / mu) + _exp((p["a0"] - p["a"] + price) / mu))
+
+    def profit(self, price: float, rival: float) -> float:
+        return (price - self.cost) * self.quantity(price, rival)
+
+
+def make_market(demand: str, params: Mapping[str, float] | None = None) -> Market:
+    if demand not in DEMAND_DEFAULTS:
+        raise ValueError(f"bertrand: demand must be one of {sorted(DEMAND_DEFAULTS)}, not {demand!r}")
+    merged = dict(DEMAND_DEFAULTS[demand])
+    unknown = sorted(set(params or {}) - set(merged))
+    if unknown:
+        raise ValueError(f"bertrand: unknown {demand} demand parameters {unknown}; known: {sorted(merged)}")
+    merged.update({k: float(v) for k, v in (params or {}).items()})
+    if demand == "linear":
+        if not merged["own_slope"] > merged["cross_slope"] >= 0:
+            raise ValueError("bertrand: linear demand needs own_slope > cross_slope >= 0")
+    elif merged["mu"] <= 0:
+        raise ValueError("bertrand: logit demand needs mu > 0")
+    return Market(demand, merged)
+
+
+@dataclass(frozen=True)
+class Equilibrium:
+    """Symmetric benchmarks: one-shot Nash and joint-profit-maximising (cartel / monopoly) play."""
+
+    nash_price: float
+    cartel_price: float
+    nash_profit: float
+    cartel_profit: float
+
+    def profit_gain(self, profit: float) -> float:
+        """Calvano's Delta: 0 at the Nash profit, 1 at the cartel profit."""
+        return (profit - self.nash_profit) / (self.cartel_profit - self.nash_profit)
+
+
+def _bisect(g: Callable[[float], float], lo: float, hi: float) -> float:
+    """Root of an increasing function with g(lo) < 0 < g(hi)."""
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if g(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-15 * max(1.0, abs(hi)):
+            break
+    return (lo + hi) / 2
+
+
+def equilibrium_prices(demand: str, params: Mapping[str, float] | None = None) -> Equilibrium:
+    """Nash and cartel prices derived from the demand parameters.
+
+    Linear, q_i = A - B p_i + D p_j, cost c. Firm i's first-order condition
+    A - 2B p_i + B c + D p_j = 0 at p_i = p_j gives p_N = (A + B c) / (2B - D);
+    maximising the joint profit 2 (p - c)(A - (B - D) p) gives
+    p_C = (A + (B - D) c) / (2 (B - D)).
+
+    Logit: with own share q, dq_i/dp_i = -q (1 - q) / mu, so the Nash
+    condition is p = c + mu / (1 - q(p, p)); at a common price the joint
+    profit's condition is p = c + mu / (1 - 2 q(p, p)). Both right-hand sides
+    fall as p rises, so each root is unique and bisection finds it.
+    """
+    m = make_market(demand, params)
+    p, c = m.params, m.cost
+    if demand == "linear":
+        a, b, d = p["intercept"], p["own_slope"], p["cross_slope"]
+        nash = (a + b * c) / (2 * b - d)
+        cartel = (a + (b - d) * c) / (2 * (b - d))
+    else:
+        mu = p["mu"]
+
+        def share(x: float) -> float:
+            return m.quantity(x, x)
+
+        def foc(k: int) -> Callable[[float], float]:
+            return lambda x: x - c - mu / (1.0 - k * share(x))
+
+        hi = c + mu
+        while foc(2)(hi) <= 0 or foc(1)(hi) <= 0:
+            hi = c + 2 * (hi - c)
+        nash = _bisect(foc(1), c, hi)
+        cartel = _bisect(foc(2), c, hi)
+    return Equilibrium(nash, cartel, m.profit(nash, nash), m.profit(cartel, cartel))
+
+
+def best_response(market: Market, rival: float, lo: float, hi: float) -> float:
+    """Profit-maximising own price against ``rival`` by golden-section search.
+
+    Both demand systems give a single-peaked profit in the own price, so this
+    is a model-free check of ``equilibrium_prices`` and a tool for scripted firms.
+    """
+    inv = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    x1, x2 = b - inv * (b - a), a + inv * (b - a)
+    f1, f2 = market.profit(x1, rival), market.profit(x2, rival)
+    for _ in range(200):
+        if f1 < f2:
+            a, x1, f1 = x1, x2, f2
+            x2 = a + inv * (b - a)
+            f2 = market.profit(x2, rival)
+        else:
+            b, x2, f2 = x2, x1, f1
+            x1 = b - inv * (b - a)
+            f1 = market.profit(x1, rival)
+        if b - a < 1e-12:
+            break
+    return (a + b) / 2
+
+
+#: The paper's prompts (appendix A.2, Prompts 10 and 11) as its public code
+#: words them (``SABM_Economics_Data.prompts``). The planning prompt (13) and
+#: its strategy memory belong to an LLM agent, not the engine; ``planning`` is
+#: here so such agents find the paper's text in one place.
+PROMPTS: dict[str, str] = {
+    "game_description": (
+        "This is a game between two players that spans multiple rounds. Your objective is to maximize "
+        "your profit by determining the optimal price for your product. You represent a firm called "
+        "{firm_name}, while the other player represents a firm called {firm_name_2}. Do not create or "
+        'mention any additional firm names, e.g., do not say anything related to "AI" or "AI assistant/model".\n'
+        "\n"
+        "In each round, you will be informed of your prices, demands, profits, and the other player's "
+        "prices in previous rounds. Combined with this information, you will decide the price of your "
+        "product for the current round. Make sure your objective is maximizing your own profit.\n"
+        "\n"
+        "Your profit is (p - c) * q, where p is the price of your product in this round, c (= {firm_cost}) "
+        "is the cost of your product, and q is the demand of your product, which is affected by both "
+        "players' prices in this round.{persona} \n"
+    ),
+    "game_description_conversation": (
+        "This is a game between two players that spans multiple rounds. Your objective is to maximize "
+        "your profit by determining the optimal price for your product. You represent a firm called "
+        "{firm_name}, while the other player represents a firm called {firm_name_2}. Do not create or "
+        'mention any additional firm names, e.g., do not say anything related to "AI" or "AI assistant/model". '
+        "I am responsible for facilitating communication between two players.\n"
+        "\n"
+        "Each round is composed of three phases:\n"
+        "In Phase 1, two players are permitted to engage in open-ended discussions on any topic, up to "
+        "{talk_rounds_words}.\n"
+        "In Phase 2, you determine the price of your product for the current round, taking into "
+        "consideration prices, demands, and profits from previous rounds, as well as the information you "
+        "garnered during Phase 1.\n"
+        "In Phase 3, you will be informed of the other player's pricing and your profit for this round. "
+        "Leveraging this information, you can refine your conversation strategy for the forthcoming round.\n"
+        "Make sure your objective is maximizing your own profit.\n"
+        "\n"
+        "Your profit is (p - c) * q, where p is the price of your product in this round, c (= {firm_cost}) "
+        "is the cost of your product, and q is the demand of your product, which is affected by both "
+        "players' prices in this round.{persona} \n"
+    ),
+    "prev_decisions": (
+        "Your and the other player's past {prev_round_number} rounds' decisions and profits "
+        "(Round #a: [your price, your demand, your profit, the other player's price]) are as follows:\n"
+        "{prev_decisions}\n"
+    ),
+    "decision_line": "Round #{round}: [{price}, {demand}, {profit}, {rival_price}]\n",
+    "round_header": "\nYou are Firm {firm_name}. This is Round #{round_id}.\n",
+    "phase_1": (
+        "We are currently in Phase 1. Feel free to converse openly with the other player. You may select "
+        "any topic that could potentially maximize your profit. Additionally, you are encouraged to ask "
+        "questions to the other player.\n"
+    ),
+    "conversation_so_far": "\nConversation so far:\n{conversations}\n",
+    "conversation_phase_1": "\nConversation in Phase 1:\n{conversations}\n",
+    "conversation_line": "Firm {firm_name}: {text}\n",
+    "phase_2": "We are currently in Phase 2. ",
+    "price_request": (
+        "Based on the information you have, please determine the price of your product to maximize your "
+        'profit. Only reply with a number in the range between 0 and {firm_a}, e.g., "10". Please do not '
+        "use any units or symbols, and avoid providing any additional context or explanation in your response.\n"
+    ),
+    "planning": (
+        "Statistics of historical data (Rounds #a - #b: [your average price, your average demand, your "
+        "average profit, the other player's average price]) are given below.\n{statistics}\n"
+        "Your strategy in previous rounds:\n{strategies}\n"
+        "Based on the above statistics and your previous strategies, what is your strategy for this round?\n"
+    ),
+    "game_over": "The game is over after {rounds} rounds. Your total profit is {my_total}.\n",
+}
+
+_TIMES = {1: "once", 2: "twice", 3: "three times"}
+
+
+@register
+class Bertrand(Game):
+    name = "bertrand"
+    num_players = 2
+
+    def __init__(
+        self,
+        demand: Demand = "linear",
+        rounds: int = 800,
+        talk_rounds: int = 0,
+        demand_params: dict[str, float] | None = None,
+        max_price: float | None = None,
+        history_window: int | None = None,
+        prompt_window: int = 20,
+        max_chars: int = 500,
+        firm_names: list[str] | None = None,
+        personas: list[str] | None = None,
+        prompts: dict[str, str] | None = None,
+    ) -> None:
+        self.market = make_market(demand, demand_params)
+        self.demand: str = demand
+        self.demand_params = dict(demand_params or {})
+        if not isinstance(rounds, int) or rounds < 1:
+            raise ValueError("bertrand: rounds must be a positive integer")
+        if not isinstance(talk_rounds, int) or talk_rounds < 0:
+            raise ValueError("bertrand: talk_rounds must be an integer >= 0")
+        if history_window is not None and history_window < 0:
+            raise ValueError("bertrand: history_window must be >= 0 or null (full history)")
+        if prompt_window < 0:
+            raise ValueError("bertrand: prompt_window must be >= 0")
+        self.rounds, self.talk_rounds = rounds, talk_rounds
+        self.max_price_param = max_price
+        self.max_price = float(max_price) if max_price is not None else self._default_max_price()
+        if not self.max_price > 0:
+            raise ValueError("bertrand: max_price must be positive")
+        self.history_window, self.prompt_window = history_window, prompt_window
+        self.max_chars = int(max_chars)
+        self.firm_names = list(firm_names or ["Ed", "Gill"])
+        if len(self.firm_names) != 2:
+            raise ValueError("bertrand: firm_names must name both firms")
+        if personas is not None and len(personas) != 2:
+            raise ValueError("bertrand: personas needs one entry per firm")
+        self.persona_params = list(personas) if personas is not None else None
+        self.personas = [PERSONAS.get(str(p).lower(), str(p)) for p in (personas or ["none", "none"])]
+        self.prompt_overrides = dict(prompts or {})
+        self.prompts = merge_prompts(PROMPTS, prompts, self.name)
+        self.equilibrium = equilibrium_prices(demand, self.demand_params)
+
+    def _default_max_price(self) -> float:
+        p = self.market.params
+        if self.demand == "linear":
+            # The code's ``firm_a``: the common price at which demand vanishes (14).
+            return p["intercept"] / (p["own_slope"] - p["cross_slope"])
+        # No counterpart in the paper; twice the product quality a (4.0) keeps
+        # the monopoly price (1.925) well inside the range.
+        return 2.0 * p["a"]
+
+    def new_initial_state(self, seed: int | None = None) -> BertrandState:
+        state = BertrandState(self, seed)
+        state._resolve_chance()
+        return state
+
+    def params(self) -> dict[str, JSON]:
+        return {
+            "demand": self.demand,
+            "rounds": self.rounds,
+            "talk_rounds": self.talk_rounds,
+            "demand_params": self.demand_params,
+            "max_price": self.max_price_param,
+            "history_window": self.history_window,
+            "prompt_window": self.prompt_window,
+            "max_chars": self.max_chars,
+            "firm_names": self.firm_names,
+            "personas": self.persona_params,
+            "prompts": self.prompt_overrides,
+        }
+
+
+def _r(x: float, digits: int) -> float:
+    return round(float(x), digits)
+
+
+class BertrandState(State):
+    game: Bertrand
+
+    def __init__(self, game: Bertrand, seed: int | None) -> None:
+        super().__init__(game, seed)
+        # The history lists are the only per-round memory (plus round_rewards).
+        self.prices: list[list[float]] = [[], []]
+        self.demands: list[list[float]] = [[], []]
+        self.profits: list[list[float]] = [[], []]
+        #: Who speaks first this round (drawn by chance when there is talk).
+        self.first: int | None = None
+        #: This round's conversation only: {"seat", "text"}.
+        self.conversation: list[dict[str, Any]] = []
+        self.phase = "act"
+        self._sync_phase()
+
+    # --- flow ------------------------------------------------------------------
+
+    @property
+    def rounds_played(self) -> int:
+        return len(self.prices[0])
+
+    def _ordering(self) -> bool:
+        return self.game.talk_rounds > 0 and self.first is None
+
+    def speaker(self) -> int | None:
+        if self.is_terminal() or self._ordering() or self.game.talk_rounds == 0:
+            return None
+        if len(self.conversation) >= 2 * self.game.talk_rounds:
+            return None
+        assert self.first is not None
+        return (self.first + len(self.conversation)) % 2
+
+    def _sync_phase(self) -> None:
+        self.phase = "talk" if self.speaker() is not None else "act"
+
+    def current_players(self) -> frozenset[int]:
+        if self.is_terminal():
+            return frozenset()
+        if self._ordering():
+            return frozenset({CHANCE})
+        speaker = self.speaker()
+        return frozenset({speaker}) if speaker is not None else frozenset({0, 1})
+
+    def chance_outcomes(self) -> list[tuple[Action, float]]:
+        if self.is_terminal() or not self._ordering():
+            raise NotImplementedError("not a chance node")
+        return [(0, 0.5), (1, 0.5)]
+
+    def _apply_chance(self, outcome: Action) -> None:
+        if not self._ordering() or isinstance(outcome, bool) or outcome not in (0, 1):
+            raise IllegalActionError(f"{outcome!r} is not a first speaker here")
+        self.first = int(outcome)
+        self._sync_phase()
+
+    def legal_actions(self, player: int) -> Sequence[Action]:
+        # Prices are continuous: ``action_spec`` describes them.
+        return []
+
+    def action_spec(self, player: int) -> ActionSpec:
+        if self.phase == "talk":
+            return talk_spec(self.game.max_chars)
+        return ActionSpec(schema={"type": "number", "minimum": 0.0, "maximum": self.game.max_price})
+
+    def check_action(self, player: int, action: Action) -> Action:
+        if player not in self.current_players() or player == CHANCE:
+            raise IllegalActionError(f"player {player} is not to move")
+        if self.phase == "talk":
+            return check_message(action, self.game.max_chars)
+        return parse_float(action, 0.0, self.game.max_price, "the price")
+
+    def default_action(self, player: int) -> Action:
+        # Silence in talk. A firm that does not answer keeps its posted price;
+        # before it has one, the paper's code falls back to the cost.
+        if self.phase == "talk":
+            return ""
+        return self.prices[player][-1] if self.prices[player] else self.game.market.cost
+
+    def _apply(self, actions: Mapping[int, Action]) -> None:
+        if self.phase == "talk":
+            ((seat, text),) = actions.items()
+            self.conversation.append({"seat": seat, "text": text})
+            self._sync_phase()
+            return
+        m = self.game.market
+        p = [float(actions[0]), float(actions[1])]
+        rewards = []
+        for i in (0, 1):
+            q = m.quantity(p[i], p[1 - i])
+            self.prices[i].append(p[i])
+            self.demands[i].append(q)
+            self.profits[i].append((p[i] - m.cost) * q)
+            rewards.append(self.profits[i][-1])
+        self.round_rewards.append(rewards)
+        self.first, self.conversation = None, []
+        self._sync_phase()
+
+    def is_terminal(self) -> bool:
+        return self.rounds_played >= self.game.rounds
+
+    def returns(self) -> list[float]:
+        return [sum(self.profits[0]), sum(self.profits[1])]
+
+    # --- what players see ------------------------------------------------------
+
+    def _window(self, player: int, size: int | None) -> dict[str, Any]:
+        n = self.rounds_played
+        start = 0 if size is None else max(0, n - size)
+        rival = 1 - player
+        # Rounded so an 800-round observation stays a few tens of kilobytes.
+        return {
+            "start": start + 1,
+            "prices": [_r(x, 6) for x in self.prices[player][start:]],
+            "demands": [_r(x, 4) for x in self.demands[player][start:]],
+            "profits": [_r(x, 4) for x in self.profits[player][start:]],
+            "rival_prices": [_r(x, 6) for x in self.prices[rival][start:]],
+        }
+
+    def observation(self, player: int) -> dict[str, JSON]:
+        g = self.game
+        terminal = self.is_terminal()
+        speaker = self.speaker()
+        obs: dict[str, Any] = {
+            "game": "bertrand",
+            "round": self.rounds_played + (0 if terminal else 1),
+            "rounds": g.rounds,
+            "player": player,
+            "phase": self.phase,
+            "firm": g.firm_names[player],
+            "rival": g.firm_names[1 - player],
+            "market": {
+                "demand": g.demand,
+                "params": dict(g.market.params),
+                "cost": g.market.cost,
+                "max_price": g.max_price,
+            },
+            # The terminal observation always holds the whole game, for the analysis.
+            "history": self._window(player, None if terminal else g.history_window),
+            "talk_rounds": g.talk_rounds,
+            "speaker": speaker,
+            "conversation": [
+                {"seat": c["seat"], "firm": g.firm_names[c["seat"]], "text": c["text"]}
+                for c in self.conversation
+            ],
+            "my_total": self.returns()[player],
+        }
+        if terminal:
+            obs["returns"] = self.returns()
+        return obs
+
+    def prompt(self, player: int) -> str:
+        g, t = self.game, self.game.prompts
+        persona = g.personas[player]
+        talk = g.talk_rounds > 0
+        text = fill(
+            t["game_description_conversation" if talk else "game_description"],
+            firm_name=g.firm_names[player],
+            firm_name_2=g.firm_names[1 - player],
+            firm_cost=f"{g.market.cost:g}",
+            persona=(" " + persona) if persona else "",
+            talk_rounds_words=_TIMES.get(g.talk_rounds, f"{g.talk_rounds} times"),
+        )
+        n = self.rounds_played
+        if n:
+            start = max(0, n - g.prompt_window)
+            lines = "".join(
+                fill(
+                    t["decision_line"],
+                    round=i + 1,
+                    price=f"{self.prices[player][i]:g}",
+                    demand=_r(self.demands[player][i], 2),
+                    profit=_r(self.profits[player][i], 2),
+                    rival_price=f"{self.prices[1 - player][i]:g}",
+                )
+                for i in range(start, n)
+            )
+            text += fill(t["prev_decisions"], prev_round_number=n - start, prev_decisions=lines)
+        if self.is_terminal():
+            return text + fill(t["game_over"], rounds=n, my_total=_r(self.returns()[player], 2))
+        text += fill(t["round_header"], firm_name=g.firm_names[player], round_id=n + 1)
+        conv = "".join(
+            fill(t["conversation_line"], firm_name=g.firm_names[c["seat"]], text=c["text"])
+            for c in self.conversation
+            if c["text"]
+        )
+        if self.phase == "talk":
+            text += t["phase_1"]
+            if conv:
+                text += fill(t["conversation_so_far"], conversations=conv)
+            return text
+        if talk:
+            text += fill(t["conversation_phase_1"], conversations=conv) + t["phase_2"]
+        return text + fill(t["price_request"], firm_a=f"{g.max_price:g}")

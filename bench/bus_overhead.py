@@ -1,0 +1,173 @@
+"""What the referee costs on top of the broker, measured side by side in one run.
+
+1. Raw round trip: two plain aiomqtt clients (QoS 1, TCP_NODELAY) through the
+   same Mosquitto: A publishes, B answers, A receives. This is the floor.
+2. Referee-mediated move: the referee's own clock from sending a Kuhn ``Turn``
+   (observation out) to accepting the ``Action`` (action back), read from the
+   ``backroom_turn_latency_seconds`` histogram, with the referee and agents in
+   this process exactly like the raw clients.
+3. Throughput: matches per second with N = 1, 10, 100 concurrent matches, every
+   part a separate OS process as ``backroom run`` starts them.
+
+Run: ``python bench/bus_overhead.py`` (add ``--quick`` for a short run). The
+machine is shared and noisy: read the ratios, not the absolute numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import aiomqtt
+
+from backroom import metrics
+from backroom.agents import make_agent
+from backroom.agents.runtime import AgentRunner
+from backroom.bus import topics
+from backroom.bus.broker import Broker
+from backroom.bus.client import Bus, BusConfig, install_uvloop
+from backroom.bus.wire import MatchRequest, MatchSpec, parse
+from backroom.referee.service import Referee
+from backroom.runner.config import RunConfig
+from backroom.runner.local import run_local
+
+NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+
+
+def identity(broker: Broker, name: str, role: str = "agent") -> BusConfig:
+    cred = broker.credentials.add(name, role=role)  # type: ignore[arg-type]
+    broker.reload()
+    return BusConfig(host=broker.host, port=broker.port, username=name, password=cred.password)
+
+
+async def raw_round_trips(broker: Broker, n: int) -> list[float]:
+    a, b = identity(broker, "bench-a", "referee"), identity(broker, "bench-b", "referee")
+    await asyncio.sleep(0.1)
+
+    def client(cfg: BusConfig) -> aiomqtt.Client:
+        return aiomqtt.Client(
+            cfg.host, cfg.port, username=cfg.username, password=cfg.password, identifier=cfg.username,
+            protocol=aiomqtt.ProtocolVersion.V5, socket_options=NODELAY,
+        )
+
+    samples: list[float] = []
+    async with client(a) as ca, client(b) as cb:
+        await ca.subscribe("backroom/v1/bench/pong", qos=1)
+        await cb.subscribe("backroom/v1/bench/ping", qos=1)
+
+        async def echo() -> None:
+            async for msg in cb.messages:
+                await cb.publish("backroom/v1/bench/pong", msg.payload, qos=1)
+
+        echo_task = asyncio.create_task(echo())
+        payload = b'{"type":"action","v":1,"turn":1,"action":1}'
+        it = ca.messages.__aiter__()
+        for _ in range(n):
+            t = time.perf_counter()
+            await ca.publish("backroom/v1/bench/ping", payload, qos=1)
+            await it.__anext__()
+            samples.append(time.perf_counter() - t)
+        echo_task.cancel()
+    return samples
+
+
+def spec(seats: list[str], seed: int) -> MatchSpec:
+    return MatchSpec(game="kuhn", params={"variant": "loki"}, seats=seats, seed=seed, run="bench", turn_timeout_s=10)
+
+
+async def referee_moves(broker: Broker, runs: Path, matches: int) -> list[float]:
+    """Mean referee turn latency per match, one match at a time."""
+    names = ["p0", "p1", "p2"]
+    configs = [identity(broker, n) for n in names]
+    runner_cfg = identity(broker, "runner", "runner")
+    await asyncio.sleep(0.1)
+    per_match: list[float] = []
+    async with Referee(identity(broker, "referee", "referee"), runs_dir=runs) as _ref:
+        runners = [AgentRunner(make_agent("random", n, seed=i), c) for i, (n, c) in enumerate(zip(names, configs, strict=True))]
+        for r in runners:
+            await r.__aenter__()
+        await asyncio.sleep(0.2)  # statuses in, so latency is labelled by kind
+        done = asyncio.Event()
+
+        def on_episode(_t: str, _p: bytes) -> None:
+            done.set()
+
+        async with Bus(runner_cfg) as bus:
+            await bus.subscribe(topics.ALL_EPISODES, on_episode)
+            for i in range(matches):
+                before_sum, before_n = _hist_totals()
+                done.clear()
+                await bus.publish(topics.CONTROL_MATCHES, MatchRequest(match=f"rm{i}", spec=spec(names, i)))
+                await done.wait()
+                after_sum, after_n = _hist_totals()
+                if after_n > before_n:
+                    per_match.append((after_sum - before_sum) / (after_n - before_n))
+        for r in runners:
+            await r.__aexit__(None, None, None)
+    return per_match
+
+
+def _hist_totals() -> tuple[float, float]:
+    """Running sum and count of the referee's act-turn latency for random agents."""
+    total = count = 0.0
+    for family in metrics.TURN_LATENCY.collect():
+        for s in family.samples:
+            if s.labels.get("kind") == "random" and s.labels.get("phase") == "act":
+                if s.name.endswith("_sum"):
+                    total = s.value
+                elif s.name.endswith("_count"):
+                    count = s.value
+    return total, count
+
+
+def throughput(concurrency: int, matches: int, runs: Path) -> float:
+    config = RunConfig(
+        run=f"bench-n{concurrency}",
+        game="kuhn",
+        params={"variant": "loki"},
+        matches=matches,
+        concurrency=concurrency,
+        agents=[{"id": f"t{i}", "kind": "random"} for i in range(3)],  # type: ignore[list-item]
+        turn_timeout_s=30,
+    )
+    result = asyncio.run(run_local(config, runs_dir=runs))
+    assert all(e.reason == "normal" for e in result.episodes)
+    return result.matches_per_second
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    install_uvloop()
+    n_rtt, n_matches = (300, 60) if args.quick else (2000, 300)
+    with tempfile.TemporaryDirectory() as d:
+        runs = Path(d)
+        with Broker(runs / "broker") as broker:
+
+            async def latency() -> tuple[list[float], list[float]]:
+                raw = await raw_round_trips(broker, n_rtt)
+                moves = await referee_moves(broker, runs, n_matches)
+                raw2 = await raw_round_trips(broker, n_rtt)  # again, to bracket the noise
+                return raw + raw2, moves
+
+            raw, moves = asyncio.run(latency())
+        raw_ms, move_ms = statistics.median(raw) * 1e3, statistics.median(moves) * 1e3
+        print(f"raw aiomqtt round trip (QoS 1)    median {raw_ms:.3f} ms  (n={len(raw)})")
+        print(f"referee-mediated Kuhn move        median {move_ms:.3f} ms  (n={len(moves)} matches)")
+        print(f"ratio move / raw                  {move_ms / raw_ms:.2f}x   (target <= 1.5x)")
+        print()
+        rates = {}
+        for n, m in ((1, 100 if args.quick else 300), (10, 300 if args.quick else 1000), (100, 1000 if args.quick else 3000)):
+            rates[n] = throughput(n, m, runs)
+            print(f"{n:>3} concurrent matches: {rates[n]:8.1f} matches/s  ({m} matches, separate processes)")
+        print(f"throughput ratio N=100 / N=1      {rates[100] / rates[1]:.1f}x   (target >= 20x)")
+
+
+if __name__ == "__main__":
+    main()
