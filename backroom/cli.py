@@ -9,6 +9,7 @@ credentials.json.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -53,7 +54,9 @@ def _setup_logging(verbose: bool = False) -> None:
 
 
 def _bus_config(broker: str | None, username: str, creds: Path | None) -> BusConfig:
-    password = os.environ.get("BACKROOM_PASSWORD") if os.environ.get("BACKROOM_USERNAME", username) == username else None
+    password = None
+    if os.environ.get("BACKROOM_USERNAME", username) == username:
+        password = os.environ.get("BACKROOM_PASSWORD")
     if creds is not None:
         try:
             password = CredentialStore(creds).get(username).password
@@ -74,10 +77,8 @@ def _serve(coro: Any) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await task
-        except asyncio.CancelledError:
-            pass
 
     try:
         run(main())
@@ -99,8 +100,8 @@ def broker(
     b = Broker(directory, port=port or None, host=host)
     for agent in add or []:
         b.credentials.add(agent)
-    for role in ("runner", "trainer"):
-        b.credentials.add(role, role=role)  # type: ignore[arg-type]
+    for role in ("runner", "trainer"):  # the identities `backroom run` and the trainer log in as
+        b.credentials.add(role, role=role)
     try:
         b.start()
     except BrokerError as exc:
@@ -130,10 +131,8 @@ def credentials_add(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if reload and (pid := read_pid(directory)) is not None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGHUP)
-        except ProcessLookupError:
-            pass
     typer.echo(cred.password)
 
 
@@ -141,6 +140,20 @@ def credentials_add(
 def credentials_list(directory: Annotated[Path, typer.Option("--dir")] = Path("runs/broker")) -> None:
     for cred in CredentialStore(directory).load().values():
         typer.echo(f"{cred.username}\t{cred.role}")
+
+
+@app.command("compose-init")
+def compose_init_cmd(
+    directory: Annotated[Path, typer.Option("--dir")] = Path("compose/generated"),
+    agents: Annotated[str, typer.Option(help="comma-separated agent ids")] = "alice,bob,carol",
+    mount: Annotated[str, typer.Option(help="where compose mounts DIR in the containers")] = "/backroom",
+    port: int = 1883,
+) -> None:
+    """Generate broker config, passwords, ACL and env files for compose/docker-compose.yml."""
+    from backroom.runner.compose import compose_init
+
+    for path in compose_init(directory, [a for a in agents.split(",") if a], mount=mount, port=port):
+        typer.echo(path)
 
 
 @app.command()
@@ -213,7 +226,14 @@ def agent_host(
     _serve(serve_many(agents, configs))
 
 
-def _execute(config: RunConfig, runs_dir: Path, broker_url: str | None, credentials: Path | None, metrics_port: int) -> None:
+def _execute(
+    config: RunConfig,
+    runs_dir: Path,
+    broker_url: str | None,
+    credentials: Path | None,
+    metrics_port: int,
+    spawn: bool = True,
+) -> None:
     from backroom.runner.local import RunError, run_local, summarize
 
     metrics.serve(metrics_port)
@@ -235,6 +255,8 @@ def _execute(config: RunConfig, runs_dir: Path, broker_url: str | None, credenti
                     broker_url=broker_url,
                     credentials_dir=credentials,
                     on_episode=lambda _rec, n: progress.update(task, completed=n),
+                    spawn=spawn,
+                    metrics_port=metrics_port,
                 )
             )
     except (RunError, BrokerError, BusError) as exc:
@@ -259,9 +281,18 @@ def run_cmd(
     credentials: CredsOpt = None,
     runs_dir: RunsOpt = Path("runs"),
     matches: Annotated[int | None, typer.Option(help="override the config's match count")] = None,
-    metrics_port: MetricsOpt = 0,
+    spawn: Annotated[
+        bool, typer.Option(help="start the referee and agents; --no-spawn: they run elsewhere already")
+    ] = True,
+    metrics_port: Annotated[
+        int, typer.Option("--metrics-port", help="P: runner metrics on P, referee and agents on P+1, P+2, ...")
+    ] = 0,
 ) -> None:
-    """Run a config: start broker (if no --broker), referee and agents; print results."""
+    """Run a config: start broker (if no --broker), referee and agents; print results.
+
+    Agents of kind `external` in the config are not started; the run waits for
+    them (your own process, joined with `backroom credentials add ID`).
+    """
     try:
         config = load_config(config_path)
         if matches is not None:
@@ -269,7 +300,9 @@ def run_cmd(
     except ConfigError as exc:
         console.print(f"[red]bad config:[/red] {exc}")
         raise typer.Exit(2) from None
-    _execute(config, runs_dir, broker_url, credentials, metrics_port)
+    if not spawn and broker_url is None:
+        raise typer.BadParameter("--no-spawn needs --broker and --credentials of the running stack")
+    _execute(config, runs_dir, broker_url, credentials, metrics_port, spawn)
 
 
 def demo_config() -> RunConfig:

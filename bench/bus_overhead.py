@@ -31,7 +31,7 @@ from backroom.agents.runtime import AgentRunner
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus, BusConfig, install_uvloop
-from backroom.bus.wire import MatchRequest, MatchSpec, parse
+from backroom.bus.wire import MatchRequest, MatchSpec
 from backroom.referee.service import Referee
 from backroom.runner.config import RunConfig
 from backroom.runner.local import run_local

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -95,10 +96,8 @@ async def play_raw(raw: RawAgent, action: str = "call", stop: asyncio.Event | No
                     pick = action if action in names else names[0]
                     await raw.send(Action(match=msg.match, turn=msg.turn, action=pick))
         raw.new.clear()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(raw.new.wait(), 0.2)
-        except TimeoutError:
-            pass
 
 
 async def test_coalition_match_records_and_transforms(broker: Broker, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ Usage from any script or notebook, against a running stack::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from typing import Any
@@ -88,15 +89,14 @@ class AgentRunner:
 
     async def __aexit__(self, *exc: object) -> None:
         if self.bus is not None:
-            try:
+            # If the broker is gone the will says offline for us.
+            with contextlib.suppress(Exception):
                 await asyncio.wait_for(
                     self.bus.publish(
                         topics.status(self.agent.id), Status(state="offline", kind=self.agent.kind), retain=True
                     ),
                     2,
                 )
-            except Exception:  # the will covers us if the broker is gone
-                pass
             await self.bus.close()
         for t in list(self.tasks):
             t.cancel()

@@ -204,7 +204,12 @@ class Bus:
                 if qos and not info.is_published():
                     fut = asyncio.get_running_loop().create_future()
                     self._pending[info.mid] = fut
-                    fut.add_done_callback(lambda f, m=info.mid: self._acked(m, f, topic, data, qos, retain))
+                    mid = info.mid
+
+                    def done(f: asyncio.Future[Any]) -> None:
+                        self._acked(mid, f, topic, data, qos, retain)
+
+                    fut.add_done_callback(done)
                 return
         self._background(self.publish(topic, data, qos, retain))
 
@@ -323,7 +328,7 @@ class Bus:
                         metrics.RECONNECTS.labels(role=self.role).inc()
                     delay = 0.05
                     for hook in self.on_connect:
-                        asyncio.create_task(hook())
+                        self._background(hook())
                     await self._pump(client)
             except aiomqtt.MqttCodeError as exc:
                 if self._first is not None and not self._first.done() and _is_auth_failure(exc):
@@ -348,7 +353,7 @@ class Bus:
             if self._closing:
                 return
             for hook in self.on_disconnect:
-                asyncio.create_task(hook())
+                self._background(hook())
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 2.0)
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 #: Largest payload the referee accepts from an agent; bigger ones get an error.
 MAX_PAYLOAD_BYTES = 64 * 1024
 #: Longest chat text (the Trust-and-Split paper allows 500 characters).
@@ -95,7 +95,7 @@ MATCH_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
 class MatchRequest(Envelope):
     type: Literal["match_request"] = "match_request"
-    match: str = Field(pattern=MATCH_ID)  # type: ignore[assignment]
+    match: str = Field(pattern=MATCH_ID)
     spec: MatchSpec
     reply_to: AgentId | None = Field(default=None, description="identity whose inbox gets the 'accepted' ack")
 

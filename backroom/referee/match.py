@@ -28,7 +28,6 @@ from backroom.bus.wire import (
     Delivery,
     DeliveryRecord,
     EpisodeRecord,
-    Error,
     Event,
     MatchEnd,
     MatchSpec,
@@ -284,7 +283,7 @@ class Match:
         seat = waiting[0]
         p = self.pending[seat]
         if msg.turn != p.turn:
-            reason = "late" if msg.turn < p.turn else "bad_turn"
+            reason = "late" if msg.turn is not None and msg.turn < p.turn else "bad_turn"
             return self.reject(agent, msg, reason, f"turn {msg.turn} is not the open turn {p.turn}")
         if isinstance(msg, Chat):
             if p.phase != "talk":

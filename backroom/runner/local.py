@@ -9,6 +9,7 @@ at most ``concurrency`` in flight and gathers one episode per match.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -122,26 +123,40 @@ def _env(cfg: BusConfig) -> dict[str, str]:
     }
 
 
-def start_processes(stack: Stack, config: RunConfig, runs_dir: Path) -> list[str]:
-    """Spawn the referee(s) and agents; return the identities to wait for."""
+def start_processes(
+    stack: Stack, config: RunConfig, runs_dir: Path, metrics_port: int = 0, referees: bool = True
+) -> list[str]:
+    """Spawn the referee(s) and agents; return the identities to wait for.
+
+    Agents of kind ``external`` are not started: they are someone else's
+    process (a notebook, another machine) and the run waits for them to come
+    online. With ``metrics_port`` P, the referees and agents serve metrics on
+    P+1, P+2, ... in the order they are started.
+    """
     waiting = []
-    for i in range(config.referees):
-        name = "referee" if i == 0 else f"referee-{i}"
-        cfg = stack.identity(name, role="referee")
-        stack.spawn(name, ["referee", "--runs-dir", str(runs_dir)], _env(cfg))
-        waiting.append(name)
-    if config.agent_processes == "single":
-        passwords = {}
-        for a in config.agents:
-            passwords[a.id] = stack.identity(a.id).password or ""
-        spec = json.dumps([a.model_dump() for a in config.agents])
-        env = {**_env(stack.identity(config.agents[0].id)), "BACKROOM_PASSWORDS": json.dumps(passwords)}
-        stack.spawn("agents", ["agent-host", "--spec-json", spec], env)
+    ports = iter(range(metrics_port + 1, metrics_port + 10_000)) if metrics_port else None
+
+    def metrics_args() -> list[str]:
+        return ["--metrics-port", str(next(ports))] if ports else []
+
+    if referees:
+        for i in range(config.referees):
+            name = "referee" if i == 0 else f"referee-{i}"
+            cfg = stack.identity(name, role="referee")
+            stack.spawn(name, ["referee", "--runs-dir", str(runs_dir), *metrics_args()], _env(cfg))
+            waiting.append(name)
+    local = [a for a in config.agents if a.kind != "external"]
+    for a in config.agents:
+        stack.identity(a.id)  # external agents get their identity too, to be handed out
+    if config.agent_processes == "single" and local:
+        passwords = {a.id: stack.identity(a.id).password or "" for a in local}
+        spec = json.dumps([a.model_dump() for a in local])
+        env = {**_env(stack.identity(local[0].id)), "BACKROOM_PASSWORDS": json.dumps(passwords)}
+        stack.spawn("agents", ["agent-host", "--spec-json", spec, *metrics_args()], env)
     else:
-        for a in config.agents:
-            cfg = stack.identity(a.id)
-            args = ["agent", a.kind, "--id", a.id, "--options-json", json.dumps(a.options)]
-            stack.spawn(a.id, args, _env(cfg))
+        for a in local:
+            args = ["agent", a.kind, "--id", a.id, "--options-json", json.dumps(a.options), *metrics_args()]
+            stack.spawn(a.id, args, _env(stack.identity(a.id)))
     waiting += [a.id for a in config.agents]
     return waiting
 
@@ -233,10 +248,8 @@ async def run_matches(
             if time.monotonic() > deadline:
                 missing = sorted(set(wait_for) - online)
                 raise RunError(f"not online after {ready_timeout_s}s: {missing}")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ready.wait(), 0.1)
-            except TimeoutError:
-                pass
         resubmitter = asyncio.create_task(resubmit())
         for match_id, (_, spec) in zip(match_ids, config.match_specs(), strict=False):
             await window.acquire()
@@ -246,10 +259,8 @@ async def run_matches(
         while not all_done.is_set():
             if stack is not None and (dead := [d for d in stack.dead() if d.startswith("referee")]):
                 raise RunError(f"referee {dead[0]} died:\n{stack.log_tail(dead[0])}")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(all_done.wait(), 0.5)
-            except TimeoutError:
-                pass
         resubmitter.cancel()
     return [episodes[m] for m in match_ids]
 
@@ -260,26 +271,22 @@ async def run_local(
     broker_url: str | None = None,
     credentials_dir: str | Path | None = None,
     on_episode: Callable[[EpisodeRecord, int], None] | None = None,
-    external_agents: bool = False,
+    spawn: bool = True,
+    metrics_port: int = 0,
 ) -> RunResult:
-    """Start broker (if needed), referee and agents as processes; run the config; stop them.
+    """Start broker (if no URL), referee(s) and agents as processes; run the config; stop them.
 
-    ``external_agents``: do not start the agents, wait for them to come online
-    (for agents a user runs from a notebook or another machine).
+    ``spawn=False`` starts nothing: the referee and agents are already running
+    (docker compose, other machines) and the run waits for them to be online.
     """
-    runs = Path(runs_dir).resolve()
-    run_dir = runs / config.run
-    run_dir.mkdir(parents=True, exist_ok=True)
+    runs, run_dir = _prepare_dirs(runs_dir, config.run)
     stack = Stack(run_dir)
     try:
         stack.start_broker(broker_url, credentials_dir)
-        waiting = start_processes(stack, config, runs) if not external_agents else []
-        if external_agents:
-            for i in range(config.referees):
-                name = "referee" if i == 0 else f"referee-{i}"
-                stack.spawn(name, ["referee", "--runs-dir", str(runs)], _env(stack.identity(name, "referee")))
-                waiting.append(name)
-            waiting += [a.id for a in config.agents]
+        if spawn:
+            waiting = start_processes(stack, config, runs, metrics_port)
+        else:
+            waiting = ["referee"] + [a.id for a in config.agents]
         bus_config = stack.identity("runner", role="runner")
         t0 = time.perf_counter()
         episodes = await run_matches(config, bus_config, waiting, stack, on_episode)
@@ -287,6 +294,12 @@ async def run_local(
         return RunResult(config, episodes, seconds, run_dir, stack.url)
     finally:
         stack.stop()
+
+
+def _prepare_dirs(runs_dir: str | Path, run: str) -> tuple[Path, Path]:
+    runs = Path(runs_dir).resolve()
+    (runs / run).mkdir(parents=True, exist_ok=True)
+    return runs, runs / run
 
 
 def summarize(result: RunResult) -> dict[str, Any]:
