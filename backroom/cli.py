@@ -25,7 +25,7 @@ from rich.table import Table
 
 from backroom import metrics
 from backroom.bus.auth import ROLES, CredentialStore
-from backroom.bus.broker import Broker, BrokerError, read_pid
+from backroom.bus.broker import Broker, BrokerError, reload_broker
 from backroom.bus.client import BusConfig, BusError, run
 from backroom.runner.config import ConfigError, RunConfig, load_config, parse_config
 from backroom.solvers.commands import solve_app
@@ -130,9 +130,8 @@ def credentials_add(
         cred = store.add(identity, role=role)  # type: ignore[arg-type]
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    if reload and (pid := read_pid(directory)) is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGHUP)
+    if reload:
+        reload_broker(directory)
     typer.echo(cred.password)
 
 

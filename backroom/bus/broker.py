@@ -184,6 +184,18 @@ class Broker:
         self.stop()
 
 
+def reload_broker(directory: str | Path) -> bool:
+    """SIGHUP the broker whose pid file is in ``directory``: it rereads passwords and ACL."""
+    pid = read_pid(Path(directory))
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGHUP)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def read_pid(directory: Path) -> int | None:
     try:
         return int((directory / "mosquitto.pid").read_text().strip())

@@ -23,7 +23,7 @@ from typing import Any
 
 from backroom.bus import topics
 from backroom.bus.auth import CredentialStore
-from backroom.bus.broker import Broker
+from backroom.bus.broker import Broker, reload_broker
 from backroom.bus.client import Bus, BusConfig
 from backroom.bus.wire import EpisodeRecord, MatchRequest, Status, WireError, parse
 from backroom.runner.config import RunConfig
@@ -72,9 +72,12 @@ class Stack:
 
     def identity(self, username: str, role: str = "agent") -> BusConfig:
         assert self.credentials is not None
+        known = username in self.credentials.load()
         cred = self.credentials.add(username, role=role)  # type: ignore[arg-type]
-        if self.broker is not None:
-            self.broker.reload()
+        if not known:
+            # A broker we started, or one whose pid file sits beside the
+            # credentials (`backroom broker --dir`), rereads them now.
+            reload_broker(self.credentials.dir)
         return BusConfig.from_url(self.url, username=cred.username, password=cred.password)
 
     def spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
