@@ -57,6 +57,9 @@ class AgentRunner:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.lock = asyncio.Lock()
         self._closed = asyncio.Event()
+        self._decisions = {
+            phase: metrics.AGENT_DECISIONS.labels(kind=agent.kind, phase=phase) for phase in ("talk", "act")
+        }
 
     async def __aenter__(self) -> AgentRunner:
         await self.agent.setup()
@@ -158,7 +161,7 @@ class AgentRunner:
         await self.bus.publish(topics.outbox(self.agent.id), reply)
 
     async def _reply(self, turn: Turn) -> Action | Chat | None:
-        metrics.AGENT_DECISIONS.labels(kind=self.agent.kind, phase=turn.phase).inc()
+        self._decisions[turn.phase].inc()
         try:
             if turn.phase == "talk":
                 text = await self.agent.talk(turn)

@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -91,6 +92,21 @@ def find_mosquitto() -> str:
     raise BrokerError(MOSQUITTO_HINT)
 
 
+def die_with_parent() -> None:
+    """Linux: a child gets SIGTERM when the process that started it dies, even by SIGKILL.
+
+    Used as ``preexec_fn`` for the broker and every process ``backroom run``
+    starts, so a killed run leaves no orphans holding ports or identities.
+    Linux sends the signal when the *thread* that started the child exits, so
+    start long-lived children from a thread that lives as long as you need them.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class Broker:
     """A Mosquitto process owned by this one; use as a context manager or call ``stop``."""
 
@@ -131,6 +147,7 @@ class Broker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -112,6 +112,8 @@ class Bus:
         self.on_connect = list(on_connect or [])
         self.on_disconnect = list(on_disconnect or [])
         self.role = role
+        self._in_count = metrics.BUS_MESSAGES.labels(direction="in", role=role)
+        self._out_count = metrics.BUS_MESSAGES.labels(direction="out", role=role)
         self.handlers: list[tuple[str, Handler]] = []
         self.reconnects = 0
         self.connected = asyncio.Event()
@@ -179,7 +181,7 @@ class Bus:
             assert client is not None
             try:
                 await self._publish_once(client, topic, data, qos, retain)
-                metrics.BUS_MESSAGES.labels(direction="out", role=self.role).inc()
+                self._out_count.inc()
                 return
             except (aiomqtt.MqttError, ConnectionError):
                 # Lost the connection mid-publish: wait for the supervisor to
@@ -200,7 +202,7 @@ class Bus:
         if client is not None and self.connected.is_set():
             info = client._client.publish(topic, data, qos, retain)
             if info.rc == paho.MQTT_ERR_SUCCESS:
-                metrics.BUS_MESSAGES.labels(direction="out", role=self.role).inc()
+                self._out_count.inc()
                 if qos and not info.is_published():
                     fut = asyncio.get_running_loop().create_future()
                     self._pending[info.mid] = fut
@@ -398,7 +400,7 @@ class Bus:
     def _dispatch(self, message: aiomqtt.Message) -> None:
         topic = message.topic.value
         payload = message.payload if isinstance(message.payload, bytes) else str(message.payload).encode()
-        metrics.BUS_MESSAGES.labels(direction="in", role=self.role).inc()
+        self._in_count.inc()
         for topic_filter, handler in self.handlers:
             if message.topic.matches(topic_filter):
                 try:

@@ -23,7 +23,7 @@ from typing import Any
 
 from backroom.bus import topics
 from backroom.bus.auth import CredentialStore
-from backroom.bus.broker import Broker, reload_broker
+from backroom.bus.broker import Broker, die_with_parent, reload_broker
 from backroom.bus.client import Bus, BusConfig
 from backroom.bus.wire import EpisodeRecord, MatchRequest, Status, WireError, parse
 from backroom.runner.config import RunConfig
@@ -90,6 +90,7 @@ class Stack:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         log.close()
 
