@@ -304,6 +304,24 @@ def run_cmd(
     _execute(config, runs_dir, broker_url, credentials, metrics_port, spawn)
 
 
+@app.command()
+def analyze(
+    run_dir: Annotated[Path, typer.Argument(help="runs/<run> (or its episodes.jsonl)")],
+    out_dir: Annotated[Path | None, typer.Option(help="where PNG plots go (default RUN_DIR/plots)")] = None,
+) -> None:
+    """Measures of a finished run: tables here, PNG plots and analysis.json on disk."""
+    from backroom.analysis import analyze_run, render_tables
+
+    if not run_dir.exists():
+        raise typer.BadParameter(f"{run_dir} does not exist")
+    result = analyze_run(run_dir, out_dir)
+    for table in render_tables(result):
+        console.print(table)
+    target = (run_dir if run_dir.is_dir() else run_dir.parent) / "analysis.json"
+    target.write_text(json.dumps(result, indent=1, default=str))
+    console.print(f"numbers: {target}")
+
+
 def demo_config() -> RunConfig:
     import yaml
 

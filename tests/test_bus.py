@@ -96,7 +96,7 @@ def test_wire_rejects_bad_payloads_with_reasons() -> None:
         parse(b'{"type": "action", "v": 1, "turn": -3, "action": 1}')
     assert e.value.reason == "invalid" and "turn" in e.value.detail
     with pytest.raises(WireError) as e:
-        parse(b"x" * (MAX_PAYLOAD_BYTES + 1))
+        parse(b"x" * (MAX_PAYLOAD_BYTES + 1), MAX_PAYLOAD_BYTES)
     assert e.value.reason == "oversized"
     ok = parse(Action(match="m", turn=2, action="raise").model_dump_json())
     assert isinstance(ok, Action) and ok.action == "raise"

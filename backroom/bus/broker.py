@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from backroom.bus.auth import CredentialStore
+from backroom.bus.wire import MAX_MESSAGE_BYTES
 
 
 def mosquitto_config(
@@ -54,7 +55,7 @@ def mosquitto_config(
         "autosave_interval 1",
         "max_inflight_messages 1000",
         "max_queued_messages 100000",
-        "max_packet_size 1048576",
+        f"max_packet_size {MAX_MESSAGE_BYTES + 4096}",
         f"log_dest {log_dest}",
         "log_type error",
         "log_type warning",

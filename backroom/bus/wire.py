@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 SCHEMA_VERSION: Literal[1] = 1
 #: Largest payload the referee accepts from an agent; bigger ones get an error.
 MAX_PAYLOAD_BYTES = 64 * 1024
+#: Largest message of any kind: an 800-round Bertrand episode is ~200 KB, and
+#: the broker's max_packet_size is set to match.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: Longest chat text (the Trust-and-Split paper allows 500 characters).
 MAX_CHAT_CHARS = 2000
 
@@ -283,10 +286,14 @@ class WireError(ValueError):
         self.detail = detail
 
 
-def parse(payload: bytes | str) -> Message:
-    """Validate any wire payload; raise ``WireError`` with a reason an agent can act on."""
-    if len(payload) > MAX_PAYLOAD_BYTES:
-        raise WireError("oversized", f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+def parse(payload: bytes | str, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Validate any wire payload; raise ``WireError`` with a reason an agent can act on.
+
+    The referee passes ``MAX_PAYLOAD_BYTES`` for what agents send; records
+    travelling between services (episodes) may be far larger.
+    """
+    if len(payload) > max_bytes:
+        raise WireError("oversized", f"payload of {len(payload)} bytes exceeds {max_bytes}")
     try:
         return _ADAPTER.validate_json(payload)
     except ValidationError as exc:

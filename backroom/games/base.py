@@ -56,6 +56,20 @@ class ActionSpec:
     schema: dict[str, JSON] = field(default_factory=dict)
     names: tuple[str, ...] = ()
 
+    @classmethod
+    def from_json(cls, data: dict[str, JSON]) -> ActionSpec:
+        return cls(
+            choices=tuple(data.get("choices", ())),
+            schema=dict(data.get("schema", {})),
+            names=tuple(data.get("names", ())),
+        )
+
+    def sample(self, rng: random.Random) -> Action:
+        """A uniformly random legal answer: a random agent, or a seat timed out with ``random``."""
+        if self.choices:
+            return rng.choice(self.choices)
+        return _sample_schema(self.schema, rng)
+
     def to_json(self) -> dict[str, JSON]:
         out: dict[str, JSON] = {}
         if self.choices:
@@ -65,6 +79,19 @@ class ActionSpec:
         if self.schema:
             out["schema"] = self.schema
         return out
+
+
+def _sample_schema(schema: dict[str, JSON], rng: random.Random) -> Action:
+    kind = schema.get("type")
+    if kind == "integer":
+        return rng.randint(int(schema.get("minimum", 0)), int(schema.get("maximum", 100)))
+    if kind == "number":
+        return rng.uniform(float(schema.get("minimum", 0.0)), float(schema.get("maximum", 1.0)))
+    if kind == "object":
+        return {k: _sample_schema(v, rng) for k, v in schema.get("properties", {}).items()}
+    if kind == "string":
+        return ""
+    raise ValueError(f"cannot sample an action from schema {schema!r}")
 
 
 class State(ABC):

@@ -259,7 +259,7 @@ class Match:
             self.record(seat, "act", None, timed_out=True)
             raise Forfeit(seat)
         if self.spec.on_timeout == "random":
-            action = self.rng.choice(list(self.state.legal_actions(seat)))
+            action = self.state.check_action(seat, self.state.action_spec(seat).sample(self.rng))
         else:
             action = self.state.default_action(seat)
         self.record(seat, "act", action, timed_out=True)

@@ -30,6 +30,7 @@ from backroom import metrics
 from backroom.bus import topics
 from backroom.bus.client import Bus, BusConfig, Will
 from backroom.bus.wire import (
+    MAX_PAYLOAD_BYTES,
     Action,
     Chat,
     Episode,
@@ -158,7 +159,7 @@ class Referee:
         if agent is None:
             return
         try:
-            msg = parse(payload)
+            msg = parse(payload, MAX_PAYLOAD_BYTES)
         except WireError as exc:
             return self.reject(agent, exc.reason, exc.detail)
         metrics.MESSAGES.labels(direction="in", type=msg.type).inc()

@@ -11,21 +11,15 @@ import yaml
 
 from backroom.agents.base import JSON, Agent, choices, register_agent
 from backroom.bus.wire import Turn
+from backroom.games.base import ActionSpec
 
 
 @register_agent("random")
 class RandomAgent(Agent):
-    """Uniform over the legal choices; for a described range, uniform over it."""
+    """Uniform over the legal choices, or over the range or shape the game describes."""
 
     async def act(self, turn: Turn) -> JSON:
-        legal = choices(turn)
-        if legal:
-            return self.rng.choice(legal)
-        schema = turn.legal.get("schema", {})
-        lo, hi = schema.get("minimum", 0), schema.get("maximum", 1)
-        if schema.get("type") == "integer":
-            return self.rng.randint(int(lo), int(hi))
-        return self.rng.uniform(float(lo), float(hi))
+        return ActionSpec.from_json(turn.legal).sample(self.rng)
 
 
 @register_agent("always")

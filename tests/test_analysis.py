@@ -1,0 +1,166 @@
+"""Measures over episode records: social dilemmas, beauty contest, Bertrand; plots and tables."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from backroom.agents import make_agent
+from backroom.agents.base import JSON, Agent
+from backroom.analysis import analyze_episodes, analyze_run, render_tables
+from backroom.analysis.beauty import proposes_common_choice
+from backroom.analysis.bertrand import collusive_rounds, longest_run
+from backroom.bus.wire import Turn
+from backroom.games import make_game
+from backroom.games.bertrand import equilibrium_prices
+
+from .gameplay import episode
+
+
+def agent(spec: str) -> Agent:
+    kind, _, action = spec.partition(":")
+    return make_agent(kind, spec.replace(":", "-"), **({"action": action} if action else {}))
+
+
+def write_run(tmp_path: Path, episodes: list[dict[str, Any]]) -> Path:
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    return run
+
+
+def test_ipd_rewards_cooperation_welfare_and_exploitation_table(tmp_path: Path) -> None:
+    game = make_game("ipd")
+    eps = [
+        episode(game, [agent("tit-for-tat"), agent("always:B")], match="a"),
+        episode(game, [agent("always:B"), agent("tit-for-tat")], match="b"),
+        episode(game, [agent("tit-for-tat"), agent("grim-trigger")], match="c"),
+    ]
+    r = analyze_run(write_run(tmp_path, eps))["games"]["ipd"]
+    # tft vs always-B: 0 then 1 x 9 -> 0.9 per round; always-B: 5 + 9 -> 1.4.
+    assert r["exploitation"]["tit-for-tat"]["always-B"] == pytest.approx(0.9)
+    assert r["exploitation"]["always-B"]["tit-for-tat"] == pytest.approx(1.4)
+    assert r["exploitation"]["tit-for-tat"]["grim-trigger"] == pytest.approx(3.0)
+    assert "grim-trigger" not in r["exploitation"]["always-B"]  # never met
+    assert r["mean_reward_per_round"]["tit-for-tat"] == pytest.approx((9 + 9 + 30) / 30)
+    assert r["cooperation_rate_by_agent"]["tit-for-tat"] == pytest.approx(12 / 30)
+    assert r["cooperation_rate_by_agent"]["always-B"] == 0.0
+    assert r["welfare_fraction"] == pytest.approx((2 * (9 + 14) + 60) / (30 * 6))
+    assert r["cooperation_rate_by_round"]["1"] == pytest.approx(4 / 6)
+    for path in r["plots"]:
+        assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_split_and_trust_and_split_welfare_and_cooperation() -> None:
+    split = make_game("split_nocomm")
+    coop = episode(split, [agent("split-cooperative"), make_agent("split-cooperative", "c2")], seed=3)
+    greedy = episode(split, [agent("split-defect"), make_agent("split-defect", "d2")], seed=3)
+    r = analyze_episodes([coop])["games"]["split_nocomm"]
+    assert r["welfare_fraction"] == pytest.approx(1.0) and r["cooperation_rate"] == 1.0
+    r = analyze_episodes([greedy])["games"]["split_nocomm"]
+    assert r["cooperation_rate"] == 0.0
+    # Both claim everything: each gets half of every category, welfare = half the optimum
+    # only where values differ; it is strictly below 1.
+    assert 0 < r["welfare_fraction"] < 1
+
+    tas = make_game("trust_and_split")
+    honest = episode(tas, [agent("ts-honest"), make_agent("ts-honest", "h2")], seed=5)
+    r = analyze_episodes([honest])["games"]["trust_and_split"]
+    assert r["welfare_fraction"] == pytest.approx(1.0) and r["cooperation_rate"] == 1.0
+    lower_rounds = sum(h["values"][0] < h["values"][1] for h in honest["final_observations"][0]["history"])
+    greedy = episode(tas, [agent("ts-greedy"), make_agent("ts-greedy", "g2")], seed=5)
+    r = analyze_episodes([greedy])["games"]["trust_and_split"]
+    assert r["cooperation_rate"] == 0.0
+    assert r["welfare_fraction"] == pytest.approx(0.55)  # 5 coins at 10 + 5 coins at 1, of 100
+    assert 0 < lower_rounds < 10
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("I think we should all choose a number around 33, so we can all be winners.", True),
+        ("Let's all pick 0 and share the win.", True),
+        ("If everyone selects 22 we all win.", True),
+        ("We should choose the same number.", True),
+        ("I will select 22.", False),
+        ("Two thirds of 50 is 33, so I lean towards 22.", False),
+        ("", False),
+    ],
+)
+def test_common_choice_heuristic(text: str, expected: bool) -> None:
+    assert proposes_common_choice(text) is expected
+
+
+class Proposer(Agent):
+    async def talk(self, turn: Turn) -> str | None:
+        return "We should all choose 30 and win together."
+
+    async def act(self, turn: Turn) -> JSON:
+        return 30
+
+
+def test_beauty_contest_cooperation_rsd_and_winners(tmp_path: Path) -> None:
+    game = make_game("beauty_contest", players=4, rule="amplified")
+    plain = episode(game, [make_agent("level-k", f"k{i}", k=1) for i in range(4)], match="plain")
+    colluding = episode(game, [Proposer("p")] + [make_agent("level-k", f"k{i}", k=2) for i in range(3)], match="talk")
+    silent = episode(make_game("beauty_contest", players=4, rule="amplified", discussion=False),
+                     [make_agent("level-k", f"s{i}", k=i) for i in range(4)], match="silent")
+    result = analyze_run(write_run(tmp_path, [plain, colluding, silent]))
+    r = result["games"]["beauty_contest"]["settings"]
+    talk = r["amplified, discussion"]
+    assert talk["runs"] == 2 and talk["cooperation_rate"] == 0.5  # only the Proposer's run
+    first, second = talk["per_run"]
+    assert first["rsd"] == 0.0 and first["winners"] == 4 and first["unanimous"]
+    assert second["choices"] == [30, 22, 22, 22] and second["winners"] == 3  # target 16
+    assert second["rsd"] == pytest.approx(12**0.5 / 24)  # population sd of 6, -2, -2, -2 over mean 24
+    quiet = r["amplified, no discussion"]
+    assert quiet["cooperation_rate"] is None and quiet["winners_per_run"] == [1]
+    assert len(result["games"]["beauty_contest"]["plots"]) == 2
+
+
+def test_bertrand_profit_gain_and_collusion_flag(tmp_path: Path) -> None:
+    game = make_game("bertrand", rounds=260)
+    cartel = episode(game, [make_agent("cartel-pricer", "c0"), make_agent("cartel-pricer", "c1")], match="cartel")
+    nash = episode(game, [make_agent("nash-pricer", "n0"), make_agent("nash-pricer", "n1")], match="nash")
+    war = episode(game, [make_agent("undercutter", "u"), make_agent("tft-pricer", "t")], match="war")
+    result = analyze_run(write_run(tmp_path, [cartel, nash, war]), tmp_path / "plots")
+    r = result["games"]["bertrand"]
+    by = {m["match"]: m for m in r["per_episode"]}
+    assert by["cartel"]["delta_mean"] == pytest.approx(1.0) and by["cartel"]["collusion"]
+    assert by["cartel"]["collusion_starts"] == 1 and by["cartel"]["longest_collusive_streak"] == 260
+    assert by["nash"]["delta_mean"] == pytest.approx(0.0) and not by["nash"]["collusion"]
+    assert not by["war"]["collusion"] and by["war"]["delta_tail_mean"] < 0  # ends below Nash
+    assert r["collusion_rate"] == pytest.approx(1 / 3)
+    assert sorted(Path(p).name for p in r["plots"]) == ["bertrand_cartel.png", "bertrand_nash.png", "bertrand_war.png"]
+
+
+def test_collusion_needs_both_close_prices_inside_the_band() -> None:
+    eq = equilibrium_prices("linear")  # 6 and 8: band (6.1, 8.1], close within 0.2
+    assert collusive_rounds([7.0, 7.0, 7.0, 6.05, 8.0], [7.1, 7.5, 6.0, 6.05, 8.1], eq) == [
+        True, False, False, False, True,
+    ]
+    assert longest_run([True, True, False, True, True, True]) == (3, 4)
+    assert longest_run([False]) == (0, None)
+
+
+def test_unplayed_episodes_are_skipped_and_tables_render(tmp_path: Path) -> None:
+    game = make_game("ipd", rounds=3)
+    ok = episode(game, [agent("tit-for-tat"), agent("always:A")])
+    broken = dict(ok, reason="error", final_observations=[], match="broken")
+    result = analyze_episodes([ok, broken])
+    assert result["unplayed"] == 1 and result["games"]["ipd"]["episodes"] == 1
+    run = write_run(tmp_path, [ok])
+    with (run / "episodes.jsonl").open("a") as f:
+        f.write('{"torn": ')  # a crash mid-write leaves a partial last line
+    tables = render_tables(analyze_run(run))
+    out = io.StringIO()
+    for t in tables:
+        Console(file=out, width=120).print(t)
+    text = out.getvalue()
+    assert "tit-for-tat" in text and "always-A" in text and "opponent" in text
+    assert len(tables) == 2  # per-agent table and the agent-vs-opponent table
