@@ -99,8 +99,8 @@ class _Request:
 
     def key(self) -> tuple[Any, ...]:
         if self.kind == "score":
-            return ("score",)
-        return ("generate", self.max_new_tokens, self.temperature, self.top_p)
+            return ("score", self.adapter)
+        return ("generate", self.adapter, self.max_new_tokens, self.temperature, self.top_p)
 
 
 class Backend:
@@ -116,6 +116,7 @@ class Backend:
         batch_window_ms: float = 5.0,
         max_batch_tokens: int = 16384,
         max_scored_positions: int = 1024,
+        gguf_cache: bool = True,
     ) -> None:
         if model is None:
             model, default_file = default_model()
@@ -128,6 +129,7 @@ class Backend:
         self.batch_window_s = max(0.0, float(batch_window_ms)) / 1000.0
         self.max_batch_tokens = max_batch_tokens
         self.max_scored_positions = max_scored_positions
+        self.gguf_cache = gguf_cache
         self.model: Any = None
         self.tokenizer: Any = None
         self.device: Any = None
@@ -164,17 +166,68 @@ class Backend:
             dtype = getattr(torch, self.dtype_name)
         else:
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        kw: dict[str, Any] = {"local_files_only": True}
-        if self.gguf_file:
-            kw["gguf_file"] = self.gguf_file
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, **kw)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, **kw)
+        path, kw = self._source()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+        if self.gguf_file and "gguf_file" in kw and self.gguf_cache:
+            self._save_conversion(model)
         model.to(self.device)
         model.eval()
         self.model = model
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         return self
+
+    def _cache_dir(self) -> Path | None:
+        """Where a GGUF file's dequantised conversion is kept (keyed by name, size and mtime)."""
+        if not self.gguf_file:
+            return None
+        src = Path(self.model_path) / self.gguf_file
+        try:
+            st = src.stat()
+        except OSError:
+            return None
+        root = Path(os.environ.get("BACKROOM_MODEL_CACHE") or Path.home() / ".cache" / "backroom" / "models")
+        return root / f"{src.stem}-{st.st_size}-{int(st.st_mtime)}"
+
+    def _source(self) -> tuple[str, dict[str, Any]]:
+        kw: dict[str, Any] = {"local_files_only": True}
+        cached = self._cache_dir() if self.gguf_cache else None
+        if cached is not None and (cached / "config.json").exists():
+            return str(cached), kw
+        if self.gguf_file:
+            kw["gguf_file"] = self.gguf_file
+        return self.model_path, kw
+
+    def _save_conversion(self, model: Any) -> None:
+        """Keep the GGUF -> transformers conversion (20 s on 2 cores) so later loads take 1 s.
+
+        The conversion is exact (the same float tensors), written to a temporary
+        folder and renamed, so a crash never leaves a half-written cache.
+        """
+        import tempfile
+
+        target = self._cache_dir()
+        if target is None or target.exists():
+            return
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+            quantizer = getattr(model, "hf_quantizer", None)
+            qconfig = getattr(model.config, "quantization_config", None)
+            try:
+                model.hf_quantizer = None  # dequantised already: save as plain weights
+                if qconfig is not None:
+                    del model.config.quantization_config
+                model.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
+            finally:
+                model.hf_quantizer = quantizer
+                if qconfig is not None:
+                    model.config.quantization_config = qconfig
+            tmp.rename(target)
+        except OSError as exc:
+            log.warning("could not cache the GGUF conversion in %s: %s", target, exc)
 
     # --- tokens ----------------------------------------------------------------------
 
@@ -245,8 +298,45 @@ class Backend:
         return {"adapter_names": [a or BASE for a in adapters]}
 
     # --- the two operations, batched and synchronous (run in a worker thread) ----------
+    #
+    # Requests of one batch share an adapter (the batcher groups them so). Prompts
+    # of one game share a long head (system prompt, rules): that common prefix is
+    # encoded ONCE per batch and its key/value cache repeated for every row, so a
+    # batch of 32 costs little more than one prompt plus 32 short tails. On a CPU,
+    # where a forward pass is compute-bound, this is where batching pays.
 
-    def score_batch(self, requests: Sequence[tuple[list[int], list[list[int]], str | None]]) -> list[list[Scored]]:
+    MIN_SHARED_PREFIX = 16
+
+    def _shared_prefix(self, prompts: Sequence[Sequence[int]]) -> int:
+        """Length of the common token prefix worth encoding once (0 when not worth it)."""
+        if len(prompts) < 2:
+            return 0
+        first, n = prompts[0], min(len(p) for p in prompts) - 1  # each row keeps >= 1 own token
+        k = 0
+        while k < n and all(p[k] == first[k] for p in prompts):
+            k += 1
+        return k if k >= self.MIN_SHARED_PREFIX else 0
+
+    def _prefix_cache(self, prefix: list[int], rows: int, adapter: str | None) -> Any:
+        """Encode ``prefix`` once; return its cache repeated for ``rows`` rows (None if empty)."""
+        import torch
+
+        if not prefix:
+            return None
+        out = self.model(
+            input_ids=torch.tensor([prefix], device=self.device),
+            use_cache=True,
+            logits_to_keep=1,
+            **self._adapter_kwargs([adapter]),
+        )
+        self.forward_passes += 1
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(rows)
+        return cache
+
+    def score_batch(
+        self, requests: Sequence[tuple[list[int], list[list[int]], str | None]]
+    ) -> list[list[Scored]]:
         """Log-probs of candidate completions for many prompts at once (see the module doc)."""
         out: list[list[Scored]] = []
         for chunk in self._chunks(requests):
@@ -256,6 +346,7 @@ class Backend:
     def _chunks(
         self, requests: Sequence[tuple[list[int], list[list[int]], str | None]]
     ) -> list[list[tuple[list[int], list[list[int]], str | None]]]:
+        """Split a batch so that padded tokens and scored positions stay within memory bounds."""
         chunks: list[list[tuple[list[int], list[list[int]], str | None]]] = []
         cur: list[tuple[list[int], list[list[int]], str | None]] = []
         longest = kept = 0
@@ -265,6 +356,7 @@ class Backend:
             if cur and (
                 (len(cur) + 1) * max(longest, length) > self.max_batch_tokens
                 or kept + positions > self.max_scored_positions
+                or r[2] != cur[0][2]
             ):
                 chunks.append(cur)
                 cur, longest, kept = [], 0, 0
@@ -275,74 +367,78 @@ class Backend:
             chunks.append(cur)
         return chunks
 
-    def _score_chunk(self, requests: Sequence[tuple[list[int], list[list[int]], str | None]]) -> list[list[Scored]]:
+    def _score_chunk(
+        self, requests: Sequence[tuple[list[int], list[list[int]], str | None]]
+    ) -> list[list[Scored]]:
         import torch
 
         rows = len(requests)
-        lengths = [len(p) + sum(len(c) for c in cands) for p, cands, _ in requests]
+        adapter = requests[0][2]
+        shared = self._shared_prefix([p for p, _, _ in requests])
+        lengths = [len(p) - shared + sum(len(c) for c in cands) for p, cands, _ in requests]
         width = max(lengths)
         pad = int(self.tokenizer.pad_token_id)
         ids = torch.full((rows, width), pad, dtype=torch.long)
         pos = torch.zeros((rows, width), dtype=torch.long)
-        allowed = torch.zeros((rows, width, width), dtype=torch.bool)
+        # Query i of a row may see: the shared prefix, its own prompt tail causally,
+        # and — for a candidate token — the earlier tokens of the same candidate only.
+        allowed = torch.zeros((rows, width, shared + width), dtype=torch.bool)
+        allowed[:, :, :shared] = True
         keep = torch.zeros((rows, width), dtype=torch.bool)
-        # for each candidate token: (row, position predicting it)
-        targets: list[list[list[tuple[int, int]]]] = []
+        targets: list[list[list[int]]] = []  # per row, per candidate: positions predicting its tokens
         for r, (prompt, cands, _) in enumerate(requests):
-            p = len(prompt)
+            tail = prompt[shared:]
+            p = len(tail)
             if p == 0:
                 raise ValueError("an empty prompt cannot be scored")
-            ids[r, :p] = torch.tensor(prompt)
-            pos[r, :p] = torch.arange(p)
-            allowed[r, :p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
+            ids[r, :p] = torch.tensor(tail)
+            pos[r, :p] = torch.arange(shared, shared + p)
+            allowed[r, :p, shared : shared + p] = torch.ones(p, p, dtype=torch.bool).tril()
             start = p
-            row_targets: list[list[tuple[int, int]]] = []
+            row_targets: list[list[int]] = []
             for cand in cands:
                 n = len(cand)
                 if n == 0:
                     raise ValueError("an empty candidate cannot be scored")
                 ids[r, start : start + n] = torch.tensor(cand)
-                pos[r, start : start + n] = torch.arange(p, p + n)
-                allowed[r, start : start + n, :p] = True
-                allowed[r, start : start + n, start : start + n] = torch.ones(n, n, dtype=torch.bool).tril()
-                predictors = [p - 1] + list(range(start, start + n - 1))
-                row_targets.append([(r, q) for q in predictors])
+                pos[r, start : start + n] = torch.arange(shared + p, shared + p + n)
+                allowed[r, start : start + n, shared : shared + p] = True
+                block = torch.ones(n, n, dtype=torch.bool).tril()
+                allowed[r, start : start + n, shared + start : shared + start + n] = block
+                predictors = [p - 1, *range(start, start + n - 1)]
+                row_targets.append(predictors)
+                keep[r, predictors] = True
                 start += n
-            for q in range(start, width):  # padding attends to itself only
-                allowed[r, q, q] = True
+            for q in range(start, width):  # padding sees itself only
+                allowed[r, q, shared + q] = True
             targets.append(row_targets)
-        for row_targets in targets:
-            for cand_targets in row_targets:
-                for r, q in cand_targets:
-                    keep[r, q] = True
-        with self.lock:
-            model = self.model
-            dtype = next(model.parameters()).dtype
-            mask = torch.zeros((rows, 1, width, width), dtype=dtype)
+        with self.lock, torch.inference_mode():
+            dtype = next(self.model.parameters()).dtype
+            mask = torch.zeros((rows, 1, width, shared + width), dtype=dtype)
             mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-            kwargs = self._adapter_kwargs([a for _, _, a in requests])
-            with torch.inference_mode():
-                outputs = model(
-                    input_ids=ids.to(self.device),
-                    attention_mask=mask.to(self.device),
-                    position_ids=pos.to(self.device),
-                    logits_to_keep=keep.to(self.device),
-                    use_cache=False,
-                    **kwargs,
-                )
-                logits = outputs.logits.float()
-                if logits.dim() == 3:  # a model that ignored the boolean selection
-                    logits = logits[keep.to(logits.device)]
-                logp = torch.log_softmax(logits, dim=-1).cpu()
+            cache = self._prefix_cache(requests[0][0][:shared], rows, adapter)
+            outputs = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=pos.to(self.device),
+                past_key_values=cache,
+                use_cache=cache is not None,
+                logits_to_keep=keep.to(self.device),
+                **self._adapter_kwargs([adapter] * rows),
+            )
+            logits = outputs.logits.float()
+            if logits.dim() == 3:  # a model that ignored the boolean selection
+                logits = logits[keep.to(logits.device)]
+            logp = torch.log_softmax(logits, dim=-1).cpu()
             self.forward_passes += 1
             self.rows += rows
-        # Row-major order of kept positions = order of ``keep.nonzero()``.
+        # kept positions come out flattened in row-major order, as ``keep.nonzero()`` lists them
         index = {(int(r), int(q)): i for i, (r, q) in enumerate(keep.nonzero().tolist())}
         results: list[list[Scored]] = []
-        for (_, cands, _), row_targets in zip(requests, targets, strict=True):
+        for r, ((_, cands, _), row_targets) in enumerate(zip(requests, targets, strict=True)):
             scored = []
-            for cand, cand_targets in zip(cands, row_targets, strict=True):
-                lps = [float(logp[index[t], tok]) for t, tok in zip(cand_targets, cand, strict=True)]
+            for cand, predictors in zip(cands, row_targets, strict=True):
+                lps = [float(logp[index[(r, q)], tok]) for q, tok in zip(predictors, cand, strict=True)]
                 scored.append(Scored(list(cand), lps))
             results.append(scored)
         return results
@@ -355,57 +451,92 @@ class Backend:
         top_p: float,
         seed: int | None = None,
     ) -> list[Generated]:
-        """Sample replies for many prompts in one left-padded ``generate`` call."""
+        """Sample replies for many prompts together (all rows must share one adapter).
+
+        Our own sampling loop rather than ``generate``: it reuses the shared-prefix
+        cache, and yields each sampled token's log-prob under the model itself
+        (temperature 1, no top-p), which is what a trainer recomputes.
+        """
         import torch
 
         rows = len(requests)
-        width = max(len(p) for p, _ in requests)
+        adapter = requests[0][1]
+        if any(a != adapter for _, a in requests):
+            raise ValueError("one generate batch must use one adapter")
+        prompts = [p for p, _ in requests]
+        if any(not p for p in prompts):
+            raise ValueError("an empty prompt cannot be continued")
+        shared = self._shared_prefix(prompts)
+        width = max(len(p) - shared for p in prompts)
         pad = int(self.tokenizer.pad_token_id)
         ids = torch.full((rows, width), pad, dtype=torch.long)
-        att = torch.zeros((rows, width), dtype=torch.long)
-        for r, (prompt, _) in enumerate(requests):
-            ids[r, width - len(prompt) :] = torch.tensor(prompt)
-            att[r, width - len(prompt) :] = 1
-        sample = temperature > 0
-        gen_kw: dict[str, Any] = {
-            "max_new_tokens": max(1, int(max_new_tokens)),
-            "do_sample": sample,
-            "pad_token_id": pad,
-            "eos_token_id": self.end_id,
-            "output_logits": True,
-            "return_dict_in_generate": True,
-        }
-        if sample:
-            gen_kw.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
-        else:
-            gen_kw.update(temperature=None, top_p=None, top_k=None)
-        with self.lock:
-            if seed is not None:
-                torch.manual_seed(seed)
-            kwargs = self._adapter_kwargs([a for _, a in requests])
-            with torch.inference_mode():
-                out = self.model.generate(
-                    input_ids=ids.to(self.device), attention_mask=att.to(self.device), **gen_kw, **kwargs
-                )
-            self.forward_passes += len(out.logits)
+        att = torch.zeros((rows, shared + width), dtype=torch.long)
+        att[:, :shared] = 1
+        pos = torch.zeros((rows, width), dtype=torch.long)
+        for r, p in enumerate(prompts):
+            tail = p[shared:]
+            ids[r, width - len(tail) :] = torch.tensor(tail)
+            att[r, shared + width - len(tail) :] = 1
+            pos[r, width - len(tail) :] = torch.arange(shared, len(p))
+        next_pos = torch.tensor([len(p) for p in prompts])
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        akw = self._adapter_kwargs([adapter] * rows)
+        toks: list[list[int]] = [[] for _ in range(rows)]
+        lps: list[list[float]] = [[] for _ in range(rows)]
+        done = [False] * rows
+        with self.lock, torch.inference_mode():
+            cache = self._prefix_cache(prompts[0][:shared] if shared else [], rows, adapter)
+            out = self.model(
+                input_ids=ids.to(self.device), attention_mask=att.to(self.device),
+                position_ids=pos.to(self.device), past_key_values=cache, use_cache=True,
+                logits_to_keep=1, **akw,
+            )
+            self.forward_passes += 1
             self.rows += rows
-        seqs = out.sequences[:, width:].cpu()
-        step_logp = [torch.log_softmax(lg.float(), dim=-1).cpu() for lg in out.logits]
+            for step in range(max(1, int(max_new_tokens))):
+                logits = out.logits[:, -1, :].float().cpu()
+                logp = torch.log_softmax(logits, dim=-1)
+                nxt = self._sample(logits, temperature, top_p, gen)
+                for r in range(rows):
+                    if done[r]:
+                        continue
+                    t = int(nxt[r])
+                    toks[r].append(t)
+                    lps[r].append(float(logp[r, t]))
+                    if t == self.end_id:
+                        done[r] = True
+                if all(done) or step == max_new_tokens - 1:
+                    break
+                feed = torch.where(torch.tensor(done), torch.tensor(pad), nxt).view(rows, 1)
+                att = torch.cat([att, torch.ones((rows, 1), dtype=torch.long)], dim=1)
+                out = self.model(
+                    input_ids=feed.to(self.device), attention_mask=att.to(self.device),
+                    position_ids=next_pos.view(rows, 1).to(self.device),
+                    past_key_values=out.past_key_values, use_cache=True, **akw,
+                )
+                next_pos = next_pos + 1
+                self.forward_passes += 1
         results = []
         for r in range(rows):
-            toks: list[int] = []
-            lps: list[float] = []
-            finish = "length"
-            for t in range(seqs.shape[1]):
-                tok = int(seqs[r, t])
-                toks.append(tok)
-                lps.append(float(step_logp[t][r, tok]))
-                if tok == self.end_id:
-                    finish = "stop"
-                    break
-            text_ids = toks[:-1] if finish == "stop" else toks
-            results.append(Generated(self.decode(text_ids), toks, lps, finish))
+            finish = "stop" if toks[r] and toks[r][-1] == self.end_id else "length"
+            text_ids = toks[r][:-1] if finish == "stop" else toks[r]
+            results.append(Generated(self.decode(text_ids), toks[r], lps[r], finish))
         return results
+
+    @staticmethod
+    def _sample(logits: Any, temperature: float, top_p: float, gen: Any) -> Any:
+        import torch
+
+        if temperature <= 0:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            cum = sorted_p.cumsum(dim=-1)
+            sorted_p[(cum - sorted_p) > top_p] = 0.0  # keep the smallest set reaching top_p
+            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        return torch.multinomial(probs, 1, generator=gen).view(-1)
 
     # --- async API (batched across concurrent callers) --------------------------------
 
@@ -497,7 +628,7 @@ class _Batcher:
         b = self.backend
         if key[0] == "score":
             return b.score_batch([(it.prompt_ids, it.candidates, it.adapter) for it in group])
-        _, max_new, temp, top_p = key
+        _, _, max_new, temp, top_p = key
         return b.generate_batch([(it.prompt_ids, it.adapter) for it in group], max_new, temp, top_p)
 
 

@@ -134,6 +134,12 @@ def parse_action(text: str, legal: Mapping[str, Any]) -> JSON:
         return text
 
 
+def answer_window(deadline_s: float) -> float:
+    """Seconds a person gets: the turn's deadline less a margin, so an answer at the last
+    second still reaches the referee (whose clock started before the turn was sent)."""
+    return max(0.0, deadline_s - min(0.5, 0.1 * deadline_s))
+
+
 def card_name(observation: Mapping[str, Any], card: Any) -> str:
     """A Kuhn card as the Loki paper names it (10, Jack, ... Ace); other games' cards as they are."""
     if observation.get("game") == "kuhn" and observation.get("variant") == "loki" and isinstance(card, int):
@@ -188,6 +194,8 @@ class MatchView:
                     text += "; overheard by " + ", ".join(self.who(s) for s in c.eavesdroppers)
                 if self.seat in c.eavesdroppers and self.seat not in c.members:
                     text += " — you only overhear it"
+                elif c.opens == "always" and self.seat in c.members:
+                    text += f" — open any time: /say {name} TEXT"
                 return text
         return name
 
@@ -553,6 +561,7 @@ class HumanTTY(Agent):
         await super().on_match_end(end)
         for p in [p for p in self.prompts if p.turn.match == end.match]:
             if not p.future.done():
+                self.say(f"[red]turn {p.turn.turn} closed[/red]: the match ended")
                 p.future.cancel()
         if view is not None:
             view.end = end
@@ -574,8 +583,12 @@ class HumanTTY(Agent):
         view = self.views.get(turn.match or "")
         if view is not None:
             view.observation = dict(turn.observation)
+        for old in self.prompts:
+            if old.turn.match == turn.match and not old.future.done():
+                # the referee has moved on, so that turn is closed whatever our clock says
+                self._expire(old)
         loop = asyncio.get_running_loop()
-        prompt = Prompt(turn, time.monotonic() + turn.deadline_s, loop.create_future())
+        prompt = Prompt(turn, time.monotonic() + answer_window(turn.deadline_s), loop.create_future())
         self.prompts.append(prompt)
         self._show_active()
         try:
@@ -602,10 +615,13 @@ class HumanTTY(Agent):
             now = time.monotonic()
             for p in list(self.prompts):
                 if p.deadline <= now and not p.future.done():
-                    p.future.set_exception(TurnExpired())
-                    self.say(f"[red]time is up for turn {p.turn.turn}[/red]: the referee plays its default")
+                    self._expire(p)
             self._refresh_prompt()
             await asyncio.sleep(0.25)
+
+    def _expire(self, p: Prompt) -> None:
+        p.future.set_exception(TurnExpired())
+        self.say(f"[red]time is up for turn {p.turn.turn}[/red]: the referee plays its default")
 
     async def _read_lines(self) -> None:
         assert self.input is not None

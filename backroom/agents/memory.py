@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from backroom.agents.base import Agent
 from backroom.bus.wire import ChannelSpec, Delivery, MatchStart, Turn
 
 ChatMessage = dict[str, str]
@@ -346,3 +347,33 @@ class Memory:
     def record_decision(mm: MatchMemory, turn: Turn, answer: Any) -> None:
         rnd = turn.observation.get("round")
         mm.decisions.append(Decision(turn.turn, rnd if isinstance(rnd, int) else None, turn.phase, answer))
+
+
+MEMORY_OPTIONS = ("system", "persona", "collusion", "share_card", "window", "plan_every", "recall")
+
+
+class MemoryAgent(Agent):
+    """Base of the model-backed kinds: keeps a ``MatchMemory`` per match from the runtime's hooks."""
+
+    def __init__(self, agent_id: str, seed: int | None = None, **options: Any) -> None:
+        mem = {k: options.pop(k) for k in MEMORY_OPTIONS if k in options}
+        super().__init__(agent_id, seed=seed, **options)
+        self.prompts = Memory(MemoryOptions(**mem))
+
+    async def on_match_start(self, start: MatchStart) -> None:
+        await super().on_match_start(start)
+        self.memory(start.match)["mem"] = self.prompts.new_match(start)
+
+    async def on_message(self, delivery: Delivery) -> None:
+        await super().on_message(delivery)
+        self.match_memory(delivery.match, None).heard.append(delivery)
+
+    def match_memory(self, match: str | None, turn: Turn | None) -> MatchMemory:
+        """This match's memory (created on the fly if a turn overtook its ``match_start``)."""
+        slot = self.memory(match)
+        mm = slot.get("mem")
+        if mm is None:
+            mm = slot["mem"] = MatchMemory(seat=turn.seat if turn else 0)
+            mm.decisions = deque(maxlen=self.prompts.options.window)
+        assert isinstance(mm, MatchMemory)
+        return mm

@@ -95,9 +95,12 @@ class Client:
             self.queue.put_nowait(msg)
 
     async def writer(self) -> None:
-        while True:
-            msg = await self.queue.get()
-            await self.ws.send_text(json.dumps(msg))
+        try:
+            while True:
+                msg = await self.queue.get()
+                await self.ws.send_text(json.dumps(msg))
+        except Exception:  # the browser went away; the reader side cleans up
+            return
 
 
 class SeatSession:
@@ -123,8 +126,10 @@ class SeatSession:
             on_connect=[self._announce],
             role="web",
         )
-        await self.bus.__aenter__()
+        # Subscribed before connecting, so the inbox subscription exists before the
+        # on-connect hook announces "online" (a referee may send the moment it sees that).
         await self.bus.subscribe(topics.inbox(self.agent), self._on_inbox)
+        await self.bus.__aenter__()
 
     async def _announce(self) -> None:
         assert self.bus is not None
@@ -201,15 +206,16 @@ class WebHub:
         self.events: dict[str, deque[tuple[float, dict[str, Any]]]] = {}
         self.status: dict[str, tuple[str, str]] = {}
         self._join_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
         if self.observer is not None:
             self.observer_bus = Bus(self.observer, role="web")
-            await self.observer_bus.__aenter__()
             await self.observer_bus.subscribe(topics.ALL_PUBLIC, self._on_public)
             await self.observer_bus.subscribe(topics.ALL_STATUS, self._on_status)
+            await self.observer_bus.__aenter__()
 
     async def stop(self) -> None:
         for session in list(self.seats.values()):
@@ -338,7 +344,12 @@ class WebHub:
         if not session.clients and session.linger is None:
             # Keep the seat a little: a page reload should not drop the person out of a match.
             loop = asyncio.get_running_loop()
-            session.linger = loop.call_later(self.linger_s, lambda: loop.create_task(self._expire(session)))
+            session.linger = loop.call_later(self.linger_s, self._spawn_expire, session)
+
+    def _spawn_expire(self, session: SeatSession) -> None:
+        task = asyncio.get_running_loop().create_task(self._expire(session))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _expire(self, session: SeatSession) -> None:
         async with self._join_lock:
@@ -440,8 +451,14 @@ def web_app(
         client.push(hub.hello())
         try:
             while True:
-                raw = await ws.receive_text()
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                raw = message.get("text")
                 req: Any = None
+                if raw is None:
+                    client.push({"op": "error", "detail": "send JSON in text frames"})
+                    continue
                 try:
                     req = json.loads(raw)
                     if not isinstance(req, dict):
@@ -452,7 +469,7 @@ def web_app(
                     client.push({"op": "error", "detail": detail, "ref": req.get("op") if isinstance(req, dict) else None})
                 except BusError as exc:
                     client.push({"op": "error", "detail": f"bus: {exc}"})
-        except WebSocketDisconnect:
+        except WebSocketDisconnect:  # a disconnect while sending
             pass
         finally:
             hub.clients.discard(client)

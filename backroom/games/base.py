@@ -139,10 +139,14 @@ class State(ABC):
     def action_spec(self, player: int) -> ActionSpec:
         return ActionSpec(choices=tuple(self.legal_actions(player)))
 
+    def require_mover(self, player: int) -> None:
+        """Raise unless ``player`` (never chance) is to move now."""
+        if player == CHANCE or player not in self.current_players():
+            raise IllegalActionError(f"player {player} is not to move")
+
     def check_action(self, player: int, action: Action) -> Action:
         """Validate one player's action; return its canonical form or raise ``IllegalActionError``."""
-        if player not in self.current_players():
-            raise IllegalActionError(f"player {player} is not to move")
+        self.require_mover(player)
         legal = self.legal_actions(player)
         if action in legal:
             return action

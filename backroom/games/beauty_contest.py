@@ -238,8 +238,7 @@ class BeautyContestState(State):
         return ActionSpec(schema={"type": "integer", "minimum": LOW, "maximum": HIGH})
 
     def check_action(self, player: int, action: Action) -> Action:
-        if player not in self.current_players() or player == CHANCE:
-            raise IllegalActionError(f"player {player} is not to move")
+        self.require_mover(player)
         if self.phase == "talk":
             return check_message(action, self.game.max_chars)
         return parse_int(action, LOW, HIGH, "your number")

@@ -412,8 +412,7 @@ class BertrandState(State):
         return ActionSpec(schema={"type": "number", "minimum": 0.0, "maximum": self.game.max_price})
 
     def check_action(self, player: int, action: Action) -> Action:
-        if player not in self.current_players() or player == CHANCE:
-            raise IllegalActionError(f"player {player} is not to move")
+        self.require_mover(player)
         if self.phase == "talk":
             return check_message(action, self.game.max_chars)
         return parse_float(action, 0.0, self.game.max_price, "the price")

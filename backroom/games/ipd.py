@@ -155,8 +155,7 @@ class IPDState(State):
         return ActionSpec(choices=tuple(self.legal_actions(player)))
 
     def check_action(self, player: int, action: Action) -> Action:
-        if player not in self.current_players() or player == CHANCE:
-            raise IllegalActionError(f"player {player} is not to move")
+        self.require_mover(player)
         # "<A>", "a" and " A " all mean A: the paper's agents answer in tags.
         if isinstance(action, str):
             move = action.strip().strip("<>").strip().upper()

@@ -211,8 +211,7 @@ class SplitState(State):
         )
 
     def check_action(self, player: int, action: Action) -> Action:
-        if player not in self.current_players() or player == CHANCE:
-            raise IllegalActionError(f"player {player} is not to move")
+        self.require_mover(player)
         q = self.game.quantity
         if isinstance(action, str):
             # "Proposal: 5 hats, 0 books, 5 balls"; a category left out is 0,

@@ -243,8 +243,7 @@ class TrustAndSplitState(State):
         return ActionSpec(schema={"type": "integer", "minimum": 0, "maximum": self.game.coins})
 
     def check_action(self, player: int, action: Action) -> Action:
-        if player not in self.current_players() or player == CHANCE:
-            raise IllegalActionError(f"player {player} is not to move")
+        self.require_mover(player)
         if self.phase == "talk":
             return check_message(action, self.game.max_chars)
         return parse_int(action, 0, self.game.coins, "the number of coins to keep")
