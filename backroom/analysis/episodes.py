@@ -6,10 +6,11 @@ by any version of the referee and on records built by hand in notebooks.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from backroom.referee.episodes import read_episodes
 
 Episode = dict[str, Any]
 
@@ -19,17 +20,7 @@ PLAYED = ("normal", "timeout")
 
 def load_episodes(path: str | Path) -> list[Episode]:
     """Records of a run directory or an episodes.jsonl; a torn last line (crash mid-write) is skipped."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "episodes.jsonl"
-    out: list[Episode] = []
-    with p.open() as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break
-            if line.strip():
-                out.append(json.loads(line))
-    return out
+    return list(read_episodes(path))
 
 
 def played(episodes: Iterable[Episode]) -> list[Episode]:

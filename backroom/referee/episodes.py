@@ -70,4 +70,5 @@ def read_episodes(path: str | Path) -> Iterator[dict[str, object]]:
         for line in f:
             if not line.endswith("\n"):
                 break
-            yield json.loads(line)
+            if line.strip():
+                yield json.loads(line)
