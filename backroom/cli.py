@@ -322,6 +322,19 @@ def analyze(
     console.print(f"numbers: {target}")
 
 
+@app.command()
+def web(
+    broker_url: BrokerOpt = None,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    credentials: CredsOpt = None,
+) -> None:
+    """Play and watch matches in a browser, bridged to the bus with each seat's own identity."""
+    from backroom.agents.web import web_command
+
+    web_command(broker_url or "mqtt://127.0.0.1:1883", host, port, credentials)
+
+
 def demo_config() -> RunConfig:
     import yaml
 

@@ -18,7 +18,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
-from backroom.bus.wire import Checkpoint, Delivery, MatchEnd, MatchStart, Trace, Turn
+from backroom.bus.wire import Chat, Checkpoint, Delivery, MatchEnd, MatchStart, Trace, Turn
 
 JSON = Any
 
@@ -44,6 +44,7 @@ class Agent:
         self.rng = random.Random(seed)
         self.matches: dict[str, dict[str, Any]] = {}
         self._trace_sink: Callable[[Trace], Awaitable[None]] | None = None
+        self._chat_sink: Callable[[Chat], Awaitable[None]] | None = None
 
     async def act(self, turn: Turn) -> JSON:
         """Return one legal action for an act turn (``turn.legal`` lists or describes them)."""
@@ -75,6 +76,12 @@ class Agent:
         if self._trace_sink is not None:
             trace.agent = self.id
             await self._trace_sink(trace)
+
+    async def send_chat(self, match: str, channel: str, text: str, seat: int | None = None) -> None:
+        """Free chat on a channel that is always open, outside any turn (people use this)."""
+        if self._chat_sink is None:
+            raise RuntimeError(f"agent {self.id!r} is not connected to a bus")
+        await self._chat_sink(Chat(match=match, channel=channel, text=text, seat=seat))
 
     async def setup(self) -> None:
         """Load models or files once before the first match (runs inside the event loop)."""

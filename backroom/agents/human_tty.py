@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from backroom.agents.base import JSON, Agent, register_agent
-from backroom.bus import topics
 from backroom.bus.wire import Chat, Delivery, Error, MatchEnd, MatchStart, Turn
 
 if TYPE_CHECKING:
@@ -707,16 +706,7 @@ class HumanTTY(Agent):
         self.say(Text.assemble((f"[{channel}]", "cyan"), f" you: {text}"))
 
     async def _publish(self, msg: Chat) -> None:
-        # Free chat is not an answer to a turn, so it does not go through the
-        # runtime's decide path: use the runtime's own connection (the only one
-        # this identity may hold) through the sink it gave the agent.
-        runner = getattr(self._trace_sink, "__self__", None)
-        bus = getattr(runner, "bus", None)
-        if bus is None:
-            raise RuntimeError("not connected")
-        runner.seq += 1  # type: ignore[union-attr]
-        msg.seq = runner.seq  # type: ignore[union-attr]
-        await bus.publish(topics.outbox(self.id), msg)
+        await self.send_chat(msg.match or "", msg.channel, msg.text, msg.seat)
 
 
 def _drop_expired(record: logging.LogRecord) -> bool:

@@ -70,12 +70,21 @@ class AgentRunner:
             on_connect=[self._announce],
             role="agent",
         )
-        await self.bus.__aenter__()
+        # Subscribe before connecting: the bus subscribes first and announces
+        # "online" after, so no turn can arrive before the inbox is read.
         await self.bus.subscribe(topics.inbox(self.agent.id), self._on_inbox)
-        self.agent._trace_sink = self._publish_trace
         if self.agent.policy:
             await self.bus.subscribe(topics.checkpoint(self.agent.policy), self._on_checkpoint)
+        self.agent._trace_sink = self._publish_trace
+        self.agent._chat_sink = self._send
+        await self.bus.__aenter__()
         return self
+
+    async def _send(self, msg: Action | Chat) -> None:
+        self.seq += 1
+        msg.seq = self.seq
+        assert self.bus is not None
+        await self.bus.publish(topics.outbox(self.agent.id), msg)
 
     async def _publish_trace(self, trace: Trace) -> None:
         assert self.bus is not None
@@ -153,12 +162,8 @@ class AgentRunner:
         else:
             async with self.lock:
                 reply = await self._reply(turn)
-        if reply is None:
-            return
-        self.seq += 1
-        reply.seq = self.seq
-        assert self.bus is not None
-        await self.bus.publish(topics.outbox(self.agent.id), reply)
+        if reply is not None:
+            await self._send(reply)
 
     async def _reply(self, turn: Turn) -> Action | Chat | None:
         self._decisions[turn.phase].inc()

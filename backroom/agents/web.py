@@ -138,10 +138,11 @@ class SeatSession:
     async def close(self) -> None:
         if self.bus is None:
             return
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                self.bus.publish(topics.status(self.agent), Status(state="offline", kind=KIND), retain=True), 2
-            )
+        if self.bus.connected.is_set():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    self.bus.publish(topics.status(self.agent), Status(state="offline", kind=KIND), retain=True), 2
+                )
         await self.bus.close()
         self.bus = None
 
@@ -364,7 +365,13 @@ class WebHub:
         """One request from a browser; errors go back to it as ``{"op": "error"}``."""
         op = req.get("op")
         if op == "join":
-            session = await self.join(client, str(req.get("agent", "")), req.get("password"), req.get("token"))
+            password, token = req.get("password"), req.get("token")
+            session = await self.join(
+                client,
+                str(req.get("agent", "")),
+                None if password is None else str(password),
+                None if token is None else str(token),
+            )
             client.push({"op": "joined", "agent": session.agent})
             session.replay(client)
         elif op == "leave":

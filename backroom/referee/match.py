@@ -166,9 +166,21 @@ class Match:
         self.apply(actions, "act")
 
     def apply(self, actions: dict[int, Any], phase: str) -> None:
-        self.state.apply(actions)
+        event: dict[str, Any] = {}
         if phase == "act":
-            self.public("moved", {"turn": self.turn_no, "actions": {str(s): a for s, a in actions.items()}})
+            event = {"turn": self.turn_no, "actions": {str(s): a for s, a in actions.items()}}
+            names = {str(s): self.action_name(s, a) for s, a in actions.items()}
+            if any(n is not None for n in names.values()):
+                event["names"] = names  # "call" rather than 1, for spectators
+        self.state.apply(actions)
+        if event:
+            self.public("moved", event)
+
+    def action_name(self, seat: int, action: Any) -> str | None:
+        spec = self.state.action_spec(seat)
+        if spec.names and action in spec.choices:
+            return spec.names[spec.choices.index(action)]
+        return None
 
     def void(self, why: str) -> None:
         """Stop the match at the next await; its record will say ``voided`` and why."""

@@ -87,10 +87,12 @@ class Referee:
             on_disconnect=[self._on_disconnect],
             role="referee",
         )
-        await self.bus.__aenter__()
+        # Subscribed before connecting, so "online" is announced only once
+        # requests and outboxes are being read.
         await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
         await self.bus.subscribe(topics.ALL_OUTBOXES, self._on_outbox)
         await self.bus.subscribe(topics.CONTROL_MATCHES_SHARED, self._on_request)
+        await self.bus.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

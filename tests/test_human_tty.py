@@ -1,0 +1,288 @@
+"""A person at a terminal: ``backroom agent human`` in tmux against a real broker and referee.
+
+The test plays the person: it reads the screen with ``capture-pane``, types
+with ``send-keys`` and checks the episode record afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from backroom.agents.human_tty import (
+    MatchView,
+    TerminalInput,
+    describe_legal,
+    parse_action,
+    render_view,
+)
+from backroom.bus import topics
+from backroom.bus.broker import Broker
+from backroom.bus.wire import ChannelSpec, MatchStart, Status, WireError, parse
+from backroom.games.kuhn import LOKI_CARD_NAMES
+
+from .conftest import agents, identity, stack
+from .test_referee import Runner, loki_spec
+
+LOKI_LEGAL = {"choices": [0, 1, 2], "names": ["fold", "call", "raise"]}
+PROMPT = re.compile(r"\[\s*(\d+)s\] turn (\d+) (talk|act)")
+
+
+def test_typed_text_maps_to_legal_actions() -> None:
+    assert describe_legal(LOKI_LEGAL) == "1 fold · 2 call · 3 raise"
+    assert parse_action("2", LOKI_LEGAL) == 1
+    assert parse_action("Raise", LOKI_LEGAL) == 2
+    assert parse_action("f", LOKI_LEGAL) == 0
+    with pytest.raises(ValueError, match="1 to 3"):
+        parse_action("4", LOKI_LEGAL)
+    with pytest.raises(ValueError, match="not one of"):
+        parse_action("shove", LOKI_LEGAL)
+    # numbers that are themselves the labels are taken as values, never as positions
+    unnamed = {"choices": [0, 1]}
+    assert describe_legal(unnamed) == "0 · 1"
+    assert parse_action("1", unnamed) == 1
+    ipd = {"choices": ["A", "B"]}
+    assert parse_action("2", ipd) == "B" and parse_action("a", ipd) == "A"
+    price = {"schema": {"type": "number", "minimum": 0.0, "maximum": 10.0}}
+    assert describe_legal(price) == "number from 0.0 to 10.0"
+    assert parse_action("6.5", price) == 6.5
+    with pytest.raises(ValueError, match="between"):
+        parse_action("11", price)
+    guess = {"schema": {"type": "integer", "minimum": 0, "maximum": 100}}
+    with pytest.raises(ValueError, match="integer"):
+        parse_action("ten", guess)
+
+
+def test_view_marks_private_and_overheard() -> None:
+    from rich.console import Console
+
+    from backroom.agents.human_tty import ChatLine
+
+    start = MatchStart(
+        match="m",
+        seat=2,
+        seats=["a", "b", "carol"],
+        game="kuhn",
+        channels=[ChannelSpec(name="colluders", members=[0, 1], eavesdroppers=[2])],
+        turn_timeout_s=5,
+    )
+    view = MatchView(start, {"game": "kuhn", "variant": "loki", "card": 4, "pot": 3, "to_call": 0,
+                             "contributions": [1, 1, 1], "folded": [False] * 3,
+                             "history": [{"player": 0, "action": "call"}]})
+    view.chat.append(ChatLine("colluders", "a", 0, "[bold]my card is 3", overheard=True))
+    console = Console(width=120, record=True, force_terminal=False)
+    console.print(render_view(view))
+    text = console.export_text()
+    assert "Your card:  Ace" in text
+    assert "[colluders · overheard] a (seat 0): [bold]my card is 3" in text  # shown literally, not as markup
+    assert "you only overhear it" in text
+    assert "a (seat 0) call" in text
+
+
+async def test_line_editor_handles_keys() -> None:
+    import io
+    import os
+
+    r, w = os.pipe()
+    out = io.StringIO()
+    try:
+        term = TerminalInput(stdin=os.fdopen(r), stdout=out)
+        term.tty = True  # exercise the key handling without a real terminal
+        term.prompt = "> "
+        term.feed("cal\x7fll\x1b[Dx\x15call\r")
+        term.feed("my card is 3 oops\x17\r")
+        assert await term.lines.get() == "call"
+        assert await term.lines.get() == "my card is 3 "
+    finally:
+        os.close(w)
+
+
+# --- end to end in tmux -------------------------------------------------------------------------
+
+
+class Tmux:
+    """A private tmux server (its own socket) running one command in a pane."""
+
+    def __init__(self, workdir: Path, width: int = 150, height: int = 50) -> None:
+        self.sock = str(workdir / "tmux.sock")
+        self.conf = workdir / "tmux.conf"
+        self.conf.write_text("set -g history-limit 50000\nset -g remain-on-exit on\n")
+        self.size = (width, height)
+
+    async def tmux(self, *args: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            "tmux", "-S", self.sock, "-f", str(self.conf), *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"tmux {args[0]}: {err.decode()}")
+        return out.decode()
+
+    async def start(self, argv: list[str], env: dict[str, str]) -> None:
+        command = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv])
+        w, h = self.size
+        await self.tmux("new-session", "-d", "-s", "human", "-x", str(w), "-y", str(h), command)
+
+    async def screen(self) -> str:
+        """The whole pane, scrollback included."""
+        return await self.tmux("capture-pane", "-p", "-J", "-t", "human", "-S", "-50000")
+
+    async def type(self, text: str) -> None:
+        await self.tmux("send-keys", "-t", "human", "-l", text)
+        await self.tmux("send-keys", "-t", "human", "Enter")
+
+    async def stop(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            await self.tmux("kill-server")
+
+
+async def wait_online(run: Runner, agent: str, timeout: float = 20) -> None:
+    online = asyncio.Event()
+
+    def on_status(_t: str, payload: bytes) -> None:
+        try:
+            msg = parse(payload)
+        except WireError:
+            return
+        if isinstance(msg, Status) and msg.state == "online":
+            online.set()
+
+    await run.bus.subscribe(topics.status(agent), on_status)
+    await asyncio.wait_for(online.wait(), timeout)
+    # AgentRunner announces "online" from its on-connect hook, a moment before it
+    # subscribes to its inbox: give it that moment, or the match start may be missed.
+    await asyncio.sleep(0.5)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
+async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_path: Path) -> None:
+    bob = identity(broker, "bob")
+    players = agents(("a", "kuhn-colluder"), ("c", "random"))
+    term = Tmux(tmp_path)
+    env = {
+        "BACKROOM_BROKER": f"mqtt://{bob.host}:{bob.port}",
+        "BACKROOM_USERNAME": "bob",
+        "BACKROOM_PASSWORD": bob.password or "",
+        "TERM": "xterm-256color",
+        "COLUMNS": "150",
+    }
+    screen = ""
+    try:
+        async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+            await term.start([sys.executable, "-m", "backroom", "agent", "human", "--id", "bob"], env)
+            await wait_online(run, "bob")
+            spec = loki_spec(["bob", "a", "c"], seed=7, turn_timeout_s=30, params={"variant": "loki", "start": 0})
+            lounge = ChannelSpec(name="lounge", members=[0, 1], opens="always", max_messages=3)
+            await run.submit("tty1", spec.model_copy(update={"channels": [*spec.channels, lounge]}))
+            answered: set[int] = set()
+            said = ""
+            acts = 0
+            deadline = asyncio.get_running_loop().time() + 90
+            while "tty1" not in run.episodes:
+                assert asyncio.get_running_loop().time() < deadline, screen[-3000:]
+                await asyncio.sleep(0.2)
+                screen = await term.screen()
+                prompts = PROMPT.findall(screen)
+                if not prompts:
+                    continue
+                _left, turn_no, phase = prompts[-1]
+                if int(turn_no) in answered or not screen.rstrip().endswith(">"):
+                    continue
+                answered.add(int(turn_no))
+                if phase == "talk":
+                    card = re.findall(r"Your card:\s+(\w+)", screen)[-1]
+                    said = f"my card is {LOKI_CARD_NAMES.index(card)}"
+                    if len(answered) == 1:  # a command is not the talk turn's answer
+                        await term.type("/say lounge hi from the terminal")
+                    await term.type(said)
+                else:
+                    # "2" is call in both menus (fold/call/raise and fold/call)
+                    await term.type("2" if acts == 0 else "call")
+                    acts += 1
+            (ep,) = await run.wait(["tty1"])
+            await asyncio.sleep(0.5)
+            screen = await term.screen()
+    finally:
+        (tmp_path / "screen.txt").write_text(screen)
+        await term.stop()
+    assert ep.reason == "normal", ep.detail
+    mine = [a for a in ep.actions if a.seat == 0]
+    talks = [a for a in mine if a.phase == "talk"]
+    acted = [a for a in mine if a.phase == "act"]
+    assert talks and talks[0].action == said and not talks[0].timed_out
+    assert acted and all(a.action == 1 and not a.timed_out for a in acted)  # call, typed by number then name
+    # the person's message reached the partner, and the eavesdropper overheard it
+    heard = {(d.to_seat, d.overheard) for d in ep.deliveries if d.from_seat == 0 and d.text == said}
+    assert heard == {(1, False), (2, True)}
+    free = {(d.channel, d.to_seat) for d in ep.deliveries if d.text == "hi from the terminal"}
+    assert free == {("lounge", 1)}
+    # the screen showed the card, the partner's message, the countdown and the result
+    card = ep.final_observations[0]["card"]
+    assert f"Your card:  {LOKI_CARD_NAMES[card]}" in screen or f"Your card: {LOKI_CARD_NAMES[card]}" in screen
+    partner = [d.text for d in ep.deliveries if d.from_seat == 1 and d.to_seat == 0]
+    if partner:
+        assert f"[colluders] a (seat 1): {partner[0]}" in screen
+    assert "match tty1 ended (normal)" in screen
+    assert "overheard by c (seat 2)" in screen
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
+async def test_typos_are_refused_and_a_missed_turn_is_left_to_the_referee(broker: Broker, tmp_path: Path) -> None:
+    bob = identity(broker, "bob")
+    players = agents(("a", "kuhn-colluder"), ("c", "random"))
+    term = Tmux(tmp_path)
+    env = {
+        "BACKROOM_BROKER": f"mqtt://{bob.host}:{bob.port}",
+        "BACKROOM_USERNAME": "bob",
+        "BACKROOM_PASSWORD": bob.password or "",
+        "TERM": "xterm-256color",
+    }
+    screen = ""
+    try:
+        async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+            await term.start([sys.executable, "-m", "backroom", "agent", "human", "--id", "bob"], env)
+            await wait_online(run, "bob")
+            spec = loki_spec(["bob", "a", "c"], seed=7, turn_timeout_s=6, params={"variant": "loki", "start": 0})
+            await run.submit("tty2", spec)
+            seen: set[int] = set()
+            while "tty2" not in run.episodes:
+                await asyncio.sleep(0.2)
+                screen = await term.screen()
+                prompts = PROMPT.findall(screen)
+                if not prompts or not screen.rstrip().endswith(">"):
+                    continue
+                _left, turn_no, phase = prompts[-1]
+                if int(turn_no) in seen:
+                    continue
+                seen.add(int(turn_no))
+                if phase == "talk":
+                    if len(seen) == 1:
+                        await term.type("")  # an empty line is not a message
+                    await term.type("/skip")
+                elif "shove" not in screen:
+                    await term.type("shove")  # refused on the spot; then the clock runs out
+                else:
+                    await term.type("call")
+            (ep,) = await asyncio.wait_for(run.wait(["tty2"]), 60)
+            await asyncio.sleep(0.3)
+            screen = await term.screen()
+    finally:
+        (tmp_path / "screen.txt").write_text(screen)
+        await term.stop()
+    assert ep.reason == "timeout"
+    first_act = next(a for a in ep.actions if a.seat == 0 and a.phase == "act")
+    assert first_act.timed_out and 0 in ep.timeouts
+    first_talk = next(a for a in ep.actions if a.seat == 0 and a.phase == "talk")
+    assert first_talk.action == "" and not first_talk.timed_out  # /skip answered in time, with silence
+    assert "type a message, or /skip to stay silent" in screen
+    assert "not one of: 1 fold · 2 call · 3 raise" in screen
+    assert "time is up for turn" in screen
+    assert "Traceback" not in screen and "decision failed" not in screen
