@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import re
 import shlex
-import shutil
 import sys
 from pathlib import Path
 
@@ -162,7 +161,6 @@ async def wait_online(run: Runner, agent: str, timeout: float = 20) -> None:
     await asyncio.sleep(0.5)
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
 async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_path: Path) -> None:
     bob = identity(broker, "bob")
     players = agents(("a", "kuhn-colluder"), ("c", "random"))
@@ -234,7 +232,6 @@ async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_pat
     assert "overheard by c (seat 2)" in screen
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
 async def test_typos_are_refused_and_a_missed_turn_is_left_to_the_referee(broker: Broker, tmp_path: Path) -> None:
     bob = identity(broker, "bob")
     players = agents(("a", "kuhn-colluder"), ("c", "random"))

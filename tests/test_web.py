@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
+import uvicorn
 
 from backroom.bus.broker import Broker, free_port
 from backroom.bus.client import BusConfig
@@ -24,9 +24,6 @@ from backroom.games.kuhn import LOKI_CARD_NAMES
 
 from .conftest import agents, identity, stack
 from .test_referee import Runner, loki_spec
-
-uvicorn = pytest.importorskip("uvicorn")
-pytest.importorskip("starlette")
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -169,9 +166,10 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
     assert next(e["kind"] for e in publics) == "started"
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (apt-get install chromium)")
 async def test_person_plays_and_another_watches_in_chromium(broker: Broker, tmp_path: Path) -> None:
-    playwright = pytest.importorskip("playwright.async_api")
+    assert os.path.exists(CHROMIUM), "needs Debian's chromium: scripts/setup.sh --test installs it"
+    import playwright.async_api as playwright
+
     from backroom.agents.web import web_app
 
     bob = identity(broker, "bob")
@@ -252,9 +250,10 @@ async def test_person_plays_and_another_watches_in_chromium(broker: Broker, tmp_
     assert (tmp_path / "web-player.png").stat().st_size > 10_000
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debian's chromium (apt-get install chromium)")
 async def test_eavesdropper_joins_with_a_token_link_and_sees_overheard_chat(broker: Broker, tmp_path: Path) -> None:
-    playwright = pytest.importorskip("playwright.async_api")
+    assert os.path.exists(CHROMIUM), "needs Debian's chromium: scripts/setup.sh --test installs it"
+    import playwright.async_api as playwright
+
     from backroom.agents.web import web_app
 
     eve = identity(broker, "eve")
