@@ -16,7 +16,7 @@ from backroom.bus.wire import EpisodeRecord
 from backroom.cli import demo_config
 from backroom.referee.episodes import read_episodes
 from backroom.runner.config import RunConfig, load_config
-from backroom.runner.local import Stack, run_local, run_matches, start_processes
+from backroom.runner.local import Stack, identities, run_local, run_matches, start_processes
 
 
 def test_demo_config_200_matches_through_separate_processes(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_killed_agent_times_out_with_the_default_and_the_run_finishes(tmp_path: 
             killed_at.append(n)
 
     async def go() -> list[EpisodeRecord]:
-        stack.start_broker(None, None)
+        stack.start_broker(None, None, identities(config))
         waiting = start_processes(stack, config, tmp_path)
         return await run_matches(config, stack.identity("runner", "runner"), waiting, None, on_episode)
 
@@ -109,7 +109,7 @@ def test_broker_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> 
             asyncio.get_running_loop().run_in_executor(None, stack.broker.restart, 0.5)
 
     async def go() -> list[EpisodeRecord]:
-        stack.start_broker(None, None)
+        stack.start_broker(None, None, identities(config))
         waiting = start_processes(stack, config, tmp_path)
         return await run_matches(config, stack.identity("runner", "runner"), waiting, stack, on_episode)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from backroom.bus import topics
-from backroom.bus.auth import CredentialStore
+from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import Broker, die_with_parent, reload_broker
 from backroom.bus.client import Bus, BusConfig
 from backroom.bus.wire import EpisodeRecord, MatchRequest, Status, WireError, parse
@@ -56,9 +56,18 @@ class Stack:
     credentials: CredentialStore | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def start_broker(self, url: str | None, credentials_dir: str | Path | None) -> None:
+    def start_broker(
+        self,
+        url: str | None,
+        credentials_dir: str | Path | None,
+        identities: list[tuple[str, Role]] | None = None,
+    ) -> None:
+        """Start a broker when no URL is given, with ``identities`` created before it starts."""
         if url is None:
-            self.broker = Broker(self.run_dir / "broker").start()
+            broker = Broker(self.run_dir / "broker")
+            for name, role in identities or []:
+                broker.credentials.add(name, role=role)
+            self.broker = broker.start()
             self.url = self.broker.url
             self.credentials = self.broker.credentials
         else:
@@ -70,10 +79,10 @@ class Stack:
             self.url = url
             self.credentials = CredentialStore(credentials_dir)
 
-    def identity(self, username: str, role: str = "agent") -> BusConfig:
+    def identity(self, username: str, role: Role = "agent") -> BusConfig:
         assert self.credentials is not None
         known = username in self.credentials.load()
-        cred = self.credentials.add(username, role=role)  # type: ignore[arg-type]
+        cred = self.credentials.add(username, role=role)
         if not known:
             # A broker we started, or one whose pid file sits beside the
             # credentials (`backroom broker --dir`), rereads them now.
@@ -117,6 +126,14 @@ class Stack:
                 p.wait()
         if self.broker is not None:
             self.broker.stop()
+
+
+def identities(config: RunConfig) -> list[tuple[str, Role]]:
+    """Every identity a run needs, so a broker we start knows them all from its first second."""
+    refs: list[tuple[str, Role]] = [
+        ("referee" if i == 0 else f"referee-{i}", "referee") for i in range(config.referees)
+    ]
+    return [*refs, ("runner", "runner"), *((a.id, "agent") for a in config.agents)]
 
 
 def _env(cfg: BusConfig) -> dict[str, str]:
@@ -286,7 +303,7 @@ async def run_local(
     runs, run_dir = _prepare_dirs(runs_dir, config.run)
     stack = Stack(run_dir)
     try:
-        stack.start_broker(broker_url, credentials_dir)
+        stack.start_broker(broker_url, credentials_dir, identities(config))
         if spawn:
             waiting = start_processes(stack, config, runs, metrics_port)
         else:
