@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from backroom.agents.runtime import AgentRunner
+from backroom.bus import topics
 from backroom.bus.broker import Broker, free_port
 from backroom.bus.wire import Error
 from backroom.referee.episodes import read_episodes
@@ -95,10 +96,17 @@ async def test_referee_process_serves_prometheus_metrics(broker: Broker, tmp_pat
         players = agents(("a", "random"), ("b", "random"), ("c", "random"))
         runners = [AgentRunner(p, identity(broker, p.id)) for p in players]
         await asyncio.sleep(0.1)
-        for r in runners:
-            await r.__aenter__()
         async with Runner(broker) as run, RawAgent(identity(broker, "mallory")) as mal:
-            await asyncio.sleep(0.3)
+
+            def online(who: str) -> bool:
+                return any(t == topics.status(who) and b'"online"' in p for t, p in mal.seen)
+
+            while not online("referee"):  # the referee process is connected and reading
+                await asyncio.sleep(0.05)
+            for r in runners:
+                await r.__aenter__()
+            while not all(online(p.id) for p in players):
+                await asyncio.sleep(0.05)
             ids = [f"x{i}" for i in range(5)]
             for i, m in enumerate(ids):
                 await run.submit(m, loki_spec(["a", "b", "c"], seed=i, channels=[]))
