@@ -349,8 +349,17 @@ def ev_table(
     return "\n".join(lines) + "\n"
 
 
-def write_report(report: CollusionReport, out_dir: str | Path) -> dict[str, Path]:
-    """Policies, per-deal JSON, the heatmap and the EV table under ``out_dir``."""
+def write_report(
+    report: CollusionReport,
+    out_dir: str | Path,
+    measured: Mapping[str, Iterable[Any]] | None = None,
+) -> dict[str, Path]:
+    """Policies, per-deal JSON, the heatmap and the EV table under ``out_dir``.
+
+    ``measured`` maps a row label (say "LLM Collusion") to episode records of
+    Loki Kuhn played by real agents; their per-hand means become extra rows of
+    the table, as the paper's LLM rows.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
@@ -373,15 +382,14 @@ def write_report(report: CollusionReport, out_dir: str | Path) -> dict[str, Path
     files["json"] = out / "collusion.json"
     files["heatmap"] = plot_heatmap(report, out / "collusion_heatmap.png")
     victim = report.victims[0]
-    table = ev_table(
-        {
-            "CFR": hand_values(report, "cfr", PAPER_HANDS, victim),
-            "CFR Collusion": hand_values(report, "team", PAPER_HANDS, victim),
-            "CFR Collusion vs unaware C": hand_values(
-                report, "team_vs_unaware", PAPER_HANDS, victim
-            ),
-        }
-    )
+    rows: dict[str, Mapping[Deal, float | tuple[float, int]]] = {
+        "CFR": hand_values(report, "cfr", PAPER_HANDS, victim),
+        "CFR Collusion": hand_values(report, "team", PAPER_HANDS, victim),
+        "CFR Collusion vs unaware C": hand_values(report, "team_vs_unaware", PAPER_HANDS, victim),
+    }
+    for label, records in (measured or {}).items():
+        rows[label] = hand_evs_from_episodes(records, victim)
+    table = ev_table(rows)
     (out / "ev_table.md").write_text(table)
     files["table"] = out / "ev_table.md"
     return files

@@ -147,14 +147,25 @@ def collusion(
     ),
     algo: AlgoOpt = "cfr+",
     team: Annotated[str, typer.Option(help="colluding seats, comma separated")] = "0,1",
+    episodes: Annotated[
+        list[str] | None,
+        typer.Option(help="LABEL=RUN_DIR: a Table 1 row measured from a run's Loki episodes"),
+    ] = None,
 ) -> None:
     """Loki's CFR analyses: all-CFR vs team-CFR per deal, Figure 2 heatmap, Table 1."""
     from backroom.games.base import make_game
+    from backroom.referee.episodes import read_episodes
     from backroom.solvers.collusion import analyse_collusion, write_report
 
+    measured = {}
+    for item in episodes or []:
+        label, _, run_dir = item.partition("=")
+        if not run_dir:
+            raise typer.BadParameter(f"--episodes wants LABEL=RUN_DIR, not {item!r}")
+        measured[label] = [r for r in read_episodes(run_dir) if r.get("game") == "kuhn"]
     seats = tuple(int(s) for s in team.split(","))
     report = analyse_collusion(make_game("kuhn", variant="loki"), iterations, team=seats, algo=algo)
-    files = write_report(report, out_dir)
+    files = write_report(report, out_dir, measured)
     s = report.summary
     typer.echo(
         f"3-player CFR NashConv {s['cfr_nash_conv']:.3g}; team game exploitability {s['team_game_exploitability']:.3g}"
