@@ -26,7 +26,7 @@ COMPOSE = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
 
 def test_compose_file_is_valid_compose_spec() -> None:
     schema = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())
-    jsonschema.validators.validator_for(schema)(schema).validate(COMPOSE)
+    jsonschema.Draft201909Validator(schema).validate(COMPOSE)  # the draft its $schema names
     assert (ROOT / "compose" / "Dockerfile").exists()
 
 
