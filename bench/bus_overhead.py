@@ -1,11 +1,14 @@
 """What the referee costs on top of the broker, measured side by side in one run.
 
 1. Raw round trip: two plain aiomqtt clients (QoS 1, TCP_NODELAY) through the
-   same Mosquitto: A publishes, B answers, A receives. This is the floor.
+   same Mosquitto: A (this process) publishes, B (an echo in its own process)
+   answers, A receives. This is the floor.
 2. Referee-mediated move: the referee's own clock from sending a Kuhn ``Turn``
    (observation out) to accepting the ``Action`` (action back), read from the
-   ``backroom_turn_latency_seconds`` histogram, with the referee and agents in
-   this process exactly like the raw clients.
+   ``backroom_turn_latency_seconds`` histogram. The referee runs in this
+   process and each agent in its own, as deployed — the same process
+   boundary as the raw pair. (``--in-process`` puts the agents on the
+   referee's event loop too; then all their packets share one core.)
 3. Throughput: matches per second with N = 1, 10, 100 concurrent matches, every
    part a separate OS process as ``backroom run`` starts them.
 
@@ -17,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,34 +50,48 @@ def identity(broker: Broker, name: str, role: str = "agent") -> BusConfig:
     return BusConfig(host=broker.host, port=broker.port, username=name, password=cred.password)
 
 
+def client(cfg: BusConfig) -> aiomqtt.Client:
+    return aiomqtt.Client(
+        cfg.host, cfg.port, username=cfg.username, password=cfg.password, identifier=cfg.username,
+        protocol=aiomqtt.ProtocolVersion.V5, socket_options=NODELAY,
+    )
+
+
+async def echo(cfg: BusConfig) -> None:
+    """The B side of the raw pair: answer every ping (run in its own process)."""
+    async with client(cfg) as cb:
+        await cb.subscribe("backroom/v1/bench/ping", qos=1)
+        async for msg in cb.messages:
+            await cb.publish("backroom/v1/bench/pong", msg.payload, qos=1)
+
+
 async def raw_round_trips(broker: Broker, n: int) -> list[float]:
     a, b = identity(broker, "bench-a", "referee"), identity(broker, "bench-b", "referee")
     await asyncio.sleep(0.1)
-
-    def client(cfg: BusConfig) -> aiomqtt.Client:
-        return aiomqtt.Client(
-            cfg.host, cfg.port, username=cfg.username, password=cfg.password, identifier=cfg.username,
-            protocol=aiomqtt.ProtocolVersion.V5, socket_options=NODELAY,
-        )
-
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--echo", str(b.port), b.username or "", b.password or ""
+    )
     samples: list[float] = []
-    async with client(a) as ca, client(b) as cb:
-        await ca.subscribe("backroom/v1/bench/pong", qos=1)
-        await cb.subscribe("backroom/v1/bench/ping", qos=1)
-
-        async def echo() -> None:
-            async for msg in cb.messages:
-                await cb.publish("backroom/v1/bench/pong", msg.payload, qos=1)
-
-        echo_task = asyncio.create_task(echo())
-        payload = b'{"type":"action","v":1,"turn":1,"action":1}'
-        it = ca.messages.__aiter__()
-        for _ in range(n):
-            t = time.perf_counter()
-            await ca.publish("backroom/v1/bench/ping", payload, qos=1)
-            await it.__anext__()
-            samples.append(time.perf_counter() - t)
-        echo_task.cancel()
+    try:
+        async with client(a) as ca:
+            await ca.subscribe("backroom/v1/bench/pong", qos=1)
+            payload = b'{"type":"action","v":1,"turn":1,"action":1}'
+            it = ca.messages.__aiter__()
+            while True:  # until the echo process is up
+                await ca.publish("backroom/v1/bench/ping", payload, qos=1)
+                try:
+                    await asyncio.wait_for(it.__anext__(), 0.2)
+                    break
+                except TimeoutError:
+                    continue
+            for _ in range(n):
+                t = time.perf_counter()
+                await ca.publish("backroom/v1/bench/ping", payload, qos=1)
+                await it.__anext__()
+                samples.append(time.perf_counter() - t)
+    finally:
+        proc.terminate()
+        await proc.wait()
     return samples
 
 
@@ -80,18 +99,28 @@ def spec(seats: list[str], seed: int) -> MatchSpec:
     return MatchSpec(game="kuhn", params={"variant": "loki"}, seats=seats, seed=seed, run="bench", turn_timeout_s=10)
 
 
-async def referee_moves(broker: Broker, runs: Path, matches: int) -> list[float]:
+async def referee_moves(broker: Broker, runs: Path, matches: int, in_process: bool) -> list[float]:
     """Mean referee turn latency per match, one match at a time."""
     names = ["p0", "p1", "p2"]
     configs = [identity(broker, n) for n in names]
     runner_cfg = identity(broker, "runner", "runner")
     await asyncio.sleep(0.1)
     per_match: list[float] = []
-    async with Referee(identity(broker, "referee", "referee"), runs_dir=runs) as _ref:
-        runners = [AgentRunner(make_agent("random", n, seed=i), c) for i, (n, c) in enumerate(zip(names, configs, strict=True))]
-        for r in runners:
-            await r.__aenter__()
-        await asyncio.sleep(0.2)  # statuses in, so latency is labelled by kind
+    procs: list[asyncio.subprocess.Process] = []
+    runners: list[AgentRunner] = []
+    async with Referee(identity(broker, "referee", "referee"), runs_dir=runs) as ref:
+        if in_process:
+            runners = [AgentRunner(make_agent("random", n, seed=i), c) for i, (n, c) in enumerate(zip(names, configs, strict=True))]
+            for r in runners:
+                await r.__aenter__()
+        else:
+            for n, c in zip(names, configs, strict=True):
+                env = {**os.environ, "BACKROOM_BROKER": f"mqtt://{c.host}:{c.port}", "BACKROOM_USERNAME": n,
+                       "BACKROOM_PASSWORD": c.password or ""}
+                argv = [sys.executable, "-m", "backroom", "agent", "random", "--id", n]
+                procs.append(await asyncio.create_subprocess_exec(*argv, env=env))
+        while any(ref.kind_of(n) != "random" for n in names):  # online, so latency is labelled by kind
+            await asyncio.sleep(0.05)
         done = asyncio.Event()
 
         def on_episode(_t: str, _p: bytes) -> None:
@@ -109,6 +138,9 @@ async def referee_moves(broker: Broker, runs: Path, matches: int) -> list[float]
                     per_match.append((after_sum - before_sum) / (after_n - before_n))
         for r in runners:
             await r.__aexit__(None, None, None)
+        for p in procs:
+            p.terminate()
+            await p.wait()
     return per_match
 
 
@@ -143,8 +175,14 @@ def throughput(concurrency: int, matches: int, runs: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--in-process", action="store_true", help="agents on the referee's event loop")
+    ap.add_argument("--echo", nargs=3, metavar=("PORT", "USER", "PASSWORD"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     install_uvloop()
+    if args.echo:
+        port, user, password = args.echo
+        asyncio.run(echo(BusConfig(port=int(port), username=user, password=password)))
+        return
     n_rtt, n_matches = (300, 60) if args.quick else (2000, 300)
     with tempfile.TemporaryDirectory() as d:
         runs = Path(d)
@@ -152,14 +190,15 @@ def main() -> None:
 
             async def latency() -> tuple[list[float], list[float]]:
                 raw = await raw_round_trips(broker, n_rtt)
-                moves = await referee_moves(broker, runs, n_matches)
+                moves = await referee_moves(broker, runs, n_matches, args.in_process)
                 raw2 = await raw_round_trips(broker, n_rtt)  # again, to bracket the noise
                 return raw + raw2, moves
 
             raw, moves = asyncio.run(latency())
         raw_ms, move_ms = statistics.median(raw) * 1e3, statistics.median(moves) * 1e3
         print(f"raw aiomqtt round trip (QoS 1)    median {raw_ms:.3f} ms  (n={len(raw)})")
-        print(f"referee-mediated Kuhn move        median {move_ms:.3f} ms  (n={len(moves)} matches)")
+        where = "agents in the referee's process" if args.in_process else "agents in their own processes"
+        print(f"referee-mediated Kuhn move        median {move_ms:.3f} ms  (n={len(moves)} matches; {where})")
         print(f"ratio move / raw                  {move_ms / raw_ms:.2f}x   (target <= 1.5x)")
         print()
         rates = {}
