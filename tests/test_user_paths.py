@@ -19,7 +19,7 @@ from backroom.bus.broker import Broker, free_port
 from backroom.bus.wire import Error
 from backroom.referee.episodes import read_episodes
 
-from .conftest import RawAgent, agents, identity
+from .conftest import RawAgent, agents, identity, stack
 from .test_referee import Runner, loki_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,3 +132,35 @@ async def test_referee_process_serves_prometheus_metrics(broker: Broker, tmp_pat
     assert value(r'backroom_invalid_inputs_total\{reason="malformed"\}') == 1
     assert value(r'backroom_messages_total\{direction="out",type="turn"\}') >= 15
     assert "match=" not in text and 'match="' not in text  # labels stay bounded
+
+
+async def test_run_records_its_matches_traces(broker: Broker, tmp_path: Path) -> None:
+    """What a model was told and said reaches runs/<run>/traces.jsonl, joined by match and turn."""
+    import json
+
+    from backroom.agents.base import Agent
+    from backroom.bus.wire import Trace, Turn
+    from backroom.runner.config import RunConfig
+    from backroom.runner.local import run_matches
+
+    class Traced(Agent):
+        async def act(self, turn: Turn) -> object:
+            await self.publish_trace(
+                Trace(match=turn.match, agent=self.id, turn=turn.turn, phase="act",
+                      request={"prompt": turn.prompt}, reply={"text": "call"})
+            )
+            names = turn.legal["names"]
+            return "call" if "call" in names else names[0]
+
+    players = [Traced("t0"), Traced("t1"), Traced("t2")]
+    config = RunConfig.model_validate(
+        {"run": "traced", "game": "kuhn", "params": {"variant": "loki"}, "matches": 4,
+         "agents": [{"id": p.id, "kind": "external"} for p in players]}
+    )
+    async with stack(broker, tmp_path / "runs", players):
+        path = tmp_path / "traces.jsonl"
+        eps = await run_matches(config, identity(broker, "runner", "runner"), [], traces_path=path)
+    traces = [json.loads(line) for line in path.read_text().splitlines()]
+    acts = [(e.match, a.turn) for e in eps for a in e.actions if a.phase == "act"]
+    assert sorted((t["match"], t["turn"]) for t in traces) == sorted(acts)
+    assert all("Kuhn Poker" in t["request"]["prompt"] for t in traces)

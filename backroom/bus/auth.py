@@ -37,6 +37,7 @@ ROLE_RULES: dict[Role, list[str]] = {
     "runner": [
         f"topic write {PREFIX}/control/matches",
         f"topic read {PREFIX}/episodes/#",
+        f"topic read {PREFIX}/traces/#",
         f"topic read {PREFIX}/agents/+/status",
     ],
     "trainer": [

@@ -190,8 +190,14 @@ async def run_matches(
     on_episode: Callable[[EpisodeRecord, int], None] | None = None,
     ready_timeout_s: float = 60.0,
     ack_timeout_s: float = 2.0,
+    traces_path: Path | None = None,
 ) -> list[EpisodeRecord]:
-    """Submit the run's matches (``concurrency`` in flight) and return one episode per match."""
+    """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
+
+    With ``traces_path``, every trace a trainable agent publishes for one of
+    these matches (prompt and completion tokens, log-probs, the raw request and
+    reply of an API model) is appended there as JSON lines.
+    """
     online: set[str] = set()
     ready = asyncio.Event()
     episodes: dict[str, EpisodeRecord] = {}
@@ -254,8 +260,20 @@ async def run_matches(
                     sent[match_id] = (request, now)
                     await bus.publish(topics.CONTROL_MATCHES, request)
 
+    trace_file = traces_path.open("ab") if traces_path is not None else None
+
+    def on_trace(_topic: str, payload: bytes) -> None:
+        try:
+            msg = parse(payload)
+        except WireError:
+            return
+        if trace_file is not None and msg.match in wanted:
+            trace_file.write(payload.rstrip(b"\n") + b"\n")
+
     async with Bus(bus_config, role="runner") as bus:
         await bus.subscribe(topics.ALL_STATUS, on_status)
+        if trace_file is not None:
+            await bus.subscribe(topics.ALL_TRACES, on_trace)
         await bus.subscribe(topics.episodes(config.game), on_episode_msg)
         await bus.subscribe(topics.inbox(me), on_ack)
         if not wait_for:
@@ -283,6 +301,9 @@ async def run_matches(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(all_done.wait(), 0.5)
         resubmitter.cancel()
+        await asyncio.sleep(0.2)  # traces of the last decisions are still on their way
+    if trace_file is not None:
+        trace_file.close()
     return [episodes[m] for m in match_ids]
 
 
@@ -310,7 +331,9 @@ async def run_local(
             waiting = ["referee"] + [a.id for a in config.agents]
         bus_config = stack.identity("runner", role="runner")
         t0 = time.perf_counter()
-        episodes = await run_matches(config, bus_config, waiting, stack, on_episode)
+        episodes = await run_matches(
+            config, bus_config, waiting, stack, on_episode, traces_path=run_dir / "traces.jsonl"
+        )
         seconds = time.perf_counter() - t0
         return RunResult(config, episodes, seconds, run_dir, stack.url)
     finally:
