@@ -202,9 +202,14 @@ class Game(ABC):
 
     name: ClassVar[str]
     num_players: int
+    #: The ``State`` subclass a play starts from; an engine sets it below its state class.
+    state_class: ClassVar[type[State]]
 
-    @abstractmethod
-    def new_initial_state(self, seed: int | None = None) -> State: ...
+    def new_initial_state(self, seed: int | None = None) -> State:
+        """A fresh play. With a seed, chance is sampled at once, so agents never see it."""
+        state = self.state_class(self, seed)
+        state._resolve_chance()
+        return state
 
     def params(self) -> dict[str, JSON]:
         """The parameters that made this game, for the episode record."""

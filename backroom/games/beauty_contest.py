@@ -156,11 +156,6 @@ class BeautyContest(Game):
         self.prompt_overrides = dict(prompts or {})
         self.prompts = merge_prompts(PROMPTS, prompts, self.name)
 
-    def new_initial_state(self, seed: int | None = None) -> BeautyContestState:
-        state = BeautyContestState(self, seed)
-        state._resolve_chance()
-        return state
-
     def params(self) -> dict[str, JSON]:
         return {
             "players": self.num_players,
@@ -373,3 +368,6 @@ class BeautyContestState(State):
         if g.discussion:
             text += fill(t["communication_history"], communication_history=self._talks())
         return text + fill(t["choice_request"], player_id=player + 1, persona=persona)
+
+
+BeautyContest.state_class = BeautyContestState

@@ -322,11 +322,6 @@ class Bertrand(Game):
         # the monopoly price (1.925) well inside the range.
         return 2.0 * p["a"]
 
-    def new_initial_state(self, seed: int | None = None) -> BertrandState:
-        state = BertrandState(self, seed)
-        state._resolve_chance()
-        return state
-
     def params(self) -> dict[str, JSON]:
         return {
             "demand": self.demand,
@@ -539,3 +534,6 @@ class BertrandState(State):
         if talk:
             text += fill(t["conversation_phase_1"], conversations=conv) + t["phase_2"]
         return text + fill(t["price_request"], firm_a=f"{g.max_price:g}")
+
+
+Bertrand.state_class = BertrandState

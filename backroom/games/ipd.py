@@ -95,11 +95,6 @@ class IteratedPrisonersDilemma(Game):
             return self.reward if theirs == COOPERATE else self.sucker
         return self.temptation if theirs == COOPERATE else self.punishment
 
-    def new_initial_state(self, seed: int | None = None) -> IPDState:
-        state = IPDState(self, seed)
-        state._resolve_chance()
-        return state
-
     def params(self) -> dict[str, JSON]:
         return {
             "rounds": self.rounds,
@@ -236,3 +231,6 @@ class IPDState(State):
                 fill(t["game_over"], my_total=_fmt(totals[player]), other_total=_fmt(totals[1 - player]))
             )
         return "\n".join(lines)
+
+
+IteratedPrisonersDilemma.state_class = IPDState

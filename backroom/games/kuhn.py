@@ -97,11 +97,6 @@ class KuhnPoker(Game):
             raise ValueError(f"start must be 'random' or a seat in 0..{self.num_players - 1}")
         self.action_names = LOKI_NAMES if variant == "loki" else CLASSIC_NAMES
 
-    def new_initial_state(self, seed: int | None = None) -> KuhnState:
-        state = KuhnState(self, seed)
-        state._resolve_chance()
-        return state
-
     def params(self) -> dict[str, JSON]:
         return {"variant": self.variant, "players": self.num_players, "start": self.start}
 
@@ -306,3 +301,6 @@ class KuhnState(State):
                 f"Choose an action out of the action space: {', '.join(names[a] for a in self.legal_actions(player))}."
             )
         return "\n\n".join(lines)
+
+
+KuhnPoker.state_class = KuhnState

@@ -129,11 +129,6 @@ class SplitNoComm(Game):
         self.prompts = merge_prompts(PROMPTS, prompts, self.name)
         self.outcomes = value_outcomes(self.low, self.high)
 
-    def new_initial_state(self, seed: int | None = None) -> SplitState:
-        state = SplitState(self, seed)
-        state._resolve_chance()
-        return state
-
     def params(self) -> dict[str, JSON]:
         return {
             "rounds": self.rounds,
@@ -335,3 +330,6 @@ class SplitState(State):
             )
             parts.append(fill(t["ask"], q=g.quantity))
         return "\n".join(parts)
+
+
+SplitNoComm.state_class = SplitState

@@ -138,11 +138,6 @@ class TrustAndSplit(Game):
     def value(self, hand: str, other: str) -> float:
         return self.upper_value if is_upper(hand, other) else self.lower_value
 
-    def new_initial_state(self, seed: int | None = None) -> TrustAndSplitState:
-        state = TrustAndSplitState(self, seed)
-        state._resolve_chance()
-        return state
-
     def params(self) -> dict[str, JSON]:
         return {
             "rounds": self.rounds,
@@ -370,3 +365,6 @@ class TrustAndSplitState(State):
         else:
             parts.append(fill(t["ask"], coins=g.coins))
         return "\n".join(parts)
+
+
+TrustAndSplit.state_class = TrustAndSplitState
