@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from backroom.games.base import ActionSpec, IllegalActionError
+from backroom.games.base import ActionSpec, IllegalActionError, State
 
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 _MESSAGE = re.compile(r"<<message_start>>(.*?)(?:<<message_end>>|$)", re.S)
@@ -49,6 +49,36 @@ def merge_prompts(
                 raise ValueError(f"{game}: prompt template {key!r} must be a string")
             merged[key] = text
     return merged
+
+
+class TalkState(State):
+    """A state whose game has talk phases: in ``talk`` the answer is a message, in ``act`` a move.
+
+    Subclasses describe and check their moves in ``act_spec`` and
+    ``check_act``; messages are handled here, the same way for every game.
+    """
+
+    @property
+    def max_chars(self) -> int:
+        # Every game with talk phases has a max_chars parameter.
+        return int(self.game.max_chars)  # type: ignore[attr-defined]
+
+    def action_spec(self, player: int) -> ActionSpec:
+        if self.phase == "talk":
+            return talk_spec(self.max_chars)
+        return self.act_spec(player)
+
+    def check_action(self, player: int, action: Any) -> Any:
+        self.require_mover(player)
+        if self.phase == "talk":
+            return check_message(action, self.max_chars)
+        return self.check_act(player, action)
+
+    def act_spec(self, player: int) -> ActionSpec:
+        raise NotImplementedError
+
+    def check_act(self, player: int, action: Any) -> Any:
+        raise NotImplementedError
 
 
 def talk_spec(max_chars: int) -> ActionSpec:

@@ -128,9 +128,9 @@ class State(ABC):
     @abstractmethod
     def is_terminal(self) -> bool: ...
 
-    @abstractmethod
     def returns(self) -> list[float]:
-        """Total reward of each player (meaningful once terminal)."""
+        """Total reward of each player: the sum of the per-round rewards, unless a game says otherwise."""
+        return [sum(r[p] for r in self.round_rewards) for p in range(self.num_players)]
 
     def information_state(self, player: int) -> str:
         """A string that identifies what ``player`` knows; policies are keyed by it."""

@@ -24,7 +24,12 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from backroom.games._common import check_message, fill, merge_prompts, parse_int, talk_spec
+from backroom.games._common import (
+    TalkState,
+    fill,
+    merge_prompts,
+    parse_int,
+)
 from backroom.games.base import (
     CHANCE,
     JSON,
@@ -32,7 +37,6 @@ from backroom.games.base import (
     ActionSpec,
     Game,
     IllegalActionError,
-    State,
     register,
 )
 
@@ -168,7 +172,7 @@ class BeautyContest(Game):
         }
 
 
-class BeautyContestState(State):
+class BeautyContestState(TalkState):
     game: BeautyContest
 
     def __init__(self, game: BeautyContest, seed: int | None) -> None:
@@ -227,15 +231,10 @@ class BeautyContestState(State):
             return []
         return list(range(LOW, HIGH + 1))
 
-    def action_spec(self, player: int) -> ActionSpec:
-        if self.phase == "talk":
-            return talk_spec(self.game.max_chars)
+    def act_spec(self, player: int) -> ActionSpec:
         return ActionSpec(schema={"type": "integer", "minimum": LOW, "maximum": HIGH})
 
-    def check_action(self, player: int, action: Action) -> Action:
-        self.require_mover(player)
-        if self.phase == "talk":
-            return check_message(action, self.game.max_chars)
+    def check_act(self, player: int, action: Action) -> Action:
         return parse_int(action, LOW, HIGH, "your number")
 
     def default_action(self, player: int) -> Action:
@@ -273,8 +272,6 @@ class BeautyContestState(State):
     def is_terminal(self) -> bool:
         return len(self.results) >= self.game.rounds
 
-    def returns(self) -> list[float]:
-        return [sum(r[p] for r in self.round_rewards) for p in range(self.num_players)]
 
     # --- what players see ------------------------------------------------------
 

@@ -28,7 +28,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from backroom.games._common import check_message, fill, merge_prompts, parse_float, talk_spec
+from backroom.games._common import (
+    TalkState,
+    fill,
+    merge_prompts,
+    parse_float,
+)
 from backroom.games.base import (
     CHANCE,
     JSON,
@@ -36,7 +41,6 @@ from backroom.games.base import (
     ActionSpec,
     Game,
     IllegalActionError,
-    State,
     register,
 )
 
@@ -342,7 +346,7 @@ def _r(x: float, digits: int) -> float:
     return round(float(x), digits)
 
 
-class BertrandState(State):
+class BertrandState(TalkState):
     game: Bertrand
 
     def __init__(self, game: Bertrand, seed: int | None) -> None:
@@ -401,15 +405,10 @@ class BertrandState(State):
         # Prices are continuous: ``action_spec`` describes them.
         return []
 
-    def action_spec(self, player: int) -> ActionSpec:
-        if self.phase == "talk":
-            return talk_spec(self.game.max_chars)
+    def act_spec(self, player: int) -> ActionSpec:
         return ActionSpec(schema={"type": "number", "minimum": 0.0, "maximum": self.game.max_price})
 
-    def check_action(self, player: int, action: Action) -> Action:
-        self.require_mover(player)
-        if self.phase == "talk":
-            return check_message(action, self.game.max_chars)
+    def check_act(self, player: int, action: Action) -> Action:
         return parse_float(action, 0.0, self.game.max_price, "the price")
 
     def default_action(self, player: int) -> Action:

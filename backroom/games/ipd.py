@@ -173,8 +173,6 @@ class IPDState(State):
     def is_terminal(self) -> bool:
         return self.stopped or len(self.moves) >= self.game.rounds
 
-    def returns(self) -> list[float]:
-        return [sum(r[p] for r in self.round_rewards) for p in range(2)]
 
     # --- what players see ------------------------------------------------------
 

@@ -263,8 +263,6 @@ class SplitState(State):
     def is_terminal(self) -> bool:
         return len(self.history) >= self.game.rounds
 
-    def returns(self) -> list[float]:
-        return [sum(r[p] for r in self.round_rewards) for p in range(2)]
 
     # --- what players see ------------------------------------------------------
 

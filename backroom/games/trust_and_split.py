@@ -24,12 +24,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backroom.games._common import (
-    check_message,
+    TalkState,
     fill,
     merge_prompts,
     parse_int,
     split_allocation,
-    talk_spec,
 )
 from backroom.games.base import (
     CHANCE,
@@ -38,7 +37,6 @@ from backroom.games.base import (
     ActionSpec,
     Game,
     IllegalActionError,
-    State,
     register,
 )
 
@@ -156,7 +154,7 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
 
 
-class TrustAndSplitState(State):
+class TrustAndSplitState(TalkState):
     game: TrustAndSplit
 
     def __init__(self, game: TrustAndSplit, seed: int | None) -> None:
@@ -232,15 +230,10 @@ class TrustAndSplitState(State):
             return []
         return list(range(self.game.coins + 1))
 
-    def action_spec(self, player: int) -> ActionSpec:
-        if self.phase == "talk":
-            return talk_spec(self.game.max_chars)
+    def act_spec(self, player: int) -> ActionSpec:
         return ActionSpec(schema={"type": "integer", "minimum": 0, "maximum": self.game.coins})
 
-    def check_action(self, player: int, action: Action) -> Action:
-        self.require_mover(player)
-        if self.phase == "talk":
-            return check_message(action, self.game.max_chars)
+    def check_act(self, player: int, action: Action) -> Action:
         return parse_int(action, 0, self.game.coins, "the number of coins to keep")
 
     def default_action(self, player: int) -> Action:
@@ -280,8 +273,6 @@ class TrustAndSplitState(State):
     def is_terminal(self) -> bool:
         return len(self.history) >= self.game.rounds
 
-    def returns(self) -> list[float]:
-        return [sum(r[p] for r in self.round_rewards) for p in range(2)]
 
     # --- what players see ------------------------------------------------------
 
