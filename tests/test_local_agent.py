@@ -207,11 +207,11 @@ async def test_qwen_hot_swaps_adapter_from_checkpoint(
     async with stack(broker, tmp_path / "runs", players), Runner(broker) as run, Traces(broker) as tr:
         await run.submit("before", spec.model_copy(update={"seed": 1}))
         (first,) = await run.wait(["before"], timeout=60)
-        async with Bus(identity(broker, "trainer", "trainer")) as trainer:
-            cp = Checkpoint(policy="pol", version="v1", uri=str(adapter_dir))
-            await trainer.publish(topics.checkpoint("pol"), cp, retain=True)
-
-            await eventually(lambda: learner.version == "v1", 30)
+        # The trace reader is the trainer: publish through its connection (a second
+        # connection as "trainer" would take over its client id and drop traces).
+        cp = Checkpoint(policy="pol", version="v1", uri=str(adapter_dir))
+        await tr.bus.publish(topics.checkpoint("pol"), cp, retain=True)
+        await eventually(lambda: learner.version == "v1", 30)
         ids = [f"after{i}" for i in range(3)]
         for i, m in enumerate(ids):
             await run.submit(m, spec.model_copy(update={"seed": 2 + i}))
