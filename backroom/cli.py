@@ -162,6 +162,9 @@ def referee(
     credentials: CredsOpt = None,
     runs_dir: RunsOpt = Path("runs"),
     metrics_port: MetricsOpt = 0,
+    public_interval: Annotated[
+        float, typer.Option(help="seconds between a match's public-event messages (0: after every turn)")
+    ] = 0.25,
     verbose: bool = False,
 ) -> None:
     """Run a referee: takes match requests, runs matches, writes episodes."""
@@ -169,7 +172,8 @@ def referee(
 
     _setup_logging(verbose)
     metrics.serve(metrics_port)
-    _serve(Referee(_bus_config(broker_url, username, credentials), runs_dir=runs_dir).serve_forever())
+    config = _bus_config(broker_url, username, credentials)
+    _serve(Referee(config, runs_dir=runs_dir, public_interval_s=public_interval).serve_forever())
 
 
 @app.command()

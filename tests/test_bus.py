@@ -11,7 +11,7 @@ from backroom.bus import topics
 from backroom.bus.auth import hash_password
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus, BusConfig, BusError, NotAuthorizedError
-from backroom.bus.wire import MAX_PAYLOAD_BYTES, Action, WireError, parse
+from backroom.bus.wire import MAX_PAYLOAD_BYTES, Action, WireError, parse, parse_all
 
 from .conftest import identity
 
@@ -100,3 +100,38 @@ def test_wire_rejects_bad_payloads_with_reasons() -> None:
     assert e.value.reason == "oversized"
     ok = parse(Action(match="m", turn=2, action="raise").model_dump_json())
     assert isinstance(ok, Action) and ok.action == "raise"
+
+
+def test_a_batch_is_parsed_message_by_message() -> None:
+    good = Action(match="m", turn=1, action="call").model_dump_json()
+    out = parse_all(f'[{good}, {{"type": "teleport", "v": 1}}, {good}]'.encode())
+    assert [type(m).__name__ for m in out] == ["Action", "WireError", "Action"]
+    assert isinstance(out[1], WireError) and out[1].reason == "unknown_type"
+    assert [type(m).__name__ for m in parse_all(good.encode())] == ["Action"]
+    (bad,) = parse_all(b"[{nope")
+    assert isinstance(bad, WireError) and bad.reason == "malformed"
+    (big,) = parse_all(b"[" + b" " * MAX_PAYLOAD_BYTES + b"]", MAX_PAYLOAD_BYTES)
+    assert isinstance(big, WireError) and big.reason == "oversized"
+
+
+async def test_batched_publishes_share_packets_keep_order_and_lone_ones_go_at_once(broker: Broker) -> None:
+    ref, alice = identity(broker, "referee", "referee"), identity(broker, "alice")
+    packets: list[bytes] = []
+    async with Bus(ref) as r, Bus(alice) as a:
+        await a.subscribe(topics.inbox("alice"), lambda t, p: packets.append(p))
+        # one message alone: its own packet, a plain JSON object
+        r.publish_batched(topics.inbox("alice"), Action(match="m", turn=0, action=0))
+        await asyncio.sleep(0.2)
+        assert len(packets) == 1 and packets[0].startswith(b"{")
+        # a busy process: 300 messages in a few loop iterations leave in far fewer packets, in order
+        r.set_busy(True)
+        for i in range(300):
+            r.publish_batched(topics.inbox("alice"), Action(match="m", turn=i + 1, action=i))
+            if i % 100 == 99:
+                await asyncio.sleep(0)
+        await r.publish(topics.inbox("alice"), Action(match="m", turn=301, action="last"))
+        await asyncio.sleep(0.3)
+    messages = [m for p in packets for m in parse_all(p)]
+    assert [m.turn for m in messages] == list(range(302))  # type: ignore[union-attr]
+    assert len(packets) < 20
+    assert all(len(p) <= 32 * 1024 for p in packets)

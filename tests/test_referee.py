@@ -23,7 +23,7 @@ from backroom.bus.wire import (
     MatchSpec,
     RewardTransform,
     Turn,
-    parse,
+    parse_all,
 )
 from backroom.referee.episodes import read_episodes
 
@@ -50,8 +50,9 @@ class Runner:
         await self.bus.close()
 
     def _on(self, _t: str, payload: bytes) -> None:
-        rec = parse(payload).record  # type: ignore[union-attr]
-        self.episodes[rec.match] = rec
+        for msg in parse_all(payload):  # the referee batches episodes that finish together
+            rec = msg.record  # type: ignore[union-attr]
+            self.episodes[rec.match] = rec
         self.arrived.set()
 
     async def submit(self, match: str, spec: MatchSpec) -> None:
@@ -265,3 +266,25 @@ async def test_duplicate_and_unrunnable_requests(broker: Broker, tmp_path: Path)
     assert short.reason == "error" and "3 players" in short.detail
     lines = list(read_episodes(tmp_path / "runs" / "t"))
     assert [r["match"] for r in lines].count("dup") == 1
+
+
+async def test_a_batch_from_an_agent_is_judged_message_by_message(broker: Broker, tmp_path: Path) -> None:
+    """A batch with a bad element: that element gets its own error, the good action still counts."""
+    players = agents(("a", "random"), ("b", "random"))
+    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+        async with RawAgent(identity(broker, "mallory")) as mal:
+            await run.submit("batch", loki_spec(["mallory", "a", "b"], channels=[], params={"variant": "loki", "start": 0}))
+            turn = await mal.next_of(Turn, timeout=10)
+            assert isinstance(turn, Turn)
+            good = Action(match="batch", turn=turn.turn, action="call").model_dump_json()
+            await mal.send(f'[{{"type": "teleport", "v": 1}}, {good}]'.encode())
+            err = await mal.next_of(Error)
+            assert isinstance(err, Error) and err.reason == "unknown_type"
+            stop = asyncio.Event()
+            driver = asyncio.create_task(play_raw(mal, "call", stop))
+            (episode,) = await run.wait(["batch"])
+            stop.set()
+            await driver
+    first = episode.actions[0]
+    assert (first.seat, first.action, first.timed_out) == (0, 1, False)  # 1 is "call"
+    assert episode.reason == "normal"

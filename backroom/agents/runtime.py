@@ -22,7 +22,7 @@ from typing import Any
 from backroom import metrics
 from backroom.agents.base import Agent
 from backroom.bus import topics
-from backroom.bus.client import Bus, BusConfig, Will
+from backroom.bus.client import BUSY_MATCHES, Bus, BusConfig, Will
 from backroom.bus.wire import (
     Action,
     Chat,
@@ -37,6 +37,7 @@ from backroom.bus.wire import (
     WireError,
     dump,
     parse,
+    parse_all,
 )
 
 log = logging.getLogger("backroom.agent")
@@ -54,6 +55,7 @@ class AgentRunner:
         self.answered: deque[tuple[str | None, int, int]] = deque(maxlen=10_000)
         self._answered_set: set[tuple[str | None, int, int]] = set()
         self.seq = 0
+        self.playing: dict[str | None, None] = {}  # match ids, in arrival order
         self.tasks: set[asyncio.Task[Any]] = set()
         self.lock = asyncio.Lock()
         self._closed = asyncio.Event()
@@ -81,10 +83,13 @@ class AgentRunner:
         return self
 
     async def _send(self, msg: Action | Chat) -> None:
+        # Batched: answers to many matches decided in one loop iteration share
+        # one MQTT message; a lone answer leaves at once. Delivery is at least
+        # once (resent after a reconnect); the referee drops duplicates.
         self.seq += 1
         msg.seq = self.seq
         assert self.bus is not None
-        await self.bus.publish(topics.outbox(self.agent.id), msg)
+        self.bus.publish_batched(topics.outbox(self.agent.id), msg)
 
     async def _publish_trace(self, trace: Trace) -> None:
         assert self.bus is not None
@@ -121,16 +126,18 @@ class AgentRunner:
     async def _announce(self) -> None:
         assert self.bus is not None
         await self.bus.publish(
-            topics.status(self.agent.id), Status(state="online", kind=self.agent.kind), retain=True
+            topics.status(self.agent.id), Status(state="online", kind=self.agent.kind, batches=True), retain=True
         )
 
     # --- inbox -----------------------------------------------------------------------
 
     def _on_inbox(self, _topic: str, payload: bytes) -> None:
-        try:
-            msg = parse(payload)
-        except WireError as exc:
-            log.warning("%s: unreadable inbox message: %s", self.agent.id, exc)
+        for msg in parse_all(payload):
+            self._handle(msg)
+
+    def _handle(self, msg: Any) -> None:
+        if isinstance(msg, WireError):
+            log.warning("%s: unreadable inbox message: %s", self.agent.id, msg)
             return
         if isinstance(msg, Turn):
             key = (msg.match, msg.turn, msg.seat)
@@ -141,14 +148,27 @@ class AgentRunner:
         elif isinstance(msg, Delivery):
             self._spawn(self.agent.on_message(msg))
         elif isinstance(msg, MatchStart):
+            self._playing(msg.match, True)
             self._spawn(self.agent.on_match_start(msg))
         elif isinstance(msg, MatchEnd):
+            self._playing(msg.match, False)
             self._spawn(self.agent.on_match_end(msg))
         elif isinstance(msg, Error):
             self.errors.append(msg)
             metrics.AGENT_ERRORS.labels(kind=self.agent.kind, reason=msg.reason).inc()
             log.info("%s: referee says %s: %s", self.agent.id, msg.reason, msg.detail)
             self._spawn(self.agent.on_error(msg))
+
+    def _playing(self, match: str | None, playing: bool) -> None:
+        """Track matches in flight: with many, answers may linger a moment to share packets."""
+        if playing:
+            self.playing[match] = None
+            while len(self.playing) > 10_000:  # a MatchEnd lost with a broker restart
+                self.playing.pop(next(iter(self.playing)))
+        else:
+            self.playing.pop(match, None)
+        if self.bus is not None:
+            self.bus.set_busy(len(self.playing) >= BUSY_MATCHES)
 
     def _remember(self, key: tuple[str | None, int, int]) -> None:
         if len(self.answered) == self.answered.maxlen:

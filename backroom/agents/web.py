@@ -53,7 +53,17 @@ from typing import TYPE_CHECKING, Any
 from backroom.bus import topics
 from backroom.bus.auth import ID_PATTERN, CredentialStore
 from backroom.bus.client import Bus, BusConfig, BusError, Will
-from backroom.bus.wire import MATCH_ID, Action, Chat, Event, Status, WireError, dump, parse
+from backroom.bus.wire import (
+    MATCH_ID,
+    Action,
+    Chat,
+    Event,
+    Status,
+    WireError,
+    dump,
+    parse,
+    parse_all,
+)
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -239,13 +249,11 @@ class WebHub:
         parts = topic.split("/")
         if len(parts) != 5:
             return
-        match = parts[3]
-        try:
-            msg = parse(payload)
-        except WireError:
-            return
-        if not isinstance(msg, Event):
-            return
+        for msg in parse_all(payload):  # the referee batches a match's public events
+            if isinstance(msg, Event):
+                self._public_event(parts[3], msg)
+
+    def _public_event(self, match: str, msg: Event) -> None:
         data = msg.model_dump(mode="json")
         now = time.time()
         self.events.setdefault(match, deque(maxlen=MAX_EVENTS)).append((now, data))

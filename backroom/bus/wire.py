@@ -11,6 +11,7 @@ The models are data only: routing lives in ``backroom.referee`` and rules in
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Any, Literal
 
@@ -101,6 +102,7 @@ class MatchRequest(Envelope):
     match: str = Field(pattern=MATCH_ID)
     spec: MatchSpec
     reply_to: AgentId | None = Field(default=None, description="identity whose inbox gets the 'accepted' ack")
+    reply_batches: bool = Field(default=False, description="reply_to reads batched payloads (JSON arrays)")
 
 
 class MatchStart(Envelope):
@@ -175,6 +177,9 @@ class Status(Envelope):
     type: Literal["status"] = "status"
     state: Literal["online", "offline"]
     kind: str = ""
+    batches: bool = Field(
+        default=False, description="this agent reads batched inbox payloads (JSON arrays of messages)"
+    )
 
 
 class Event(Envelope):
@@ -305,6 +310,43 @@ def parse(payload: bytes | str, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         if kind in ("union_tag_invalid", "union_tag_not_found", "model_attributes_type"):
             raise WireError("unknown_type", f"{first['msg']}") from None
         raise WireError("invalid", f"{loc}: {first['msg']}") from None
+
+
+_BATCH: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
+
+
+def parse_all(payload: bytes | str, max_bytes: int = MAX_MESSAGE_BYTES) -> list[Message | WireError]:
+    """Validate a payload that is one message or a batch of them, message by message.
+
+    A batch is a JSON array of messages (what ``Bus.publish_batched`` writes
+    when one event-loop iteration sends several messages to one topic). One
+    bad message in a batch is reported as its own ``WireError``; its
+    neighbours still count. ``max_bytes`` bounds the whole payload.
+    """
+    if len(payload) > max_bytes:
+        return [WireError("oversized", f"payload of {len(payload)} bytes exceeds {max_bytes}")]
+    if payload.lstrip()[:1] not in (b"[", "["):
+        try:
+            return [parse(payload, max_bytes)]
+        except WireError as exc:
+            return [exc]
+    try:
+        return list(_BATCH.validate_json(payload))
+    except ValidationError:
+        pass  # find out which elements are bad, and why, one by one
+    try:
+        items = json.loads(payload)
+    except ValueError as exc:
+        return [WireError("malformed", f"not JSON: {exc}")]
+    if not isinstance(items, list):
+        return [WireError("malformed", "a batch must be a JSON array of messages")]
+    out: list[Message | WireError] = []
+    for item in items:
+        try:
+            out.append(parse(json.dumps(item), max_bytes))
+        except WireError as exc:
+            out.append(exc)
+    return out
 
 
 def dump(msg: BaseModel) -> bytes:

@@ -97,6 +97,7 @@ class Match:
         self.started_at = time.time()
         self.voided: str | None = None
         self.public_queue: list[Event] = []
+        self.public_sent_at = time.monotonic()
 
     # --- the match loop ---------------------------------------------------------
 
@@ -139,7 +140,6 @@ class Match:
                 ),
             )
         self.public("started", {"game": self.spec.game, "seats": list(self.spec.seats)})
-        self.flush_public()
 
     async def step(self) -> None:
         state = self.state
@@ -221,7 +221,7 @@ class Match:
             fut: asyncio.Future[Any] = loop.create_future()
             self.pending[seat] = Pending(self.turn_no, phase, channel, fut)
             self.send_turn(seat)
-        self.flush_public()
+        self.referee.public_pending(self)
         waits = {seat: self.pending[seat].future for seat in seats}
         for seat in seats:
             if self.spec.seats[seat] in self.referee.offline:
@@ -377,17 +377,22 @@ class Match:
         self.seq += 1
         msg.match = self.id
         msg.seq = self.seq
-        self.referee.send(topics.inbox(agent), msg)
+        self.referee.send_to(agent, msg)
 
     def public(self, kind: str, data: dict[str, Any]) -> None:
-        """Queue a public event; queued events go out after the next turn, off the move path."""
+        """Queue a public event; the referee sends queued events off the move path
+        (after the next turn is out, at most every ``public_interval_s``, and at the end)."""
         self.seq += 1
         self.public_queue.append(Event(match=self.id, seq=self.seq, kind=kind, data=data))
 
     def flush_public(self) -> None:
+        # Public readers (spectators, recorders) all read batches: one MQTT message per flush.
+        topic = topics.public(self.id)
         for event in self.public_queue:
-            self.referee.send(topics.public(self.id), event)
+            self.referee.send(topic, event, batch=True)
         self.public_queue.clear()
+        self.public_sent_at = time.monotonic()
+        self.referee.public_due.pop(self.id, None)
 
     async def finish(self, reason: str, detail: str) -> None:
         state = self.state

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from backroom import metrics
 from backroom.bus import topics
-from backroom.bus.client import Bus, BusConfig, Will
+from backroom.bus.client import BUSY_MATCHES, Bus, BusConfig, Will
 from backroom.bus.wire import (
     MAX_PAYLOAD_BYTES,
     Action,
@@ -42,6 +42,7 @@ from backroom.bus.wire import (
     WireError,
     dump,
     parse,
+    parse_all,
 )
 from backroom.referee.episodes import EpisodeLog
 from backroom.referee.match import Match
@@ -58,6 +59,7 @@ class Referee:
         referee_id: str | None = None,
         max_matches: int = 10_000,
         offline_grace_s: float = 1.0,
+        public_interval_s: float = 0.25,
     ) -> None:
         self.config = config
         self.id = referee_id or f"{config.username or 'referee'}@{socket.gethostname()}:{os.getpid()}"
@@ -65,11 +67,15 @@ class Referee:
         self.episodes = EpisodeLog(runs_dir)
         self.max_matches = max_matches
         self.offline_grace_s = offline_grace_s
+        self.public_interval_s = public_interval_s
+        self.public_due: dict[str, Match] = {}
+        self._public_timer: asyncio.TimerHandle | None = None
         self.matches: dict[str, Match] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.finished_ids: OrderedDict[str, None] = OrderedDict()
         self.offline: set[str] = set()
         self.kinds: dict[str, str] = {}
+        self.batching: set[str] = set()  # agents whose status says they read batched inboxes
         self._counters: dict[str, Any] = {}
         self._latency: dict[tuple[str, str], Any] = {}
         self.bus: Bus | None = None
@@ -121,11 +127,13 @@ class Referee:
     # --- inbound -------------------------------------------------------------------
 
     def _on_request(self, _topic: str, payload: bytes) -> None:
-        try:
-            msg = parse(payload)
-        except WireError as exc:
-            metrics.INVALID_INPUTS.labels(reason=f"request_{exc.reason}").inc()
-            self.log.warning("bad match request: %s", exc)
+        for msg in parse_all(payload):
+            self._request(msg)
+
+    def _request(self, msg: Any) -> None:
+        if isinstance(msg, WireError):
+            metrics.INVALID_INPUTS.labels(reason=f"request_{msg.reason}").inc()
+            self.log.warning("bad match request: %s", msg)
             return
         if not isinstance(msg, MatchRequest):
             metrics.INVALID_INPUTS.labels(reason="request_unknown_type").inc()
@@ -140,8 +148,10 @@ class Referee:
             self._publish_refusal(msg, str(exc))
             return
         self.matches[match.id] = match
+        self.bus.set_busy(len(self.matches) >= BUSY_MATCHES)  # type: ignore[union-attr]
         if msg.reply_to:
-            self.send(topics.inbox(msg.reply_to), Event(match=match.id, kind="accepted", data={"referee": self.id}))
+            ack = Event(match=match.id, kind="accepted", data={"referee": self.id})
+            self.send(topics.inbox(msg.reply_to), ack, batch=msg.reply_batches)
         self.idle.clear()
         self._spawn(self._run_match(match))
 
@@ -150,6 +160,8 @@ class Referee:
             await match.run()
         finally:
             self.matches.pop(match.id, None)
+            if self.bus is not None:
+                self.bus.set_busy(len(self.matches) >= BUSY_MATCHES)
             self.finished_ids[match.id] = None
             while len(self.finished_ids) > FINISHED_MEMORY:
                 self.finished_ids.popitem(last=False)
@@ -160,10 +172,12 @@ class Referee:
         agent = topics.agent_of(topic)
         if agent is None:
             return
-        try:
-            msg = parse(payload, MAX_PAYLOAD_BYTES)
-        except WireError as exc:
-            return self.reject(agent, exc.reason, exc.detail)
+        for msg in parse_all(payload, MAX_PAYLOAD_BYTES):
+            self._from_agent(agent, msg)
+
+    def _from_agent(self, agent: str, msg: Any) -> None:
+        if isinstance(msg, WireError):
+            return self.reject(agent, msg.reason, msg.detail)
         metrics.MESSAGES.labels(direction="in", type=msg.type).inc()
         if not isinstance(msg, Action | Chat):
             return self.reject(agent, "unexpected_type", f"agents send action or chat, not {msg.type!r}")
@@ -184,6 +198,7 @@ class Referee:
             return
         if msg.kind:
             self.kinds[agent] = msg.kind
+        (self.batching.add if msg.batches else self.batching.discard)(agent)
         if msg.state == "offline":
             self.offline.add(agent)
             for match in self.matches.values():
@@ -196,11 +211,48 @@ class Referee:
 
     # --- outbound ------------------------------------------------------------------
 
-    def send(self, topic: str, msg: BaseModel) -> None:
-        """Publish without waiting for the PUBACK: the move path must not wait on the broker twice."""
+    def send(self, topic: str, msg: BaseModel, batch: bool = False) -> None:
+        """Publish without waiting for the PUBACK: the move path must not wait on the broker twice.
+
+        With ``batch``, messages to the same topic in one loop iteration share
+        an MQTT message (only for readers that said they split batches).
+        """
         self._out_counter(getattr(msg, "type", "?")).inc()
         assert self.bus is not None
-        self.bus.publish_nowait(topic, msg)
+        if batch:
+            self.bus.publish_batched(topic, msg)
+        else:
+            self.bus.publish_nowait(topic, msg)
+
+    def public_pending(self, match: Match) -> None:
+        """``match`` queued public events: send them at most every ``public_interval_s``.
+
+        Each match's public topic is its own MQTT message, so sending after
+        every turn would cost a packet per move and match. Instead a match's
+        events leave together ``public_interval_s`` after its previous public
+        message (the first: after it started), and at its end; a match played
+        within the interval costs one message. Spectators see events at most
+        that late. With an interval of 0 every turn flushes at once.
+        """
+        if self.public_interval_s <= 0:
+            match.flush_public()
+            return
+        self.public_due[match.id] = match
+        if self._public_timer is None:
+            loop = asyncio.get_running_loop()
+            self._public_timer = loop.call_later(self.public_interval_s / 4, self._flush_public)
+
+    def _flush_public(self) -> None:
+        self._public_timer = None
+        now = time.monotonic()
+        for match in list(self.public_due.values()):
+            if now - match.public_sent_at >= self.public_interval_s:
+                match.flush_public()
+        if self.public_due:
+            self._public_timer = asyncio.get_running_loop().call_later(self.public_interval_s / 4, self._flush_public)
+
+    def send_to(self, agent: str, msg: BaseModel) -> None:
+        self.send(topics.inbox(agent), msg, batch=agent in self.batching)
 
     def _out_counter(self, kind: str) -> Any:
         # Label lookups cost microseconds each; the hot path caches the children.
@@ -220,13 +272,13 @@ class Referee:
         self, agent: str, reason: str, detail: str, match: str | None = None, ref_seq: int | None = None
     ) -> None:
         metrics.INVALID_INPUTS.labels(reason=reason).inc()
-        self.send(topics.inbox(agent), Error(match=match, reason=reason, detail=detail, ref_seq=ref_seq))
+        self.send_to(agent, Error(match=match, reason=reason, detail=detail, ref_seq=ref_seq))
 
     async def finished(self, match: Match, record: EpisodeRecord) -> None:
         await self.episodes.append(record)
         metrics.MATCHES_FINISHED.labels(game=record.game, outcome=record.reason).inc()
         assert self.bus is not None
-        await self.bus.publish(topics.episodes(record.game), Episode(match=record.match, record=record))
+        self.bus.publish_batched(topics.episodes(record.game), Episode(match=record.match, record=record))
 
     def _publish_refusal(self, msg: MatchRequest, why: str) -> None:
         """A request the referee cannot run still gets an episode, so the runner never waits forever."""

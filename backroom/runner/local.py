@@ -24,8 +24,8 @@ from typing import Any
 from backroom.bus import topics
 from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import Broker, die_with_parent, reload_broker
-from backroom.bus.client import Bus, BusConfig
-from backroom.bus.wire import EpisodeRecord, MatchRequest, Status, WireError, parse
+from backroom.bus.client import BUSY_MATCHES, Bus, BusConfig
+from backroom.bus.wire import EpisodeRecord, MatchRequest, Status, WireError, parse, parse_all
 from backroom.runner.config import RunConfig
 
 
@@ -222,19 +222,16 @@ async def run_matches(
 
     def on_ack(_topic: str, payload: bytes) -> None:
         # A referee acknowledges each request it takes in the runner's own inbox.
-        try:
-            msg = parse(payload)
-        except WireError:
-            return
-        if msg.match:
-            sent.pop(msg.match, None)
+        for msg in parse_all(payload):
+            if not isinstance(msg, WireError) and msg.match:
+                sent.pop(msg.match, None)
 
     def on_episode_msg(_topic: str, payload: bytes) -> None:
-        try:
-            msg = parse(payload)
-        except WireError:
-            return
-        record = getattr(msg, "record", None)
+        for msg in parse_all(payload):
+            if not isinstance(msg, WireError):
+                on_episode_record(getattr(msg, "record", None))
+
+    def on_episode_record(record: EpisodeRecord | None) -> None:
         if record is None or record.match not in wanted or record.match in episodes:
             return  # someone else's run, or a redelivery
         episodes[record.match] = record
@@ -290,11 +287,14 @@ async def run_matches(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ready.wait(), 0.1)
         resubmitter = asyncio.create_task(resubmit())
+        bus.set_busy(config.concurrency >= BUSY_MATCHES)
         for match_id, (_, spec) in zip(match_ids, config.match_specs(), strict=False):
             await window.acquire()
-            request = MatchRequest(match=match_id, spec=spec, reply_to=me)
+            request = MatchRequest(match=match_id, spec=spec, reply_to=me, reply_batches=True)
             sent[match_id] = (request, time.monotonic())
-            await bus.publish(topics.CONTROL_MATCHES, request)
+            # Batched: requests released together (a batch of episodes came back)
+            # go out as one message; an unacknowledged one is resubmitted.
+            bus.publish_batched(topics.CONTROL_MATCHES, request)
         while not all_done.is_set():
             if stack is not None and (dead := [d for d in stack.dead() if d.startswith("referee")]):
                 raise RunError(f"referee {dead[0]} died:\n{stack.log_tail(dead[0])}")
