@@ -148,6 +148,7 @@ class Bus:
         self._lingering: set[str] = set()
         self.linger_s = 0.0
         self._flush_handle: asyncio.Handle | None = None
+        self._drain: Callable[[], None] | None = None
         self.batch_max_bytes = BATCH_MAX_BYTES
 
     # --- lifecycle -----------------------------------------------------------
@@ -290,6 +291,8 @@ class Bus:
         for topic in list(self._batches):
             if topic not in self._batch_unacked and topic not in self._lingering:
                 self._flush_topic(topic)
+        if self._drain is not None and self.connected.is_set():
+            self._drain()  # already deferred once: write now, not one more iteration later
 
     def _flush_lingering(self, topic: str) -> None:
         self._lingering.discard(topic)
@@ -444,7 +447,7 @@ class Bus:
             try:
                 async with client:
                     client._client.on_publish = self._wrap_on_publish(client._client.on_publish)
-                    _write_from_the_loop(client._client)
+                    self._drain = _write_from_the_loop(client._client)
                     client._client.on_message = self._on_paho_message
                     self._client = client
                     for topic_filter, _ in self.handlers:
@@ -476,6 +479,7 @@ class Bus:
             finally:
                 self.connected.clear()
                 self._client = None
+                self._drain = None
                 for fut in self._pending.values():
                     if not fut.done():
                         fut.set_exception(aiomqtt.MqttError("connection lost"))
@@ -549,7 +553,7 @@ class Bus:
                 log.exception("handler for %s failed on %s", topic_filter, topic)
 
 
-def _write_from_the_loop(paho_client: paho.Client) -> None:
+def _write_from_the_loop(paho_client: paho.Client) -> Callable[[], None]:
     """Write queued packets on the next loop iteration instead of waking the loop through a pipe.
 
     aiomqtt registers a writer for every packet paho queues, from any thread:
@@ -584,6 +588,7 @@ def _write_from_the_loop(paho_client: paho.Client) -> None:
             loop.call_soon(drain)
 
     paho_client.on_socket_register_write = register_write
+    return drain
 
 
 def _is_auth_failure(exc: aiomqtt.MqttCodeError) -> bool:
