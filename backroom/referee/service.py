@@ -148,7 +148,7 @@ class Referee:
             self._publish_refusal(msg, str(exc))
             return
         self.matches[match.id] = match
-        self.bus.set_busy(len(self.matches) >= BUSY_MATCHES)  # type: ignore[union-attr]
+        self._busy_or_not()
         if msg.reply_to:
             ack = Event(match=match.id, kind="accepted", data={"referee": self.id})
             self.send(topics.inbox(msg.reply_to), ack, batch=msg.reply_batches)
@@ -160,8 +160,7 @@ class Referee:
             await match.run()
         finally:
             self.matches.pop(match.id, None)
-            if self.bus is not None:
-                self.bus.set_busy(len(self.matches) >= BUSY_MATCHES)
+            self._busy_or_not()
             self.finished_ids[match.id] = None
             while len(self.finished_ids) > FINISHED_MEMORY:
                 self.finished_ids.popitem(last=False)
@@ -205,6 +204,11 @@ class Referee:
                 match.seat_offline(agent)
         else:
             self.offline.discard(agent)
+
+    def _busy_or_not(self) -> None:
+        """Many matches in flight: let outgoing batches linger to fill (``Bus.set_busy``)."""
+        if self.bus is not None:
+            self.bus.set_busy(len(self.matches) >= BUSY_MATCHES)
 
     def kind_of(self, agent: str) -> str:
         return self.kinds.get(agent, "unknown")
