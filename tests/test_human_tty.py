@@ -11,6 +11,7 @@ import contextlib
 import re
 import shlex
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from backroom.agents.human_tty import (
 )
 from backroom.bus import topics
 from backroom.bus.broker import Broker
-from backroom.bus.wire import ChannelSpec, MatchStart, Status, WireError, parse
+from backroom.bus.wire import ChannelSpec, MatchSpec, MatchStart, Status, WireError, parse
 from backroom.games.kuhn import LOKI_CARD_NAMES
 
 from .conftest import agents, identity, stack
@@ -114,6 +115,8 @@ class Tmux:
         self.conf = workdir / "tmux.conf"
         self.conf.write_text("set -g history-limit 50000\nset -g remain-on-exit on\n")
         self.size = (width, height)
+        #: The pane as ``screen`` last read it, kept for a post-mortem when a test fails.
+        self.last_screen = ""
 
     async def tmux(self, *args: str) -> str:
         proc = await asyncio.create_subprocess_exec(
@@ -132,7 +135,9 @@ class Tmux:
 
     async def screen(self) -> str:
         """The whole pane, scrollback included."""
-        return await self.tmux("capture-pane", "-p", "-J", "-t", "human", "-S", "-50000")
+        screen = await self.tmux("capture-pane", "-p", "-J", "-t", "human", "-S", "-50000")
+        self.last_screen = screen
+        return screen
 
     async def type(self, text: str) -> None:
         await self.tmux("send-keys", "-t", "human", "-l", text)
@@ -161,56 +166,76 @@ async def wait_online(run: Runner, agent: str, timeout: float = 20) -> None:
     await asyncio.sleep(0.5)
 
 
-async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def bob_at_a_terminal(
+    broker: Broker, tmp_path: Path, **env: str
+) -> AsyncIterator[tuple[Runner, Tmux]]:
+    """Bob at ``backroom agent human`` in tmux, online, with a colluder and a random player.
+
+    The end-to-end tests differ only in what the person types; whatever
+    happens, the last screen is left in ``screen.txt`` to see what the person saw,
+    and tmux is stopped. ``env`` adds to the terminal's environment.
+    """
     bob = identity(broker, "bob")
     players = agents(("a", "kuhn-colluder"), ("c", "random"))
     term = Tmux(tmp_path)
-    env = {
+    login = {
         "BACKROOM_BROKER": f"mqtt://{bob.host}:{bob.port}",
         "BACKROOM_USERNAME": "bob",
         "BACKROOM_PASSWORD": bob.password or "",
         "TERM": "xterm-256color",
-        "COLUMNS": "150",
     }
-    screen = ""
     try:
         async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
-            await term.start([sys.executable, "-m", "backroom", "agent", "human", "--id", "bob"], env)
+            argv = [sys.executable, "-m", "backroom", "agent", "human", "--id", "bob"]
+            await term.start(argv, {**login, **env})
             await wait_online(run, "bob")
-            spec = loki_spec(["bob", "a", "c"], seed=7, turn_timeout_s=30, params={"variant": "loki", "start": 0})
-            lounge = ChannelSpec(name="lounge", members=[0, 1], opens="always", max_messages=3)
-            await run.submit("tty1", spec.model_copy(update={"channels": [*spec.channels, lounge]}))
-            answered: set[int] = set()
-            said = ""
-            acts = 0
-            deadline = asyncio.get_running_loop().time() + 90
-            while "tty1" not in run.episodes:
-                assert asyncio.get_running_loop().time() < deadline, screen[-3000:]
-                await asyncio.sleep(0.2)
-                screen = await term.screen()
-                prompts = PROMPT.findall(screen)
-                if not prompts:
-                    continue
-                _left, turn_no, phase = prompts[-1]
-                if int(turn_no) in answered or not screen.rstrip().endswith(">"):
-                    continue
-                answered.add(int(turn_no))
-                if phase == "talk":
-                    card = re.findall(r"Your card:\s+(\w+)", screen)[-1]
-                    said = f"my card is {LOKI_CARD_NAMES.index(card)}"
-                    if len(answered) == 1:  # a command is not the talk turn's answer
-                        await term.type("/say lounge hi from the terminal")
-                    await term.type(said)
-                else:
-                    # "2" is call in both menus (fold/call/raise and fold/call)
-                    await term.type("2" if acts == 0 else "call")
-                    acts += 1
-            (ep,) = await run.wait(["tty1"])
-            await asyncio.sleep(0.5)
-            screen = await term.screen()
+            yield run, term
     finally:
-        (tmp_path / "screen.txt").write_text(screen)
+        (tmp_path / "screen.txt").write_text(term.last_screen)
         await term.stop()
+
+
+def bob_opens_loki(turn_timeout_s: float) -> MatchSpec:
+    """Loki Kuhn with bob in seat 0 and first to act, the same deal (seed 7) in every test."""
+    params = {"variant": "loki", "start": 0}
+    return loki_spec(["bob", "a", "c"], seed=7, turn_timeout_s=turn_timeout_s, params=params)
+
+
+async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_path: Path) -> None:
+    screen = ""
+    async with bob_at_a_terminal(broker, tmp_path, COLUMNS="150") as (run, term):
+        spec = bob_opens_loki(turn_timeout_s=30)
+        lounge = ChannelSpec(name="lounge", members=[0, 1], opens="always", max_messages=3)
+        await run.submit("tty1", spec.model_copy(update={"channels": [*spec.channels, lounge]}))
+        answered: set[int] = set()
+        said = ""
+        acts = 0
+        deadline = asyncio.get_running_loop().time() + 90
+        while "tty1" not in run.episodes:
+            assert asyncio.get_running_loop().time() < deadline, screen[-3000:]
+            await asyncio.sleep(0.2)
+            screen = await term.screen()
+            prompts = PROMPT.findall(screen)
+            if not prompts:
+                continue
+            _left, turn_no, phase = prompts[-1]
+            if int(turn_no) in answered or not screen.rstrip().endswith(">"):
+                continue
+            answered.add(int(turn_no))
+            if phase == "talk":
+                card = re.findall(r"Your card:\s+(\w+)", screen)[-1]
+                said = f"my card is {LOKI_CARD_NAMES.index(card)}"
+                if len(answered) == 1:  # a command is not the talk turn's answer
+                    await term.type("/say lounge hi from the terminal")
+                await term.type(said)
+            else:
+                # "2" is call in both menus (fold/call/raise and fold/call)
+                await term.type("2" if acts == 0 else "call")
+                acts += 1
+        (ep,) = await run.wait(["tty1"])
+        await asyncio.sleep(0.5)
+        screen = await term.screen()
     assert ep.reason == "normal", ep.detail
     mine = [a for a in ep.actions if a.seat == 0]
     talks = [a for a in mine if a.phase == "talk"]
@@ -233,47 +258,31 @@ async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_pat
 
 
 async def test_typos_are_refused_and_a_missed_turn_is_left_to_the_referee(broker: Broker, tmp_path: Path) -> None:
-    bob = identity(broker, "bob")
-    players = agents(("a", "kuhn-colluder"), ("c", "random"))
-    term = Tmux(tmp_path)
-    env = {
-        "BACKROOM_BROKER": f"mqtt://{bob.host}:{bob.port}",
-        "BACKROOM_USERNAME": "bob",
-        "BACKROOM_PASSWORD": bob.password or "",
-        "TERM": "xterm-256color",
-    }
-    screen = ""
-    try:
-        async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
-            await term.start([sys.executable, "-m", "backroom", "agent", "human", "--id", "bob"], env)
-            await wait_online(run, "bob")
-            spec = loki_spec(["bob", "a", "c"], seed=7, turn_timeout_s=6, params={"variant": "loki", "start": 0})
-            await run.submit("tty2", spec)
-            seen: set[int] = set()
-            while "tty2" not in run.episodes:
-                await asyncio.sleep(0.2)
-                screen = await term.screen()
-                prompts = PROMPT.findall(screen)
-                if not prompts or not screen.rstrip().endswith(">"):
-                    continue
-                _left, turn_no, phase = prompts[-1]
-                if int(turn_no) in seen:
-                    continue
-                seen.add(int(turn_no))
-                if phase == "talk":
-                    if len(seen) == 1:
-                        await term.type("")  # an empty line is not a message
-                    await term.type("/skip")
-                elif "shove" not in screen:
-                    await term.type("shove")  # refused on the spot; then the clock runs out
-                else:
-                    await term.type("call")
-            (ep,) = await asyncio.wait_for(run.wait(["tty2"]), 60)
-            await asyncio.sleep(0.3)
+    async with bob_at_a_terminal(broker, tmp_path) as (run, term):
+        spec = bob_opens_loki(turn_timeout_s=6)
+        await run.submit("tty2", spec)
+        seen: set[int] = set()
+        while "tty2" not in run.episodes:
+            await asyncio.sleep(0.2)
             screen = await term.screen()
-    finally:
-        (tmp_path / "screen.txt").write_text(screen)
-        await term.stop()
+            prompts = PROMPT.findall(screen)
+            if not prompts or not screen.rstrip().endswith(">"):
+                continue
+            _left, turn_no, phase = prompts[-1]
+            if int(turn_no) in seen:
+                continue
+            seen.add(int(turn_no))
+            if phase == "talk":
+                if len(seen) == 1:
+                    await term.type("")  # an empty line is not a message
+                await term.type("/skip")
+            elif "shove" not in screen:
+                await term.type("shove")  # refused on the spot; then the clock runs out
+            else:
+                await term.type("call")
+        (ep,) = await asyncio.wait_for(run.wait(["tty2"]), 60)
+        await asyncio.sleep(0.3)
+        screen = await term.screen()
     assert ep.reason == "timeout"
     first_act = next(a for a in ep.actions if a.seat == 0 and a.phase == "act")
     assert first_act.timed_out and 0 in ep.timeouts

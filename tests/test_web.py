@@ -13,7 +13,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -24,6 +24,9 @@ from backroom.games.kuhn import LOKI_CARD_NAMES
 
 from .conftest import agents, identity, stack
 from .test_referee import Runner, loki_spec
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser, Page
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -57,6 +60,38 @@ async def serving(app: Any) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 15)
+
+
+@asynccontextmanager
+async def browsing(app: Any) -> AsyncIterator[tuple[str, Browser]]:
+    """The app served, and Debian's Chromium (headless) to open it, closed however the test ends."""
+    import playwright.async_api as playwright
+
+    async with serving(app) as url, playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield url, browser
+        finally:
+            await browser.close()
+
+
+async def join(page: Page, agent: str, password: str | None = None) -> None:
+    """Sit down through the join form as a person does; with no password the link's token serves."""
+    await page.fill("#join-agent", agent)
+    if password is not None:
+        await page.fill("#join-password", password)
+    await page.click("#join-btn")
+    await page.wait_for_selector(f"#seat-agent:has-text('{agent}')")
+
+
+async def until_result(page: Page, timeout: float) -> AsyncIterator[None]:
+    """Poll a player's page until the match result shows; a match that hangs fails the test."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await page.is_visible("#result"):
+        assert asyncio.get_running_loop().time() < deadline
+        yield
 
 
 class Socket:
@@ -168,8 +203,6 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
 
 async def test_person_plays_and_another_watches_in_chromium(broker: Broker, tmp_path: Path) -> None:
     assert os.path.exists(CHROMIUM), "needs Debian's chromium: scripts/setup.sh --test installs it"
-    import playwright.async_api as playwright
-
     from backroom.agents.web import web_app
 
     bob = identity(broker, "bob")
@@ -179,55 +212,46 @@ async def test_person_plays_and_another_watches_in_chromium(broker: Broker, tmp_
     card_seen = ""
     watcher_frames: list[str] = []
     async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
-        async with serving(web_app(url_of(bob), observer=observer)) as url, playwright.async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            try:
-                page = await browser.new_page(viewport={"width": 1400, "height": 1000})
-                await page.goto(url)
-                await page.fill("#join-agent", "bob")
-                await page.fill("#join-password", bob.password or "")
-                await page.click("#join-btn")
-                await page.wait_for_selector("#seat-agent:has-text('bob')")
+        async with browsing(web_app(url_of(bob), observer=observer)) as (url, browser):
+            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            await page.goto(url)
+            await join(page, "bob", bob.password or "")
 
-                watcher = await browser.new_page(viewport={"width": 1400, "height": 900})
-                watcher.on("websocket", lambda ws: ws.on("framereceived", lambda p: watcher_frames.append(str(p))))
-                await watcher.goto(url)
-                await watcher.fill("#spectate-match", "web1")
-                await watcher.click("#spectate-btn")
-                await watcher.wait_for_selector("#spectate-title:has-text('web1')")
+            watcher = await browser.new_page(viewport={"width": 1400, "height": 900})
+            watcher.on("websocket", lambda ws: ws.on("framereceived", lambda p: watcher_frames.append(str(p))))
+            await watcher.goto(url)
+            await watcher.fill("#spectate-match", "web1")
+            await watcher.click("#spectate-btn")
+            await watcher.wait_for_selector("#spectate-title:has-text('web1')")
 
-                spec = loki_spec(["bob", "a", "c"], seed=7, turn_timeout_s=30, params={"variant": "loki", "start": 0})
-                await run.submit("web1", spec)
-                answered: set[str] = set()
-                deadline = asyncio.get_running_loop().time() + 90
-                while not await page.is_visible("#result"):
-                    assert asyncio.get_running_loop().time() < deadline
-                    if not await page.is_visible("#turn"):
-                        await asyncio.sleep(0.1)
-                        continue
-                    title = await page.inner_text("#turn-title")
-                    if title in answered:
-                        await asyncio.sleep(0.1)
-                        continue
-                    answered.add(title)
-                    if "talk" in title:
-                        card_seen = (await page.inner_text("#card span")).strip()
-                        said = f"my card is {LOKI_CARD_NAMES.index(card_seen)}"
-                        if len(answered) == 1:
-                            await page.screenshot(path=str(tmp_path / "web-talk.png"), full_page=True)
-                        await page.fill("#talk-text", said)
-                        await page.click("#talk-send")
-                    else:
-                        await page.click("#turn-act button[data-action='call']")
-                (ep,) = await run.wait(["web1"])
-                await watcher.wait_for_selector("#spectate-log div[data-kind='ended']")
-                await page.screenshot(path=str(tmp_path / "web-player.png"), full_page=True)
-                await watcher.screenshot(path=str(tmp_path / "web-watcher.png"), full_page=True)
-                result = await page.inner_text("#result")
-                player_text = await page.inner_text("body")
-                watcher_text = await watcher.inner_text("body")
-            finally:
-                await browser.close()
+            spec = loki_spec(["bob", "a", "c"], seed=7, turn_timeout_s=30, params={"variant": "loki", "start": 0})
+            await run.submit("web1", spec)
+            answered: set[str] = set()
+            async for _ in until_result(page, 90):
+                if not await page.is_visible("#turn"):
+                    await asyncio.sleep(0.1)
+                    continue
+                title = await page.inner_text("#turn-title")
+                if title in answered:
+                    await asyncio.sleep(0.1)
+                    continue
+                answered.add(title)
+                if "talk" in title:
+                    card_seen = (await page.inner_text("#card span")).strip()
+                    said = f"my card is {LOKI_CARD_NAMES.index(card_seen)}"
+                    if len(answered) == 1:
+                        await page.screenshot(path=str(tmp_path / "web-talk.png"), full_page=True)
+                    await page.fill("#talk-text", said)
+                    await page.click("#talk-send")
+                else:
+                    await page.click("#turn-act button[data-action='call']")
+            (ep,) = await run.wait(["web1"])
+            await watcher.wait_for_selector("#spectate-log div[data-kind='ended']")
+            await page.screenshot(path=str(tmp_path / "web-player.png"), full_page=True)
+            await watcher.screenshot(path=str(tmp_path / "web-watcher.png"), full_page=True)
+            result = await page.inner_text("#result")
+            player_text = await page.inner_text("body")
+            watcher_text = await watcher.inner_text("body")
     assert ep.reason == "normal", ep.detail
     # what the person did is in the record: the message and the calls, none timed out
     mine = [a for a in ep.actions if a.seat == 0]
@@ -252,38 +276,28 @@ async def test_person_plays_and_another_watches_in_chromium(broker: Broker, tmp_
 
 async def test_eavesdropper_joins_with_a_token_link_and_sees_overheard_chat(broker: Broker, tmp_path: Path) -> None:
     assert os.path.exists(CHROMIUM), "needs Debian's chromium: scripts/setup.sh --test installs it"
-    import playwright.async_api as playwright
-
     from backroom.agents.web import web_app
 
     eve = identity(broker, "eve")
     players = agents(("a", "kuhn-colluder"), ("b", "kuhn-colluder"))
     async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
         app = web_app(url_of(eve), broker.dir, token="room-42")  # the observer comes from the directory, if any
-        async with serving(app) as url, playwright.async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            try:
-                page = await browser.new_page(viewport={"width": 1400, "height": 1000})
-                await page.goto(f"{url}/#token=room-42")
-                assert not await page.is_visible("#join-password")  # the link's token stands for the password
-                await page.fill("#join-agent", "eve")
-                await page.click("#join-btn")
-                await page.wait_for_selector("#seat-agent:has-text('eve')")
-                spec = loki_spec(["a", "b", "eve"], seed=11, turn_timeout_s=30, params={"variant": "loki", "start": 0})
-                await run.submit("eve1", spec)
-                clicked: set[str] = set()
-                deadline = asyncio.get_running_loop().time() + 60
-                while not await page.is_visible("#result"):
-                    assert asyncio.get_running_loop().time() < deadline
-                    if await page.is_visible("#turn") and (title := await page.inner_text("#turn-title")) not in clicked:
-                        clicked.add(title)
-                        await page.keyboard.press("2")  # number keys pick an action: 2 = call
-                    await asyncio.sleep(0.1)
-                (ep,) = await run.wait(["eve1"])
-                await page.screenshot(path=str(tmp_path / "web-eavesdropper.png"), full_page=True)
-                channel = await page.inner_text("#channels")
-            finally:
-                await browser.close()
+        async with browsing(app) as (url, browser):
+            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            await page.goto(f"{url}/#token=room-42")
+            assert not await page.is_visible("#join-password")  # the link's token stands for the password
+            await join(page, "eve")
+            spec = loki_spec(["a", "b", "eve"], seed=11, turn_timeout_s=30, params={"variant": "loki", "start": 0})
+            await run.submit("eve1", spec)
+            clicked: set[str] = set()
+            async for _ in until_result(page, 60):
+                if await page.is_visible("#turn") and (title := await page.inner_text("#turn-title")) not in clicked:
+                    clicked.add(title)
+                    await page.keyboard.press("2")  # number keys pick an action: 2 = call
+                await asyncio.sleep(0.1)
+            (ep,) = await run.wait(["eve1"])
+            await page.screenshot(path=str(tmp_path / "web-eavesdropper.png"), full_page=True)
+            channel = await page.inner_text("#channels")
     assert ep.reason == "normal", ep.detail
     assert [a.action for a in ep.actions if a.seat == 2 and a.phase == "act"] and all(
         a.action == 1 and not a.timed_out for a in ep.actions if a.seat == 2 and a.phase == "act"

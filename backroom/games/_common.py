@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
-from backroom.games.base import ActionSpec, IllegalActionError, State
+from backroom.games.base import CHANCE, JSON, Action, ActionSpec, IllegalActionError, State
 
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 _MESSAGE = re.compile(r"<<message_start>>(.*?)(?:<<message_end>>|$)", re.S)
@@ -51,17 +51,124 @@ def merge_prompts(
     return merged
 
 
+def require_count(game: str, what: str, value: Any) -> None:
+    """Refuse a count (rounds, coins, ...) that is not a positive integer.
+
+    Every engine words this error the same way, naming itself and the parameter,
+    so a bad config reads alike whichever game it is for.
+    """
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{game}: {what} must be a positive integer")
+
+
+def seat_names(
+    game: str,
+    names: Sequence[str] | None,
+    default: Sequence[str],
+    what: str = "names",
+    seats: str = "players",
+) -> list[str]:
+    """The two seats' names as the prompts print them; a missing or empty list means the defaults.
+
+    ``what`` and ``seats`` only word the error, so that Bertrand can say
+    ``firm_names`` and "firms" as its config does.
+    """
+    out = list(names or default)
+    if len(out) != 2:
+        raise ValueError(f"{game}: {what} must name both {seats}")
+    return out
+
+
+def persona_texts(
+    personas: Sequence[str] | None, shorthands: Mapping[str, str], seats: int
+) -> list[str]:
+    """Each seat's persona as prompt text: a shorthand expands, anything else is used as written.
+
+    No personas at all means the ``"none"`` shorthand for every seat, which is
+    how the papers' persona ablations name their baseline.
+    """
+    return [shorthands.get(str(p).lower(), str(p)) for p in (personas or ["none"] * seats)]
+
+
+def number_text(x: float, spec: str = "g") -> str:
+    """A number for a prompt: whole numbers without a decimal point, others formatted by ``spec``.
+
+    The papers print payoffs such as 3 or 10 as integers, but disagree on
+    fractions (the IPD prompt shows ``2.5`` as ``g`` does, Trust-and-Split one
+    decimal); the spec is a parameter so that each game's pinned prompt stays as it is.
+    """
+    return str(int(x)) if float(x).is_integer() else format(x, spec)
+
+
+def observation_head(state: State, player: int, rounds: int) -> dict[str, JSON]:
+    """The fields a round-based game's observation opens with, named and ordered alike.
+
+    Agents that play several games, and the analysis, find the game, the round
+    and the phase in the same place whatever the game.
+    """
+    return {
+        "game": state.game.name,
+        "round": state.current_round(),
+        "rounds": rounds,
+        "player": player,
+        "phase": state.phase,
+    }
+
+
+def totals_fields(
+    totals: Sequence[float], player: int, fmt: Callable[[float], Any] | None = None
+) -> dict[str, Any]:
+    """``my_total`` and ``other_total`` of a two-player game, for an observation or a template.
+
+    Observations carry the raw sums; a prompt passes ``fmt`` to print them the
+    way its paper does, which differs between games.
+    """
+    mine, theirs = totals[player], totals[1 - player]
+    if fmt is None:
+        return {"my_total": mine, "other_total": theirs}
+    return {"my_total": fmt(mine), "other_total": fmt(theirs)}
+
+
+def name_fields(names: Sequence[str], player: int) -> dict[str, str]:
+    """The papers' templates name both players; ``player`` reads itself as ``{agent}``."""
+    return {"agent": names[player], "other_agent": names[1 - player]}
+
+
 class TalkState(State):
     """A state whose game has talk phases: in ``talk`` the answer is a message, in ``act`` a move.
 
-    Subclasses describe and check their moves in ``act_spec`` and
-    ``check_act``; messages are handled here, the same way for every game.
+    Who moves, the phase, the default answer and the split of ``apply`` between
+    messages and moves are the same in every game with talk, so they live here.
+    Subclasses say who has the floor (``speaker``), whether chance is still to
+    draw (``_at_chance``), and describe, check, default and apply their moves
+    (``act_spec``, ``check_act``, ``default_act``, ``_apply_act``); a message is
+    stored by ``_add_message``.
     """
 
     @property
     def max_chars(self) -> int:
         # Every game with talk phases has a max_chars parameter.
         return int(self.game.max_chars)  # type: ignore[attr-defined]
+
+    def speaker(self) -> int | None:
+        """The one seat that talks now; None outside a talk phase."""
+        raise NotImplementedError
+
+    def _at_chance(self) -> bool:
+        """Whether chance must draw (a speaking order, a deal) before anyone can move."""
+        raise NotImplementedError
+
+    def _sync_phase(self) -> None:
+        # The phase follows from the state; every change of the state ends here.
+        self.phase = "talk" if self.speaker() is not None else "act"
+
+    def current_players(self) -> frozenset[int]:
+        if self.is_terminal():
+            return frozenset()
+        if self._at_chance():
+            return frozenset({CHANCE})
+        speaker = self.speaker()
+        return frozenset({speaker}) if speaker is not None else frozenset(range(self.num_players))
 
     def action_spec(self, player: int) -> ActionSpec:
         if self.phase == "talk":
@@ -74,11 +181,61 @@ class TalkState(State):
             return check_message(action, self.max_chars)
         return self.check_act(player, action)
 
+    def default_action(self, player: int) -> Action:
+        # A seat that misses its talk turn stays silent.
+        return "" if self.phase == "talk" else self.default_act(player)
+
+    def _apply(self, actions: Mapping[int, Action]) -> None:
+        if self.phase == "talk":
+            ((seat, text),) = actions.items()
+            self._add_message(seat, text)
+        else:
+            self._apply_act(actions)
+        self._sync_phase()
+
     def act_spec(self, player: int) -> ActionSpec:
         raise NotImplementedError
 
     def check_act(self, player: int, action: Any) -> Any:
         raise NotImplementedError
+
+    def default_act(self, player: int) -> Action:
+        raise NotImplementedError
+
+    def _add_message(self, seat: int, text: str) -> None:
+        raise NotImplementedError
+
+    def _apply_act(self, actions: Mapping[int, Action]) -> None:
+        raise NotImplementedError
+
+
+class CountTalkState(TalkState):
+    """A talk game whose move is a whole number in a range (the coins to keep, a guess).
+
+    The range is small, so it is listed for solvers as well as described for
+    agents, and a text answer is read leniently by ``parse_int``.
+    """
+
+    #: What the number is, as the error message names it for the agent.
+    count_what: ClassVar[str]
+
+    def count_range(self) -> tuple[int, int]:
+        """The smallest and largest legal number, both included."""
+        raise NotImplementedError
+
+    def legal_actions(self, player: int) -> Sequence[Action]:
+        if player not in self.current_players() or player == CHANCE or self.phase == "talk":
+            return []
+        lo, hi = self.count_range()
+        return list(range(lo, hi + 1))
+
+    def act_spec(self, player: int) -> ActionSpec:
+        lo, hi = self.count_range()
+        return ActionSpec(schema={"type": "integer", "minimum": lo, "maximum": hi})
+
+    def check_act(self, player: int, action: Action) -> Action:
+        lo, hi = self.count_range()
+        return parse_int(action, lo, hi, self.count_what)
 
 
 def talk_spec(max_chars: int) -> ActionSpec:

@@ -132,6 +132,15 @@ class State(ABC):
         """Total reward of each player: the sum of the per-round rewards, unless a game says otherwise."""
         return [sum(r[p] for r in self.round_rewards) for p in range(self.num_players)]
 
+    def current_round(self) -> int:
+        """The round in play, counted from 1; once the game is over, the last one played.
+
+        Engines that pay out per round keep one ``round_rewards`` entry per
+        finished round, so the count is taken from there, and every such game's
+        observation reports the same number.
+        """
+        return len(self.round_rewards) + (0 if self.is_terminal() else 1)
+
     def information_state(self, player: int) -> str:
         """A string that identifies what ``player`` knows; policies are keyed by it."""
         raise NotImplementedError(f"{type(self).__name__} defines no information-state strings")

@@ -25,20 +25,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from backroom.games._common import (
-    TalkState,
+    CountTalkState,
     fill,
     merge_prompts,
-    parse_int,
+    persona_texts,
+    require_count,
 )
-from backroom.games.base import (
-    CHANCE,
-    JSON,
-    Action,
-    ActionSpec,
-    Game,
-    IllegalActionError,
-    register,
-)
+from backroom.games.base import JSON, Action, Game, IllegalActionError, register
 
 Rule = Literal["exclusive", "independent", "amplified"]
 RULES: tuple[str, ...] = ("exclusive", "independent", "amplified")
@@ -145,17 +138,14 @@ class BeautyContest(Game):
             raise ValueError("beauty_contest: players must be an integer >= 2")
         if rule not in RULES:
             raise ValueError(f"beauty_contest: rule must be one of {list(RULES)}, not {rule!r}")
-        if not isinstance(rounds, int) or rounds < 1:
-            raise ValueError("beauty_contest: rounds must be a positive integer")
+        require_count(self.name, "rounds", rounds)
         if personas is not None and len(personas) != players:
             raise ValueError(f"beauty_contest: personas needs one entry per player ({players})")
         self.num_players = players
         self.rule: str = rule
         self.discussion = bool(discussion)
         self.persona_params = list(personas) if personas is not None else None
-        self.personas = [
-            PERSONAS.get(str(p).lower(), str(p)) for p in (personas or ["none"] * players)
-        ]
+        self.personas = persona_texts(personas, PERSONAS, players)
         self.rounds, self.max_chars = rounds, int(max_chars)
         self.prompt_overrides = dict(prompts or {})
         self.prompts = merge_prompts(PROMPTS, prompts, self.name)
@@ -172,8 +162,9 @@ class BeautyContest(Game):
         }
 
 
-class BeautyContestState(TalkState):
+class BeautyContestState(CountTalkState):
     game: BeautyContest
+    count_what = "your number"
 
     def __init__(self, game: BeautyContest, seed: int | None) -> None:
         super().__init__(game, seed)
@@ -188,67 +179,46 @@ class BeautyContestState(TalkState):
 
     # --- flow ------------------------------------------------------------------
 
-    def _ordering(self) -> bool:
+    def _at_chance(self) -> bool:
+        # The speaking order is drawn one speaker at a time before the discussion.
         return self.game.discussion and len(self.order) < self.num_players
 
     def _talking(self) -> bool:
         return self.game.discussion and len(self.messages) < TURNS * self.num_players
 
     def speaker(self) -> int | None:
-        if self.is_terminal() or self._ordering() or not self._talking():
+        if self.is_terminal() or self._at_chance() or not self._talking():
             return None
         return self.order[len(self.messages) % self.num_players]
 
-    def _sync_phase(self) -> None:
-        self.phase = "talk" if self.speaker() is not None else "act"
-
-    def current_players(self) -> frozenset[int]:
-        if self.is_terminal():
-            return frozenset()
-        if self._ordering():
-            return frozenset({CHANCE})
-        speaker = self.speaker()
-        if speaker is not None:
-            return frozenset({speaker})
-        return frozenset(range(self.num_players))
-
     def chance_outcomes(self) -> list[tuple[Action, float]]:
-        if self.is_terminal() or not self._ordering():
+        if self.is_terminal() or not self._at_chance():
             raise NotImplementedError("not a chance node")
         left = [p for p in range(self.num_players) if p not in self.order]
         return [(p, 1.0 / len(left)) for p in left]
 
     def _apply_chance(self, outcome: Action) -> None:
-        if not self._ordering():
+        if not self._at_chance():
             raise IllegalActionError("not a chance node")
         if isinstance(outcome, bool) or outcome not in range(self.num_players) or outcome in self.order:
             raise IllegalActionError(f"{outcome!r} cannot speak next")
         self.order.append(int(outcome))
         self._sync_phase()
 
-    def legal_actions(self, player: int) -> Sequence[Action]:
-        if player not in self.current_players() or player == CHANCE or self.phase == "talk":
-            return []
-        return list(range(LOW, HIGH + 1))
+    def count_range(self) -> tuple[int, int]:
+        return LOW, HIGH
 
-    def act_spec(self, player: int) -> ActionSpec:
-        return ActionSpec(schema={"type": "integer", "minimum": LOW, "maximum": HIGH})
+    def default_act(self, player: int) -> Action:
+        # 50, the level-0 guess (the middle of the range), for a choice that
+        # did not come in time.
+        return 50
 
-    def check_act(self, player: int, action: Action) -> Action:
-        return parse_int(action, LOW, HIGH, "your number")
+    def _add_message(self, seat: int, text: str) -> None:
+        turn = len(self.messages) // self.num_players + 1
+        self.messages.append({"player": seat, "turn": turn, "text": text})
 
-    def default_action(self, player: int) -> Action:
-        # Silence in the discussion; 50, the level-0 guess (the middle of the
-        # range), for a choice that did not come in time.
-        return "" if self.phase == "talk" else 50
-
-    def _apply(self, actions: Mapping[int, Action]) -> None:
+    def _apply_act(self, actions: Mapping[int, Action]) -> None:
         n = self.num_players
-        if self.phase == "talk":
-            ((player, text),) = actions.items()
-            self.messages.append({"player": player, "turn": len(self.messages) // n + 1, "text": text})
-            self._sync_phase()
-            return
         choices = [int(actions[p]) for p in range(n)]
         winners = winners_of(choices)
         rewards = rewards_for(n, winners, self.game.rule)
@@ -267,11 +237,9 @@ class BeautyContestState(TalkState):
             }
         )
         self.order, self.messages = [], []
-        self._sync_phase()
 
     def is_terminal(self) -> bool:
         return len(self.results) >= self.game.rounds
-
 
     # --- what players see ------------------------------------------------------
 
@@ -292,7 +260,7 @@ class BeautyContestState(TalkState):
         speaker = self.speaker()
         obs: dict[str, Any] = {
             "game": "beauty_contest",
-            "round": len(self.results) + (0 if self.is_terminal() else 1),
+            "round": self.current_round(),
             "rounds": g.rounds,
             "player": player,
             "players": self.num_players,

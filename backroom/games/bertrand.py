@@ -32,17 +32,13 @@ from backroom.games._common import (
     TalkState,
     fill,
     merge_prompts,
+    observation_head,
     parse_float,
+    persona_texts,
+    require_count,
+    seat_names,
 )
-from backroom.games.base import (
-    CHANCE,
-    JSON,
-    Action,
-    ActionSpec,
-    Game,
-    IllegalActionError,
-    register,
-)
+from backroom.games.base import JSON, Action, ActionSpec, Game, IllegalActionError, register
 
 Demand = Literal["linear", "logit"]
 DEMAND_DEFAULTS: dict[str, dict[str, float]] = {
@@ -291,8 +287,7 @@ class Bertrand(Game):
         self.market = make_market(demand, demand_params)
         self.demand: str = demand
         self.demand_params = dict(demand_params or {})
-        if not isinstance(rounds, int) or rounds < 1:
-            raise ValueError("bertrand: rounds must be a positive integer")
+        require_count(self.name, "rounds", rounds)
         if not isinstance(talk_rounds, int) or talk_rounds < 0:
             raise ValueError("bertrand: talk_rounds must be an integer >= 0")
         if history_window is not None and history_window < 0:
@@ -306,13 +301,11 @@ class Bertrand(Game):
             raise ValueError("bertrand: max_price must be positive")
         self.history_window, self.prompt_window = history_window, prompt_window
         self.max_chars = int(max_chars)
-        self.firm_names = list(firm_names or ["Ed", "Gill"])
-        if len(self.firm_names) != 2:
-            raise ValueError("bertrand: firm_names must name both firms")
+        self.firm_names = seat_names(self.name, firm_names, ["Ed", "Gill"], "firm_names", "firms")
         if personas is not None and len(personas) != 2:
             raise ValueError("bertrand: personas needs one entry per firm")
         self.persona_params = list(personas) if personas is not None else None
-        self.personas = [PERSONAS.get(str(p).lower(), str(p)) for p in (personas or ["none", "none"])]
+        self.personas = persona_texts(personas, PERSONAS, 2)
         self.prompt_overrides = dict(prompts or {})
         self.prompts = merge_prompts(PROMPTS, prompts, self.name)
         self.equilibrium = equilibrium_prices(demand, self.demand_params)
@@ -368,35 +361,25 @@ class BertrandState(TalkState):
     def rounds_played(self) -> int:
         return len(self.prices[0])
 
-    def _ordering(self) -> bool:
+    def _at_chance(self) -> bool:
+        # With talk, each round's first speaker is drawn by chance.
         return self.game.talk_rounds > 0 and self.first is None
 
     def speaker(self) -> int | None:
-        if self.is_terminal() or self._ordering() or self.game.talk_rounds == 0:
+        if self.is_terminal() or self._at_chance() or self.game.talk_rounds == 0:
             return None
         if len(self.conversation) >= 2 * self.game.talk_rounds:
             return None
         assert self.first is not None
         return (self.first + len(self.conversation)) % 2
 
-    def _sync_phase(self) -> None:
-        self.phase = "talk" if self.speaker() is not None else "act"
-
-    def current_players(self) -> frozenset[int]:
-        if self.is_terminal():
-            return frozenset()
-        if self._ordering():
-            return frozenset({CHANCE})
-        speaker = self.speaker()
-        return frozenset({speaker}) if speaker is not None else frozenset({0, 1})
-
     def chance_outcomes(self) -> list[tuple[Action, float]]:
-        if self.is_terminal() or not self._ordering():
+        if self.is_terminal() or not self._at_chance():
             raise NotImplementedError("not a chance node")
         return [(0, 0.5), (1, 0.5)]
 
     def _apply_chance(self, outcome: Action) -> None:
-        if not self._ordering() or isinstance(outcome, bool) or outcome not in (0, 1):
+        if not self._at_chance() or isinstance(outcome, bool) or outcome not in (0, 1):
             raise IllegalActionError(f"{outcome!r} is not a first speaker here")
         self.first = int(outcome)
         self._sync_phase()
@@ -411,19 +394,15 @@ class BertrandState(TalkState):
     def check_act(self, player: int, action: Action) -> Action:
         return parse_float(action, 0.0, self.game.max_price, "the price")
 
-    def default_action(self, player: int) -> Action:
-        # Silence in talk. A firm that does not answer keeps its posted price;
-        # before it has one, the paper's code falls back to the cost.
-        if self.phase == "talk":
-            return ""
+    def default_act(self, player: int) -> Action:
+        # A firm that does not answer keeps its posted price; before it has
+        # one, the paper's code falls back to the cost.
         return self.prices[player][-1] if self.prices[player] else self.game.market.cost
 
-    def _apply(self, actions: Mapping[int, Action]) -> None:
-        if self.phase == "talk":
-            ((seat, text),) = actions.items()
-            self.conversation.append({"seat": seat, "text": text})
-            self._sync_phase()
-            return
+    def _add_message(self, seat: int, text: str) -> None:
+        self.conversation.append({"seat": seat, "text": text})
+
+    def _apply_act(self, actions: Mapping[int, Action]) -> None:
         m = self.game.market
         p = [float(actions[0]), float(actions[1])]
         rewards = []
@@ -435,7 +414,6 @@ class BertrandState(TalkState):
             rewards.append(self.profits[i][-1])
         self.round_rewards.append(rewards)
         self.first, self.conversation = None, []
-        self._sync_phase()
 
     def is_terminal(self) -> bool:
         return self.rounds_played >= self.game.rounds
@@ -463,11 +441,7 @@ class BertrandState(TalkState):
         terminal = self.is_terminal()
         speaker = self.speaker()
         obs: dict[str, Any] = {
-            "game": "bertrand",
-            "round": self.rounds_played + (0 if terminal else 1),
-            "rounds": g.rounds,
-            "player": player,
-            "phase": self.phase,
+            **observation_head(self, player, g.rounds),
             "firm": g.firm_names[player],
             "rival": g.firm_names[1 - player],
             "market": {

@@ -17,17 +17,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backroom.games._common import fill, merge_prompts
-from backroom.games.base import (
-    CHANCE,
-    JSON,
-    Action,
-    ActionSpec,
-    Game,
-    IllegalActionError,
-    State,
-    register,
+from backroom.games._common import (
+    fill,
+    merge_prompts,
+    number_text,
+    observation_head,
+    require_count,
+    totals_fields,
 )
+from backroom.games.base import CHANCE, JSON, Action, Game, IllegalActionError, State, register
 
 COOPERATE, DEFECT = "A", "B"
 MOVES = (COOPERATE, DEFECT)
@@ -79,8 +77,7 @@ class IteratedPrisonersDilemma(Game):
         punishment: float = 1,
         prompts: dict[str, str] | None = None,
     ) -> None:
-        if not isinstance(rounds, int) or rounds < 1:
-            raise ValueError("ipd: rounds must be a positive integer")
+        require_count(self.name, "rounds", rounds)
         if continuation is not None and not 0.0 <= continuation <= 1.0:
             raise ValueError("ipd: continuation must be a probability in [0, 1]")
         self.rounds = rounds
@@ -105,10 +102,6 @@ class IteratedPrisonersDilemma(Game):
             "punishment": self.punishment,
             "prompts": self.prompt_overrides,
         }
-
-
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 class IPDState(State):
@@ -146,9 +139,6 @@ class IPDState(State):
     def legal_actions(self, player: int) -> Sequence[Action]:
         return list(MOVES) if player in self.current_players() else []
 
-    def action_spec(self, player: int) -> ActionSpec:
-        return ActionSpec(choices=tuple(self.legal_actions(player)))
-
     def check_action(self, player: int, action: Action) -> Action:
         self.require_mover(player)
         # "<A>", "a" and " A " all mean A: the paper's agents answer in tags.
@@ -173,7 +163,6 @@ class IPDState(State):
     def is_terminal(self) -> bool:
         return self.stopped or len(self.moves) >= self.game.rounds
 
-
     # --- what players see ------------------------------------------------------
 
     def information_state(self, player: int) -> str:
@@ -194,15 +183,10 @@ class IPDState(State):
         ]
         totals = self.returns()
         obs: dict[str, Any] = {
-            "game": "ipd",
-            "round": len(self.moves) + (0 if self.is_terminal() else 1),
-            "rounds": self.game.rounds,
-            "player": player,
-            "phase": "act",
+            **observation_head(self, player, self.game.rounds),
             "last_opponent_move": self.moves[-1][other] if self.moves else None,
             "history": history,
-            "my_total": totals[player],
-            "other_total": totals[other],
+            **totals_fields(totals, player),
             "info_state": self.information_state(player),
         }
         if self.is_terminal():
@@ -214,20 +198,17 @@ class IPDState(State):
         lines = [
             fill(
                 t["intro"],
-                reward=_fmt(g.reward),
-                temptation=_fmt(g.temptation),
-                sucker=_fmt(g.sucker),
-                punishment=_fmt(g.punishment),
+                reward=number_text(g.reward),
+                temptation=number_text(g.temptation),
+                sucker=number_text(g.sucker),
+                punishment=number_text(g.punishment),
             )
         ]
         for m in self.moves:
             lines.append(fill(t["own_move"], move=m[player]))
             lines.append(fill(t["last_round"], move=m[1 - player]))
         if self.is_terminal():
-            totals = self.returns()
-            lines.append(
-                fill(t["game_over"], my_total=_fmt(totals[player]), other_total=_fmt(totals[1 - player]))
-            )
+            lines.append(fill(t["game_over"], **totals_fields(self.returns(), player, number_text)))
         return "\n".join(lines)
 
 

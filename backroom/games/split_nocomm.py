@@ -26,7 +26,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backroom.games._common import fill, merge_prompts, split_allocation
+from backroom.games._common import (
+    fill,
+    merge_prompts,
+    name_fields,
+    observation_head,
+    require_count,
+    seat_names,
+    split_allocation,
+    totals_fields,
+)
 from backroom.games.base import (
     CHANCE,
     JSON,
@@ -115,16 +124,12 @@ class SplitNoComm(Game):
         names: list[str] | None = None,
         prompts: dict[str, str] | None = None,
     ) -> None:
-        if not isinstance(rounds, int) or rounds < 1:
-            raise ValueError("split_nocomm: rounds must be a positive integer")
-        if not isinstance(quantity, int) or quantity < 1:
-            raise ValueError("split_nocomm: quantity must be a positive integer")
+        require_count(self.name, "rounds", rounds)
+        require_count(self.name, "quantity", quantity)
         if not 0 <= low < high:
             raise ValueError("split_nocomm: need 0 <= low < high")
         self.rounds, self.quantity, self.low, self.high = rounds, quantity, int(low), int(high)
-        self.names = list(names or ["Alice", "Bob"])
-        if len(self.names) != 2:
-            raise ValueError("split_nocomm: names must name both players")
+        self.names = seat_names(self.name, names, ["Alice", "Bob"])
         self.prompt_overrides = dict(prompts or {})
         self.prompts = merge_prompts(PROMPTS, prompts, self.name)
         self.outcomes = value_outcomes(self.low, self.high)
@@ -156,6 +161,11 @@ def _items(d: Mapping[str, Any] | Sequence[Any]) -> str:
 
 def _values(v: Sequence[int]) -> str:
     return ", ".join(f"{k}={x}" for k, x in zip(ITEMS, v, strict=True))
+
+
+def _points(x: float) -> float:
+    # The paper's code prints points rounded to one decimal, "50.0" included.
+    return round(x, 1)
 
 
 class SplitState(State):
@@ -263,18 +273,13 @@ class SplitState(State):
     def is_terminal(self) -> bool:
         return len(self.history) >= self.game.rounds
 
-
     # --- what players see ------------------------------------------------------
 
     def observation(self, player: int) -> dict[str, JSON]:
         other = 1 - player
         totals = self.returns()
         obs: dict[str, Any] = {
-            "game": "split_nocomm",
-            "round": len(self.history) + (0 if self.is_terminal() else 1),
-            "rounds": self.game.rounds,
-            "player": player,
-            "phase": "act",
+            **observation_head(self, player, self.game.rounds),
             "names": self.game.names,
             "items": list(ITEMS),
             "quantities": {k: self.game.quantity for k in ITEMS},
@@ -282,8 +287,7 @@ class SplitState(State):
             "other_values": dict(zip(ITEMS, self.values[other], strict=True)) if self.values else None,
             # Everything here is public, so the history is kept by seat.
             "history": copy.deepcopy(self.history),
-            "my_total": totals[player],
-            "other_total": totals[other],
+            **totals_fields(totals, player),
         }
         if self.is_terminal():
             obs["returns"] = totals
@@ -292,7 +296,7 @@ class SplitState(State):
     def prompt(self, player: int) -> str:
         g, t = self.game, self.game.prompts
         other = 1 - player
-        names = {"agent": g.names[player], "other_agent": g.names[other]}
+        names = name_fields(g.names, player)
         quantities = _items({k: g.quantity for k in ITEMS})
         parts = [fill(t["intro"], **names)]
         for i, h in enumerate(self.history):
@@ -306,16 +310,14 @@ class SplitState(State):
                     other_values=_values(h["values"][other]),
                     my_proposal=_items(h["proposals"][player]),
                     other_proposal=_items(h["proposals"][other]),
-                    my_points=round(h["rewards"][player], 1),
-                    other_points=round(h["rewards"][other], 1),
+                    my_points=_points(h["rewards"][player]),
+                    other_points=_points(h["rewards"][other]),
                     **names,
                 )
             )
         if self.is_terminal():
-            totals = self.returns()
-            parts.append(
-                fill(t["game_over"], my_total=round(totals[player], 1), other_total=round(totals[other], 1), **names)
-            )
+            totals = totals_fields(self.returns(), player, _points)
+            parts.append(fill(t["game_over"], **totals, **names))
         elif self.values is not None:
             parts.append(
                 fill(

@@ -20,25 +20,22 @@ the other hand appears only in the history of finished rounds.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from backroom.games._common import (
-    TalkState,
+    CountTalkState,
     fill,
     merge_prompts,
-    parse_int,
+    name_fields,
+    number_text,
+    observation_head,
+    require_count,
+    seat_names,
     split_allocation,
+    totals_fields,
 )
-from backroom.games.base import (
-    CHANCE,
-    JSON,
-    Action,
-    ActionSpec,
-    Game,
-    IllegalActionError,
-    register,
-)
+from backroom.games.base import JSON, Action, Game, IllegalActionError, register
 
 HANDS = ("rock", "paper", "scissors")
 #: hand -> the hand it has the upper hand over.
@@ -113,10 +110,8 @@ class TrustAndSplit(Game):
         names: list[str] | None = None,
         prompts: dict[str, str] | None = None,
     ) -> None:
-        if not isinstance(rounds, int) or rounds < 1:
-            raise ValueError("trust_and_split: rounds must be a positive integer")
-        if not isinstance(coins, int) or coins < 1:
-            raise ValueError("trust_and_split: coins must be a positive integer")
+        require_count(self.name, "rounds", rounds)
+        require_count(self.name, "coins", coins)
         if not isinstance(messages_per_round, int) or messages_per_round < 0:
             raise ValueError("trust_and_split: messages_per_round must be >= 0")
         if first_speaker not in (None, 0, 1):
@@ -127,9 +122,7 @@ class TrustAndSplit(Game):
         self.upper_value, self.lower_value = float(upper_value), float(lower_value)
         self.messages_per_round, self.max_chars = messages_per_round, int(max_chars)
         self.first_speaker = first_speaker
-        self.names = list(names or ["Alice", "Bob"])
-        if len(self.names) != 2:
-            raise ValueError("trust_and_split: names must name both players")
+        self.names = seat_names(self.name, names, ["Alice", "Bob"])
         self.prompt_overrides = dict(prompts or {})
         self.prompts = merge_prompts(PROMPTS, prompts, self.name)
 
@@ -151,11 +144,13 @@ class TrustAndSplit(Game):
 
 
 def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
+    # The paper's code prints per-coin values and totals with one decimal.
+    return number_text(x, ".1f")
 
 
-class TrustAndSplitState(TalkState):
+class TrustAndSplitState(CountTalkState):
     game: TrustAndSplit
+    count_what = "the number of coins to keep"
 
     def __init__(self, game: TrustAndSplit, seed: int | None) -> None:
         super().__init__(game, seed)
@@ -188,16 +183,9 @@ class TrustAndSplitState(TalkState):
             return None
         return (s + len(self.messages)) % 2
 
-    def _sync_phase(self) -> None:
-        self.phase = "talk" if self.speaker() is not None else "act"
-
-    def current_players(self) -> frozenset[int]:
-        if self.is_terminal():
-            return frozenset()
-        if self.first_speaker is None or self.hands is None:
-            return frozenset({CHANCE})
-        speaker = self.speaker()
-        return frozenset({speaker}) if speaker is not None else frozenset({0, 1})
+    def _at_chance(self) -> bool:
+        # The first speaker (once) and each round's hands are drawn by chance.
+        return self.first_speaker is None or self.hands is None
 
     def chance_outcomes(self) -> list[tuple[Action, float]]:
         if self.is_terminal():
@@ -225,28 +213,17 @@ class TrustAndSplitState(TalkState):
             raise IllegalActionError("not a chance node")
         self._sync_phase()
 
-    def legal_actions(self, player: int) -> Sequence[Action]:
-        if player not in self.current_players() or player == CHANCE or self.phase == "talk":
-            return []
-        return list(range(self.game.coins + 1))
+    def count_range(self) -> tuple[int, int]:
+        return 0, self.game.coins
 
-    def act_spec(self, player: int) -> ActionSpec:
-        return ActionSpec(schema={"type": "integer", "minimum": 0, "maximum": self.game.coins})
+    def default_act(self, player: int) -> Action:
+        # A proposal of nothing, as Split No-Comm's parser gives an unreadable proposal.
+        return 0
 
-    def check_act(self, player: int, action: Action) -> Action:
-        return parse_int(action, 0, self.game.coins, "the number of coins to keep")
+    def _add_message(self, seat: int, text: str) -> None:
+        self.messages.append({"seat": seat, "text": text})
 
-    def default_action(self, player: int) -> Action:
-        # Silence in the chat; a proposal of nothing, as Split No-Comm's parser
-        # gives an unreadable proposal.
-        return "" if self.phase == "talk" else 0
-
-    def _apply(self, actions: Mapping[int, Action]) -> None:
-        if self.phase == "talk":
-            ((seat, text),) = actions.items()
-            self.messages.append({"seat": seat, "text": text})
-            self._sync_phase()
-            return
+    def _apply_act(self, actions: Mapping[int, Action]) -> None:
         assert self.hands is not None
         g = self.game
         props = [int(actions[0]), int(actions[1])]
@@ -268,24 +245,17 @@ class TrustAndSplitState(TalkState):
         )
         self.hands = None
         self.messages = []
-        self._sync_phase()
 
     def is_terminal(self) -> bool:
         return len(self.history) >= self.game.rounds
 
-
     # --- what players see ------------------------------------------------------
 
     def observation(self, player: int) -> dict[str, JSON]:
-        other = 1 - player
         g = self.game
         totals = self.returns()
         obs: dict[str, Any] = {
-            "game": "trust_and_split",
-            "round": self.round_index + (0 if self.is_terminal() else 1),
-            "rounds": g.rounds,
-            "player": player,
-            "phase": self.phase,
+            **observation_head(self, player, g.rounds),
             "names": g.names,
             "coins": g.coins,
             "values": {"upper": g.upper_value, "lower": g.lower_value},
@@ -296,8 +266,7 @@ class TrustAndSplitState(TalkState):
             "speaker": self.speaker(),
             "messages": [dict(m) for m in self.messages],
             "history": copy.deepcopy(self.history),
-            "my_total": totals[player],
-            "other_total": totals[other],
+            **totals_fields(totals, player),
         }
         if self.is_terminal():
             obs["returns"] = totals
@@ -319,7 +288,7 @@ class TrustAndSplitState(TalkState):
     def prompt(self, player: int) -> str:
         g, t = self.game, self.game.prompts
         other = 1 - player
-        names = {"agent": g.names[player], "other_agent": g.names[other]}
+        names = name_fields(g.names, player)
         parts = [
             fill(
                 t["intro"],
@@ -339,10 +308,8 @@ class TrustAndSplitState(TalkState):
                 fill(t["previous_round"], relation=relation, other_proposal=h["proposals"][other], **names)
             )
         if self.is_terminal():
-            totals = self.returns()
-            parts.append(
-                fill(t["game_over"], my_total=_num(totals[player]), other_total=_num(totals[other]), **names)
-            )
+            totals = totals_fields(self.returns(), player, _num)
+            parts.append(fill(t["game_over"], **totals, **names))
             return "\n".join(parts)
         if self.hands is None:
             return "\n".join(parts)
