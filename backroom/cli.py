@@ -273,7 +273,7 @@ def _execute(
         table.add_row(agent_id, str(int(row["matches"])), f"{row['raw']:+.3f}", f"{row['reward']:+.3f}", str(int(row["timeouts"])))
     console.print(table)
     outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(summary["outcomes"].items()))
-    console.print(f"outcomes: {outcomes}; {result.matches_per_second:.1f} matches/s")
+    console.print(f"outcomes: {outcomes}; {result.matches_per_second:.1f} matches/s while playing")
     console.print(f"episodes: {result.run_dir / 'episodes.jsonl'}")
 
 

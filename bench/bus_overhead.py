@@ -38,7 +38,7 @@ from backroom.bus.broker import Broker
 from backroom.bus.client import Bus, BusConfig, install_uvloop
 from backroom.bus.wire import MatchRequest, MatchSpec
 from backroom.referee.service import Referee
-from backroom.runner.config import RunConfig
+from backroom.runner.config import AgentEntry, RunConfig
 from backroom.runner.local import run_local
 
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
@@ -164,7 +164,7 @@ def throughput(concurrency: int, matches: int, runs: Path) -> float:
         params={"variant": "loki"},
         matches=matches,
         concurrency=concurrency,
-        agents=[{"id": f"t{i}", "kind": "random"} for i in range(3)],  # type: ignore[list-item]
+        agents=[AgentEntry(id=f"t{i}", kind="random") for i in range(3)],
         turn_timeout_s=30,
     )
     result = asyncio.run(run_local(config, runs_dir=runs))
@@ -176,6 +176,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--in-process", action="store_true", help="agents on the referee's event loop")
+    ap.add_argument("--only", choices=["latency", "throughput"], help="run one half of the benchmark")
     ap.add_argument("--echo", nargs=3, metavar=("PORT", "USER", "PASSWORD"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     install_uvloop()
@@ -186,26 +187,36 @@ def main() -> None:
     n_rtt, n_matches = (300, 60) if args.quick else (2000, 300)
     with tempfile.TemporaryDirectory() as d:
         runs = Path(d)
-        with Broker(runs / "broker") as broker:
+        if args.only != "throughput":
+            latency_part(runs, n_rtt, n_matches, args.in_process)
+        if args.only != "latency":
+            throughput_part(runs, args.quick)
 
-            async def latency() -> tuple[list[float], list[float]]:
-                raw = await raw_round_trips(broker, n_rtt)
-                moves = await referee_moves(broker, runs, n_matches, args.in_process)
-                raw2 = await raw_round_trips(broker, n_rtt)  # again, to bracket the noise
-                return raw + raw2, moves
 
-            raw, moves = asyncio.run(latency())
-        raw_ms, move_ms = statistics.median(raw) * 1e3, statistics.median(moves) * 1e3
-        print(f"raw aiomqtt round trip (QoS 1)    median {raw_ms:.3f} ms  (n={len(raw)})")
-        where = "agents in the referee's process" if args.in_process else "agents in their own processes"
-        print(f"referee-mediated Kuhn move        median {move_ms:.3f} ms  (n={len(moves)} matches; {where})")
-        print(f"ratio move / raw                  {move_ms / raw_ms:.2f}x   (target <= 1.5x)")
-        print()
-        rates = {}
-        for n, m in ((1, 100 if args.quick else 300), (10, 300 if args.quick else 1000), (100, 1000 if args.quick else 3000)):
-            rates[n] = throughput(n, m, runs)
-            print(f"{n:>3} concurrent matches: {rates[n]:8.1f} matches/s  ({m} matches, separate processes)")
-        print(f"throughput ratio N=100 / N=1      {rates[100] / rates[1]:.1f}x   (target >= 20x)")
+def latency_part(runs: Path, n_rtt: int, n_matches: int, in_process: bool) -> None:
+    with Broker(runs / "broker") as broker:
+
+        async def latency() -> tuple[list[float], list[float]]:
+            raw = await raw_round_trips(broker, n_rtt)
+            moves = await referee_moves(broker, runs, n_matches, in_process)
+            raw2 = await raw_round_trips(broker, n_rtt)  # again, to bracket the noise
+            return raw + raw2, moves
+
+        raw, moves = asyncio.run(latency())
+    raw_ms, move_ms = statistics.median(raw) * 1e3, statistics.median(moves) * 1e3
+    print(f"raw aiomqtt round trip (QoS 1)    median {raw_ms:.3f} ms  (n={len(raw)})")
+    where = "agents in the referee's process" if in_process else "agents in their own processes"
+    print(f"referee-mediated Kuhn move        median {move_ms:.3f} ms  (n={len(moves)} matches; {where})")
+    print(f"ratio move / raw                  {move_ms / raw_ms:.2f}x   (target <= 1.5x)")
+    print()
+
+
+def throughput_part(runs: Path, quick: bool) -> None:
+    rates = {}
+    for n, m in ((1, 100 if quick else 300), (10, 300 if quick else 1000), (100, 1000 if quick else 3000)):
+        rates[n] = throughput(n, m, runs)
+        print(f"{n:>3} concurrent matches: {rates[n]:8.1f} matches/s  ({m} matches, separate processes)")
+    print(f"throughput ratio N=100 / N=1      {rates[100] / rates[1]:.1f}x   (target >= 20x)")
 
 
 if __name__ == "__main__":

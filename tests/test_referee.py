@@ -251,6 +251,33 @@ async def test_offline_agent_is_not_waited_for(broker: Broker, tmp_path: Path) -
     assert ep.reason == "timeout" and 0 in ep.timeouts
 
 
+async def test_a_seat_given_up_as_offline_is_not_taken_back_by_a_late_answer(broker: Broker, tmp_path: Path) -> None:
+    from backroom.bus.wire import Status
+
+    names = ["lazy", "slow", "idle"]
+    configs = [identity(broker, n) for n in names]
+    await asyncio.sleep(0.05)
+    async with stack(broker, tmp_path / "runs", []), Runner(broker) as run:
+        async with RawAgent(configs[0]) as lazy, RawAgent(configs[1]) as slow, RawAgent(configs[2]) as idle:
+            spec = loki_spec(names, channels=[], turn_timeout_s=20, params={"variant": "loki", "start": 0})
+            await run.submit("late", spec)
+            first = await lazy.next_of(Turn, timeout=10)
+            await lazy.bus.publish(topics.status("lazy"), Status(state="offline"), retain=True)
+            # the referee gives lazy's turn up after its 1 s grace, not the 20 s timeout, and moves on
+            await slow.next_of(Turn, timeout=5)
+            await lazy.send(Action(match="late", turn=first.turn, action="call"))  # type: ignore[attr-defined]
+            err = await lazy.next_of(Error, timeout=5)
+            stop = asyncio.Event()
+            players = [asyncio.create_task(play_raw(r, "call", stop)) for r in (slow, idle)]
+            (ep,) = await run.wait(["late"], timeout=20)
+            stop.set()
+            await asyncio.gather(*players)
+    assert err.reason == "not_your_turn"  # type: ignore[attr-defined]
+    assert ep.reason == "timeout" and 0 in ep.timeouts
+    mine = [a for a in ep.actions if a.seat == 0]
+    assert mine and all(a.timed_out for a in mine)  # the late "call" was not recorded or applied
+
+
 async def test_duplicate_and_unrunnable_requests(broker: Broker, tmp_path: Path) -> None:
     players = agents(("a", "random"), ("b", "random"), ("c", "random"))
     async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:

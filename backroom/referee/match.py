@@ -60,7 +60,6 @@ class Pending:
     turn: int
     phase: str
     channel: str | None
-    future: asyncio.Future[Any]
     sent_at: float = field(default_factory=time.perf_counter)
 
 
@@ -88,7 +87,9 @@ class Match:
         self.rng = random.Random(spec.seed ^ 0x5EED)
         self.turn_no = 0
         self.seq = 0
-        self.pending: dict[int, Pending] = {}
+        self.pending: dict[int, Pending] = {}  # seats the open turn still waits on
+        self.answers: dict[int, Any] = {}  # what the open turn got so far
+        self.turn_over: asyncio.Future[None] | None = None  # set when the open turn has nothing left to wait for
         self.free_chat_used: dict[tuple[str, int], int] = {}
         self.actions: list[ActionRecord] = []
         self.deliveries: list[DeliveryRecord] = []
@@ -119,8 +120,6 @@ class Match:
             reason, detail = "error", f"{type(exc).__name__}: {exc}"
             self.referee.log.exception("match %s failed", self.id)
         finally:
-            for p in self.pending.values():
-                p.future.cancel()
             self.pending.clear()
         await self.finish(reason, detail)
 
@@ -185,9 +184,7 @@ class Match:
     def void(self, why: str) -> None:
         """Stop the match at the next await; its record will say ``voided`` and why."""
         self.voided = why
-        for p in self.pending.values():
-            if not p.future.done():
-                p.future.cancel()
+        self.end_turn()
 
     def seat_offline(self, agent: str) -> None:
         """An agent's last will said offline: default its open turns after a short grace.
@@ -196,14 +193,20 @@ class Match:
         the referee notices it lost the broker too, and an agent that merely
         reconnects comes back within the grace.
         """
-        loop = asyncio.get_running_loop()
-        for seat, p in self.pending.items():
-            if self.spec.seats[seat] == agent and not p.future.done():
-                loop.call_later(self.referee.offline_grace_s, self._give_up, agent, p.future)
+        if any(self.spec.seats[seat] == agent for seat in self.pending):
+            asyncio.get_running_loop().call_later(self.referee.offline_grace_s, self._give_up, agent, self.turn_no)
 
-    def _give_up(self, agent: str, fut: asyncio.Future[Any]) -> None:
-        if agent in self.referee.offline and not fut.done():
-            fut.cancel()
+    def _give_up(self, agent: str, turn_no: int) -> None:
+        if agent not in self.referee.offline or turn_no != self.turn_no:
+            return
+        for seat in [s for s in self.pending if self.spec.seats[s] == agent]:
+            del self.pending[seat]  # it gets the timeout default when the turn ends
+        if not self.pending:
+            self.end_turn()
+
+    def end_turn(self) -> None:
+        if self.turn_over is not None and not self.turn_over.done():
+            self.turn_over.set_result(None)
 
     def game_channel(self) -> ChannelSpec:
         for c in self.channels.values():
@@ -214,32 +217,34 @@ class Match:
     # --- turns ----------------------------------------------------------------
 
     async def turn(self, seats: list[int], phase: str, channel: str | None) -> dict[int, Any]:
-        """Ask ``seats`` for their move, wait until all answer or the deadline passes."""
+        """Ask ``seats`` for their move, wait until all answer or the deadline passes.
+
+        One future per turn, set by whatever ends it (the last answer, the
+        deadline, every open seat gone offline, the match voided): the match
+        task wakes once, in the loop iteration after the answer arrived.
+        """
         self.turn_no += 1
         loop = asyncio.get_running_loop()
+        self.answers = {}
+        self.turn_over = loop.create_future()
         for seat in seats:
-            fut: asyncio.Future[Any] = loop.create_future()
-            self.pending[seat] = Pending(self.turn_no, phase, channel, fut)
+            self.pending[seat] = Pending(self.turn_no, phase, channel)
             self.send_turn(seat)
         self.referee.public_pending(self)
-        waits = {seat: self.pending[seat].future for seat in seats}
         for seat in seats:
             if self.spec.seats[seat] in self.referee.offline:
                 self.seat_offline(self.spec.seats[seat])
-        open_futures = [f for f in waits.values() if not f.done()]
-        if open_futures:
-            await asyncio.wait(open_futures, timeout=self.spec.turn_timeout_s)
+        if not self.pending:
+            self.end_turn()
+        deadline = loop.call_later(self.spec.turn_timeout_s, self.end_turn)
+        try:
+            await self.turn_over
+        finally:
+            deadline.cancel()
+            self.pending.clear()
         if self.voided:
             raise Voided(self.voided)
-        answers: dict[int, Any] = {}
-        for seat, fut in waits.items():
-            self.pending.pop(seat, None)
-            if fut.done() and not fut.cancelled():
-                answers[seat] = fut.result()
-            else:
-                fut.cancel()
-                answers[seat] = self.on_timeout(seat, phase)
-        return answers
+        return {seat: self.answers[seat] if seat in self.answers else self.on_timeout(seat, phase) for seat in seats}
 
     def send_turn(self, seat: int) -> None:
         p = self.pending[seat]
@@ -319,9 +324,11 @@ class Match:
             except IllegalActionError as exc:
                 return self.reject(agent, msg, "illegal_action", str(exc))
         self.referee.latency(agent, p.phase).observe(time.perf_counter() - p.sent_at)
-        self.pending.pop(seat)
+        del self.pending[seat]
         self.record(seat, p.phase, answer)
-        p.future.set_result(answer)
+        self.answers[seat] = answer
+        if not self.pending:
+            self.end_turn()
 
     def free_chat(self, agent: str, seat: int, msg: Chat) -> None:
         channel = self.channels.get(msg.channel)

@@ -76,7 +76,7 @@ class Referee:
         self.offline: set[str] = set()
         self.kinds: dict[str, str] = {}
         self.batching: set[str] = set()  # agents whose status says they read batched inboxes
-        self._counters: dict[str, Any] = {}
+        self._counters: dict[tuple[str, str], Any] = {}
         self._latency: dict[tuple[str, str], Any] = {}
         self.bus: Bus | None = None
         self.idle = asyncio.Event()
@@ -138,7 +138,7 @@ class Referee:
         if not isinstance(msg, MatchRequest):
             metrics.INVALID_INPUTS.labels(reason="request_unknown_type").inc()
             return
-        metrics.MESSAGES.labels(direction="in", type=msg.type).inc()
+        self._counter("in", msg.type).inc()
         if msg.match in self.matches or msg.match in self.finished_ids:
             return  # a redelivered request (QoS 1 is at least once): the match runs once
         try:
@@ -177,7 +177,7 @@ class Referee:
     def _from_agent(self, agent: str, msg: Any) -> None:
         if isinstance(msg, WireError):
             return self.reject(agent, msg.reason, msg.detail)
-        metrics.MESSAGES.labels(direction="in", type=msg.type).inc()
+        self._counter("in", msg.type).inc()
         if not isinstance(msg, Action | Chat):
             return self.reject(agent, "unexpected_type", f"agents send action or chat, not {msg.type!r}")
         match = self.matches.get(msg.match or "")
@@ -221,7 +221,7 @@ class Referee:
         With ``batch``, messages to the same topic in one loop iteration share
         an MQTT message (only for readers that said they split batches).
         """
-        self._out_counter(getattr(msg, "type", "?")).inc()
+        self._counter("out", getattr(msg, "type", "?")).inc()
         assert self.bus is not None
         if batch:
             self.bus.publish_batched(topic, msg)
@@ -258,11 +258,11 @@ class Referee:
     def send_to(self, agent: str, msg: BaseModel) -> None:
         self.send(topics.inbox(agent), msg, batch=agent in self.batching)
 
-    def _out_counter(self, kind: str) -> Any:
+    def _counter(self, direction: str, kind: str) -> Any:
         # Label lookups cost microseconds each; the hot path caches the children.
-        child = self._counters.get(kind)
+        child = self._counters.get((direction, kind))
         if child is None:
-            child = self._counters[kind] = metrics.MESSAGES.labels(direction="out", type=kind)
+            child = self._counters[(direction, kind)] = metrics.MESSAGES.labels(direction=direction, type=kind)
         return child
 
     def latency(self, agent: str, phase: str) -> Any:

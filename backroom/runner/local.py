@@ -37,13 +37,25 @@ class RunError(RuntimeError):
 class RunResult:
     config: RunConfig
     episodes: list[EpisodeRecord]
-    seconds: float
+    seconds: float  # wall clock of the whole run, processes starting up included
     run_dir: Path
     broker_url: str
+    play_seconds: float = 0.0  # first request out to last episode in
 
     @property
     def matches_per_second(self) -> float:
-        return len(self.episodes) / self.seconds if self.seconds > 0 else 0.0
+        """Rate of play: from the first request to the last episode, so the
+        seconds that processes take to import and connect do not dilute it."""
+        seconds = self.play_seconds or self.seconds
+        return len(self.episodes) / seconds if seconds > 0 else 0.0
+
+
+@dataclass
+class PlayClock:
+    """When a run's first request went out and its last episode came in (``perf_counter``)."""
+
+    started: float = 0.0
+    ended: float = 0.0
 
 
 @dataclass
@@ -191,6 +203,7 @@ async def run_matches(
     ready_timeout_s: float = 60.0,
     ack_timeout_s: float = 2.0,
     traces_path: Path | None = None,
+    clock: PlayClock | None = None,
 ) -> list[EpisodeRecord]:
     """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
 
@@ -241,6 +254,8 @@ async def run_matches(
             on_episode(record, len(episodes))
         if len(episodes) == len(wanted):
             all_done.set()
+            if clock is not None:
+                clock.ended = time.perf_counter()
 
     async def resubmit() -> None:
         """Send again what no referee acknowledged: a broker restart can drop a request.
@@ -287,6 +302,8 @@ async def run_matches(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ready.wait(), 0.1)
         resubmitter = asyncio.create_task(resubmit())
+        if clock is not None:
+            clock.started = time.perf_counter()
         bus.set_busy(config.concurrency >= BUSY_MATCHES)
         for match_id, (_, spec) in zip(match_ids, config.match_specs(), strict=False):
             await window.acquire()
@@ -331,11 +348,12 @@ async def run_local(
             waiting = ["referee"] + [a.id for a in config.agents]
         bus_config = stack.identity("runner", role="runner")
         t0 = time.perf_counter()
+        clock = PlayClock()
         episodes = await run_matches(
-            config, bus_config, waiting, stack, on_episode, traces_path=run_dir / "traces.jsonl"
+            config, bus_config, waiting, stack, on_episode, traces_path=run_dir / "traces.jsonl", clock=clock
         )
         seconds = time.perf_counter() - t0
-        return RunResult(config, episodes, seconds, run_dir, stack.url)
+        return RunResult(config, episodes, seconds, run_dir, stack.url, clock.ended - clock.started)
     finally:
         stack.stop()
 
