@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from backroom.agents import make_agent
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
@@ -160,7 +161,9 @@ async def test_private_messages_reach_only_members_and_the_eavesdropper(
 
 
 async def test_bad_input_gets_errors_and_the_match_goes_on(broker: Broker, tmp_path: Path) -> None:
-    players = agents(("a", "random"), ("b", "random"), ("x", "random"), ("y", "random"))
+    # a and b call, so the betting reaches mallory (random players could both fold before her turn)
+    players = [make_agent("always", "a", action="call"), make_agent("always", "b", action="call")]
+    players += agents(("x", "random"), ("y", "random"))
     async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
         async with RawAgent(identity(broker, "mallory")) as mal, RawAgent(identity(broker, "zed")):
             # an unrelated match mallory is not in, held open by zed who never answers

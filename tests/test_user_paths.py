@@ -110,7 +110,7 @@ async def test_referee_process_serves_prometheus_metrics(broker: Broker, tmp_pat
             ids = [f"x{i}" for i in range(5)]
             for i, m in enumerate(ids):
                 await run.submit(m, loki_spec(["a", "b", "c"], seed=i, channels=[]))
-            await run.wait(ids)
+            eps = await run.wait(ids)
             await mal.send(b"not json")
             await mal.next_of(Error)
         for r in runners:
@@ -128,9 +128,12 @@ async def test_referee_process_serves_prometheus_metrics(broker: Broker, tmp_pat
 
     assert value(r'backroom_matches_finished_total\{game="kuhn",outcome="normal"\}') == 5
     assert value(r'backroom_matches_started_total\{game="kuhn"\}') == 5
-    assert value(r'backroom_turn_latency_seconds_count\{kind="random",phase="act"\}') >= 5 * 3
+    # random players may fold a match short, so count what the records say was played
+    acts = sum(1 for e in eps for a in e.actions if a.phase == "act")
+    assert acts >= 5 * 2
+    assert value(r'backroom_turn_latency_seconds_count\{kind="random",phase="act"\}') == acts
     assert value(r'backroom_invalid_inputs_total\{reason="malformed"\}') == 1
-    assert value(r'backroom_messages_total\{direction="out",type="turn"\}') >= 15
+    assert value(r'backroom_messages_total\{direction="out",type="turn"\}') == acts
     assert "match=" not in text and 'match="' not in text  # labels stay bounded
 
 
