@@ -9,8 +9,11 @@
    process and each agent in its own, as deployed — the same process
    boundary as the raw pair. (``--in-process`` puts the agents on the
    referee's event loop too; then all their packets share one core.)
+   Both run side by side: ten blocks of raw round trips alternate with ten
+   blocks of matches, so the machine's drift touches both alike.
 3. Throughput: matches per second with N = 1, 10, 100 concurrent matches, every
-   part a separate OS process as ``backroom run`` starts them.
+   part a separate OS process as ``backroom run`` starts them, counted from the
+   first request to the last episode (process start-up is not play).
 
 Run: ``python bench/bus_overhead.py`` (add ``--quick`` for a short run). The
 machine is shared and noisy: read the ratios, not the absolute numbers.
@@ -20,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiomqtt
@@ -65,13 +70,14 @@ async def echo(cfg: BusConfig) -> None:
             await cb.publish("backroom/v1/bench/pong", msg.payload, qos=1)
 
 
-async def raw_round_trips(broker: Broker, n: int) -> list[float]:
+@contextlib.asynccontextmanager
+async def raw_pair(broker: Broker) -> AsyncIterator[Callable[[int], Awaitable[list[float]]]]:
+    """The reference: yields ``ping(n)``, n timed aiomqtt round trips through the echo process."""
     a, b = identity(broker, "bench-a", "referee"), identity(broker, "bench-b", "referee")
     await asyncio.sleep(0.1)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--echo", str(b.port), b.username or "", b.password or ""
     )
-    samples: list[float] = []
     try:
         async with client(a) as ca:
             await ca.subscribe("backroom/v1/bench/pong", qos=1)
@@ -84,28 +90,33 @@ async def raw_round_trips(broker: Broker, n: int) -> list[float]:
                     break
                 except TimeoutError:
                     continue
-            for _ in range(n):
-                t = time.perf_counter()
-                await ca.publish("backroom/v1/bench/ping", payload, qos=1)
-                await it.__anext__()
-                samples.append(time.perf_counter() - t)
+
+            async def ping(n: int) -> list[float]:
+                samples = []
+                for _ in range(n):
+                    t = time.perf_counter()
+                    await ca.publish("backroom/v1/bench/ping", payload, qos=1)
+                    await it.__anext__()
+                    samples.append(time.perf_counter() - t)
+                return samples
+
+            yield ping
     finally:
         proc.terminate()
         await proc.wait()
-    return samples
 
 
 def spec(seats: list[str], seed: int) -> MatchSpec:
     return MatchSpec(game="kuhn", params={"variant": "loki"}, seats=seats, seed=seed, run="bench", turn_timeout_s=10)
 
 
-async def referee_moves(broker: Broker, runs: Path, matches: int, in_process: bool) -> list[float]:
-    """Mean referee turn latency per match, one match at a time."""
+@contextlib.asynccontextmanager
+async def refereed(broker: Broker, runs: Path, in_process: bool) -> AsyncIterator[Callable[[int], Awaitable[list[float]]]]:
+    """The measured side: yields ``play(n)``, the mean referee turn latency of each of n matches, one at a time."""
     names = ["p0", "p1", "p2"]
     configs = [identity(broker, n) for n in names]
     runner_cfg = identity(broker, "runner", "runner")
     await asyncio.sleep(0.1)
-    per_match: list[float] = []
     procs: list[asyncio.subprocess.Process] = []
     runners: list[AgentRunner] = []
     async with Referee(identity(broker, "referee", "referee"), runs_dir=runs) as ref:
@@ -122,26 +133,35 @@ async def referee_moves(broker: Broker, runs: Path, matches: int, in_process: bo
         while any(ref.kind_of(n) != "random" for n in names):  # online, so latency is labelled by kind
             await asyncio.sleep(0.05)
         done = asyncio.Event()
+        played = 0
 
         def on_episode(_t: str, _p: bytes) -> None:
             done.set()
 
         async with Bus(runner_cfg) as bus:
             await bus.subscribe(topics.ALL_EPISODES, on_episode)
-            for i in range(matches):
-                before_sum, before_n = _hist_totals()
-                done.clear()
-                await bus.publish(topics.CONTROL_MATCHES, MatchRequest(match=f"rm{i}", spec=spec(names, i)))
-                await done.wait()
-                after_sum, after_n = _hist_totals()
-                if after_n > before_n:
-                    per_match.append((after_sum - before_sum) / (after_n - before_n))
+
+            async def play(n: int) -> list[float]:
+                nonlocal played
+                per_match = []
+                for _ in range(n):
+                    before_sum, before_n = _hist_totals()
+                    done.clear()
+                    played += 1
+                    request = MatchRequest(match=f"rm{played}", spec=spec(names, played))
+                    await bus.publish(topics.CONTROL_MATCHES, request)
+                    await done.wait()
+                    after_sum, after_n = _hist_totals()
+                    if after_n > before_n:
+                        per_match.append((after_sum - before_sum) / (after_n - before_n))
+                return per_match
+
+            yield play
         for r in runners:
             await r.__aexit__(None, None, None)
         for p in procs:
             p.terminate()
             await p.wait()
-    return per_match
 
 
 def _hist_totals() -> tuple[float, float]:
@@ -184,7 +204,7 @@ def main() -> None:
         port, user, password = args.echo
         asyncio.run(echo(BusConfig(port=int(port), username=user, password=password)))
         return
-    n_rtt, n_matches = (300, 60) if args.quick else (2000, 300)
+    n_rtt, n_matches = (600, 60) if args.quick else (4000, 300)
     with tempfile.TemporaryDirectory() as d:
         runs = Path(d)
         if args.only != "throughput":
@@ -193,14 +213,18 @@ def main() -> None:
             throughput_part(runs, args.quick)
 
 
-def latency_part(runs: Path, n_rtt: int, n_matches: int, in_process: bool) -> None:
+def latency_part(runs: Path, n_rtt: int, n_matches: int, in_process: bool, blocks: int = 10) -> None:
+    """Raw round trips and refereed moves alternate in blocks, so the machine's drift hits both alike."""
     with Broker(runs / "broker") as broker:
 
         async def latency() -> tuple[list[float], list[float]]:
-            raw = await raw_round_trips(broker, n_rtt)
-            moves = await referee_moves(broker, runs, n_matches, in_process)
-            raw2 = await raw_round_trips(broker, n_rtt)  # again, to bracket the noise
-            return raw + raw2, moves
+            raw: list[float] = []
+            moves: list[float] = []
+            async with raw_pair(broker) as ping, refereed(broker, runs, in_process) as play:
+                for _ in range(blocks):
+                    raw += await ping(n_rtt // blocks)
+                    moves += await play(n_matches // blocks)
+            return raw, moves
 
         raw, moves = asyncio.run(latency())
     raw_ms, move_ms = statistics.median(raw) * 1e3, statistics.median(moves) * 1e3
