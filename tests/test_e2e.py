@@ -35,6 +35,11 @@ def test_demo_config_200_matches_through_separate_processes(tmp_path: Path) -> N
         assert len(overheard) == len([d for d in ep.deliveries if d.to_seat != 2])
     on_disk = list(read_episodes(result.run_dir))
     assert len(on_disk) == 200
+    # the rate counts play (first request to last episode), not the processes starting up
+    first_start = min(e.started_at for e in eps)
+    last_end = max(e.ended_at for e in eps)
+    assert last_end - first_start <= result.play_seconds < result.seconds
+    assert result.matches_per_second == pytest.approx(200 / result.play_seconds)
 
 
 def test_cli_demo_prints_the_results_table(tmp_path: Path) -> None:
