@@ -23,6 +23,7 @@ from backroom.bus.wire import (
     MatchRequest,
     MatchSpec,
     RewardTransform,
+    Status,
     Turn,
     parse_all,
 )
@@ -244,8 +245,6 @@ async def test_offline_agent_is_not_waited_for(broker: Broker, tmp_path: Path) -
     async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
         ghost = identity(broker, "ghost")
         async with Bus(ghost) as g:
-            from backroom.bus.wire import Status
-
             await g.publish(topics.status("ghost"), Status(state="offline"), retain=True)
         await asyncio.sleep(0.1)
         spec = loki_spec(["ghost", "a", "b"], channels=[], turn_timeout_s=20)
@@ -255,8 +254,6 @@ async def test_offline_agent_is_not_waited_for(broker: Broker, tmp_path: Path) -
 
 
 async def test_a_seat_given_up_as_offline_is_not_taken_back_by_a_late_answer(broker: Broker, tmp_path: Path) -> None:
-    from backroom.bus.wire import Status
-
     names = ["lazy", "slow", "idle"]
     configs = [identity(broker, n) for n in names]
     await asyncio.sleep(0.05)

@@ -119,8 +119,6 @@ class Match:
         except Exception as exc:  # a bug in a game engine must not take the referee down
             reason, detail = "error", f"{type(exc).__name__}: {exc}"
             self.referee.log.exception("match %s failed", self.id)
-        finally:
-            self.pending.clear()
         await self.finish(reason, detail)
 
     def start(self) -> None:

@@ -40,14 +40,13 @@ class RunResult:
     seconds: float  # wall clock of the whole run, processes starting up included
     run_dir: Path
     broker_url: str
-    play_seconds: float = 0.0  # first request out to last episode in
+    play_seconds: float  # first request out to last episode in
 
     @property
     def matches_per_second(self) -> float:
         """Rate of play: from the first request to the last episode, so the
         seconds that processes take to import and connect do not dilute it."""
-        seconds = self.play_seconds or self.seconds
-        return len(self.episodes) / seconds if seconds > 0 else 0.0
+        return len(self.episodes) / self.play_seconds if self.play_seconds > 0 else 0.0
 
 
 @dataclass
