@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from backroom.agents import make_agent
+from backroom.agents.base import Agent
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
@@ -22,6 +23,7 @@ from backroom.bus.wire import (
     MatchEnd,
     MatchRequest,
     MatchSpec,
+    MatchStart,
     RewardTransform,
     Status,
     Turn,
@@ -315,3 +317,30 @@ async def test_a_batch_from_an_agent_is_judged_message_by_message(broker: Broker
     first = episode.actions[0]
     assert (first.seat, first.action, first.timed_out) == (0, 1, False)  # 1 is "call"
     assert episode.reason == "normal"
+
+
+class Slow(Agent):
+    """Thinks across a loop iteration (as any agent with I/O does) and has a broken match-start hook."""
+
+    kind = "slow"
+
+    async def on_match_start(self, start: MatchStart) -> None:
+        raise RuntimeError("a bug in a hook")
+
+    async def act(self, turn: Turn) -> object:
+        await asyncio.sleep(0.001)
+        return turn.legal["choices"][0]
+
+
+async def test_agents_that_answer_at_once_or_later_or_fail_in_a_hook_all_play(broker: Broker, tmp_path: Path) -> None:
+    """The runtime starts each decision eagerly: random answers inside the delivery callback,
+    ``Slow`` continues in a task. A hook that raises is logged and loses nothing else."""
+    players = [Slow("s"), *agents(("a", "random"), ("b", "random"))]
+    async with stack(broker, tmp_path / "runs", players) as (_ref, runners), Runner(broker) as run:
+        ids = [f"e{i}" for i in range(20)]
+        for i, m in enumerate(ids):
+            await run.submit(m, loki_spec(["s", "a", "b"], seed=i, channels=[]))
+        eps = await run.wait(ids)
+        assert not runners[0].tasks  # every decision task finished and was let go
+    assert all(ep.reason == "normal" and not ep.timeouts for ep in eps)
+    assert sum(a.seat == 0 for ep in eps for a in ep.actions) >= 10  # Slow's answers, none timed out

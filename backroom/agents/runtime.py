@@ -23,6 +23,7 @@ from backroom import metrics
 from backroom.agents.base import Agent
 from backroom.bus import topics
 from backroom.bus.client import BUSY_MATCHES, Bus, BusConfig, Will
+from backroom.bus.eager import start_eagerly
 from backroom.bus.wire import (
     Action,
     Chat,
@@ -199,9 +200,16 @@ class AgentRunner:
             return None
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        # Eager: a decision that needs no I/O (a scripted policy) answers in
+        # this very callback, with no task and no extra loop iteration.
+        try:
+            task = start_eagerly(coro)
+        except Exception:
+            log.exception("%s: handler failed", self.agent.id)
+            return
+        if task is not None:
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
 
 async def serve(agent: Agent, config: BusConfig) -> None:

@@ -237,19 +237,19 @@ class Bus:
         self._write(topic, data, qos, retain)
 
     def publish_batched(self, topic: str, payload: bytes | BaseModel) -> None:
-        """Like ``publish_nowait`` (QoS 1), but messages for the same ``topic``
-        share MQTT messages when they come faster than one at a time.
+        """Like ``publish_nowait`` (QoS 1), but when the process is busy
+        (``set_busy``), messages for the same ``topic`` share MQTT messages.
 
-        A batch goes out once the loop has run what is ready now, except
+        Not busy (``linger_s`` 0, a few matches in flight): the message is
+        written to the socket in this call, so an answer leaves before the
+        handler that made it returns. Busy: a batch goes out once the loop
+        has run what is ready now, except
 
         * while the previous batch to this topic waits for its PUBACK:
           messages gather until it arrives (Nagle's algorithm, clocked by the
           broker's acknowledgements);
-        * with ``linger_s`` > 0, at most one batch per topic leaves every
-          ``linger_s`` (a throttle like Kafka's ``linger.ms``; the first one
-          goes at once). Processes set it when they have many matches in
-          flight (``set_busy``), and leave it at 0 for one match at a time,
-          which then never waits.
+        * at most one batch per topic leaves every ``linger_s`` (a throttle
+          like Kafka's ``linger.ms``; the first one goes at once).
 
         A hundred matches in flight pay the per-packet cost of the
         pure-Python MQTT client once per batch instead of once per message.
@@ -258,6 +258,11 @@ class Bus:
         """
         data = payload if isinstance(payload, bytes) else payload.model_dump_json().encode()
         parts = self._batches.get(topic)
+        if parts is None and self.linger_s == 0 and topic not in self._batch_unacked:
+            self._write(topic, data, 1, False)
+            if self._drain is not None and self.connected.is_set():
+                self._drain()  # the socket now, not one loop iteration later
+            return
         if parts is None:
             self._batches[topic] = [data]
             self._batch_bytes[topic] = len(data)
