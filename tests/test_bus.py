@@ -11,7 +11,19 @@ from backroom.bus import topics
 from backroom.bus.auth import hash_password
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus, BusConfig, BusError, NotAuthorizedError
-from backroom.bus.wire import MAX_PAYLOAD_BYTES, Action, WireError, parse, parse_all
+from backroom.bus.wire import (
+    MAX_PAYLOAD_BYTES,
+    Action,
+    ActionRecord,
+    Episode,
+    EpisodeRecord,
+    MatchSpec,
+    WireError,
+    dump,
+    dump_episode,
+    parse,
+    parse_all,
+)
 
 from .conftest import identity
 
@@ -112,6 +124,21 @@ def test_a_batch_is_parsed_message_by_message() -> None:
     assert isinstance(bad, WireError) and bad.reason == "malformed"
     (big,) = parse_all(b"[" + b" " * MAX_PAYLOAD_BYTES + b"]", MAX_PAYLOAD_BYTES)
     assert isinstance(big, WireError) and big.reason == "oversized"
+
+
+def test_an_episode_around_a_serialised_record_is_the_episode_message() -> None:
+    spec = MatchSpec(game="kuhn", params={"variant": "loki"}, seats=["a", "b", "c"], seed=3)
+    record = EpisodeRecord(
+        match="m:1", run="r", referee="ref", spec=spec, game="kuhn", params=spec.params, seed=3, crn_group=None,
+        seats=spec.seats, actions=[ActionRecord(turn=1, t=1.5, seat=0, agent="a", phase="act", action="call")],
+        deliveries=[], round_rewards=[[1.0, -1.0, 0.0]], raw_returns=[1.0, -1.0, 0.0], returns=[1.0, -1.0, 0.0],
+        reason="normal", started_at=1.0, ended_at=2.0, final_observations=[{"card": 4, "text": 'quote " é'}],
+    )
+    payload = dump_episode("m:1", record.model_dump_json().encode())
+    msg = parse(payload)
+    assert isinstance(msg, Episode) and msg.match == "m:1" and msg.record == record
+    reference = Episode(match="m:1", record=record, ts=msg.ts)
+    assert payload == dump(reference)  # byte for byte what serialising the whole message gives
 
 
 async def test_batched_publishes_share_packets_when_busy_keep_order_and_go_at_once_when_not(broker: Broker) -> None:

@@ -351,3 +351,14 @@ def parse_all(payload: bytes | str, max_bytes: int = MAX_MESSAGE_BYTES) -> list[
 
 def dump(msg: BaseModel) -> bytes:
     return msg.model_dump_json(exclude_none=False).encode()
+
+
+class _EpisodeEnvelope(Envelope):
+    type: Literal["episode"] = "episode"
+
+
+def dump_episode(match: str, record_json: bytes) -> bytes:
+    """An ``Episode`` message around a record already serialised (for episodes.jsonl):
+    the same bytes as ``dump(Episode(match=match, record=record))`` without serialising it twice."""
+    head = _EpisodeEnvelope(match=match).model_dump_json().encode()
+    return head[:-1] + b',"record":' + record_json + b"}"

@@ -14,9 +14,6 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from backroom.bus.wire import EpisodeRecord
-
-
 class EpisodeLog:
     def __init__(self, runs_dir: str | Path) -> None:
         self.runs_dir = Path(runs_dir)
@@ -26,10 +23,10 @@ class EpisodeLog:
     def path(self, run: str) -> Path:
         return self.runs_dir / run / "episodes.jsonl"
 
-    async def append(self, record: EpisodeRecord) -> None:
-        """Return once the record is on disk."""
+    async def append(self, run: str, record_json: bytes) -> None:
+        """Return once the record (serialised once, by the caller, for disk and bus alike) is on disk."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((self.path(record.run), (record.model_dump_json() + "\n").encode(), done))
+        self._waiting.append((self.path(run), record_json + b"\n", done))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._drain())
         await done
@@ -52,7 +49,8 @@ class EpisodeLog:
         for path, line, _ in batch:
             by_path.setdefault(path, []).append(line)
         for path, lines in by_path.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.parent.is_dir():
+                path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
                 os.write(fd, b"".join(lines))

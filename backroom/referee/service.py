@@ -41,6 +41,7 @@ from backroom.bus.wire import (
     Status,
     WireError,
     dump,
+    dump_episode,
     parse,
     parse_all,
 )
@@ -279,10 +280,12 @@ class Referee:
         self.send_to(agent, Error(match=match, reason=reason, detail=detail, ref_seq=ref_seq))
 
     async def finished(self, match: Match, record: EpisodeRecord) -> None:
-        await self.episodes.append(record)
+        record_json = record.model_dump_json().encode()  # the longest message: serialised once
+        await self.episodes.append(record.run, record_json)
         metrics.MATCHES_FINISHED.labels(game=record.game, outcome=record.reason).inc()
         assert self.bus is not None
-        self.bus.publish_batched(topics.episodes(record.game), Episode(match=record.match, record=record))
+        self._counter("out", "episode").inc()
+        self.bus.publish_batched(topics.episodes(record.game), dump_episode(record.match, record_json))
 
     def _publish_refusal(self, msg: MatchRequest, why: str) -> None:
         """A request the referee cannot run still gets an episode, so the runner never waits forever."""
@@ -309,9 +312,10 @@ class Referee:
         self.finished_ids[msg.match] = None
 
         async def publish() -> None:
-            await self.episodes.append(record)
+            await self.episodes.append(record.run, record.model_dump_json().encode())
             metrics.MATCHES_FINISHED.labels(game=record.game, outcome="error").inc()
             assert self.bus is not None
+            self._counter("out", "episode").inc()
             await self.bus.publish(topics.episodes(record.game), Episode(match=record.match, record=record))
 
         self._spawn(publish())
