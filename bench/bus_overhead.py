@@ -86,6 +86,8 @@ async def raw_pair(broker: Broker) -> AsyncIterator[Callable[[int], Awaitable[li
             payload = b'{"type":"action","v":1,"turn":1,"action":1}'
             it = ca.messages.__aiter__()
             while True:  # until the echo process is up
+                if proc.returncode is not None:
+                    raise RuntimeError(f"the echo process exited with {proc.returncode}")
                 await ca.publish("backroom/v1/bench/ping", payload, qos=1)
                 try:
                     await asyncio.wait_for(it.__anext__(), 0.2)

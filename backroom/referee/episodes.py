@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+
 class EpisodeLog:
     def __init__(self, runs_dir: str | Path) -> None:
         self.runs_dir = Path(runs_dir)
