@@ -86,3 +86,20 @@ async def test_an_exception_caught_inside_the_coroutine_after_a_wait_is_handled_
     assert task is not None
     gate.set_exception(RuntimeError("boom"))
     assert await task == "handled boom"
+
+
+async def test_the_first_step_runs_as_part_of_its_caller_so_callers_opt_in() -> None:
+    """Why ``Agent.inline`` is opt-in on 3.11: until its first wait the coroutine has no task of its
+    own (in a delivery callback there is none at all, and asyncio.timeout raises)."""
+    seen: list[object] = []
+
+    async def probe() -> None:
+        seen.append(asyncio.current_task())
+        await asyncio.sleep(0)
+        seen.append(asyncio.current_task())
+
+    caller = asyncio.current_task()
+    task = start_eagerly(probe())
+    assert task is not None
+    await task
+    assert seen == [caller, task]

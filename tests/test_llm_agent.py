@@ -56,7 +56,7 @@ def test_retry_after_forms() -> None:
 
 
 async def test_serve_model_endpoints(smol: Backend, tmp_path: Path) -> None:
-    async with running_server(serve_model_app(smol, "smol")) as url, httpx.AsyncClient(base_url=url) as http:
+    async with running_server(serve_model_app(smol, "smol")) as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
         models = (await http.get("/v1/models")).json()
         assert [m["id"] for m in models["data"]] == ["smol"]
         body = {"model": "smol", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 5,
@@ -272,7 +272,7 @@ def test_bertrand_planning_window_and_strategy_injection() -> None:
 async def test_serve_model_loads_a_lora_adapter_at_run_time(tiny_qwen: tuple[Path, Path]) -> None:  # noqa: F811
     model_dir, adapter_dir = tiny_qwen
     backend = shared_backend(str(model_dir), device="cpu")
-    async with running_server(serve_model_app(backend, "tiny")) as url, httpx.AsyncClient(base_url=url) as http:
+    async with running_server(serve_model_app(backend, "tiny")) as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
         load = await http.post("/v1/load_lora_adapter", json={"lora_name": "v1", "lora_path": str(adapter_dir)})
         assert load.status_code == 200 and "added successfully" in load.text
         again = await http.post("/v1/load_lora_adapter", json={"lora_name": "v1", "lora_path": str(adapter_dir)})

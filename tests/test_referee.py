@@ -320,27 +320,44 @@ async def test_a_batch_from_an_agent_is_judged_message_by_message(broker: Broker
 
 
 class Slow(Agent):
-    """Thinks across a loop iteration (as any agent with I/O does) and has a broken match-start hook."""
+    """Inline, but waits across a loop iteration (the rest runs in a task), and has a broken hook."""
 
     kind = "slow"
+    inline = True
 
     async def on_match_start(self, start: MatchStart) -> None:
         raise RuntimeError("a bug in a hook")
 
     async def act(self, turn: Turn) -> object:
         await asyncio.sleep(0.001)
+        async with asyncio.timeout(1):  # after the first wait it runs in a real task
+            await asyncio.sleep(0)
         return turn.legal["choices"][0]
 
 
-async def test_agents_that_answer_at_once_or_later_or_fail_in_a_hook_all_play(broker: Broker, tmp_path: Path) -> None:
-    """The runtime starts each decision eagerly: random answers inside the delivery callback,
-    ``Slow`` continues in a task. A hook that raises is logged and loses nothing else."""
-    players = [Slow("s"), *agents(("a", "random"), ("b", "random"))]
+class Timed(Agent):
+    """Not inline (the default): its decision starts in a task, so it may use asyncio.timeout at once."""
+
+    kind = "timed"
+
+    async def act(self, turn: Turn) -> object:
+        async with asyncio.timeout(1):
+            await asyncio.sleep(0)
+        return turn.legal["choices"][-1]
+
+
+async def test_agents_that_answer_inline_in_a_task_or_later_or_fail_in_a_hook_all_play(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """random answers inside the delivery callback, ``Slow`` starts there and continues in a task,
+    ``Timed`` runs in a task from the start. A hook that raises is logged and loses nothing else."""
+    players = [Slow("s"), Timed("t"), *agents(("r", "random"))]
     async with stack(broker, tmp_path / "runs", players) as (_ref, runners), Runner(broker) as run:
         ids = [f"e{i}" for i in range(20)]
         for i, m in enumerate(ids):
-            await run.submit(m, loki_spec(["s", "a", "b"], seed=i, channels=[]))
+            await run.submit(m, loki_spec(["s", "t", "r"], seed=i, channels=[]))
         eps = await run.wait(ids)
-        assert not runners[0].tasks  # every decision task finished and was let go
-    assert all(ep.reason == "normal" and not ep.timeouts for ep in eps)
-    assert sum(a.seat == 0 for ep in eps for a in ep.actions) >= 10  # Slow's answers, none timed out
+        assert not runners[0].tasks and not runners[1].tasks  # every decision task finished and was let go
+    assert all(ep.reason == "normal" and not ep.timeouts and ep.invalid_inputs == 0 for ep in eps)
+    for seat in (0, 1):
+        assert sum(a.seat == seat for ep in eps for a in ep.actions) >= 10  # answered, none timed out

@@ -34,6 +34,12 @@ class Agent:
     kind: ClassVar[str] = "custom"
     #: Decisions may run concurrently across matches; set False to serialise them.
     concurrent: ClassVar[bool] = True
+    #: Run ``act``, ``talk`` and the hooks inside the delivery callback up to
+    #: their first real wait, with no task and no loop iteration before the
+    #: answer leaves (``bus.eager``). For policies that answer at once; until
+    #: that first wait there is no current task, so ``asyncio.timeout`` and
+    #: ``asyncio.current_task()`` are out. Off by default, on for scripted kinds.
+    inline: ClassVar[bool] = False
     #: Name of the policy whose checkpoint messages this agent follows (trainable agents).
     policy: str | None = None
 
@@ -95,6 +101,13 @@ class Agent:
 
 A = TypeVar("A", bound=type[Agent])
 _KINDS: dict[str, type[Agent]] = {}
+
+
+
+class ScriptedAgent(Agent):
+    """A policy computed from the turn alone, at once: it runs inline (see ``Agent.inline``)."""
+
+    inline = True
 
 
 def register_agent(name: str) -> Callable[[A], A]:

@@ -200,13 +200,15 @@ class AgentRunner:
             return None
 
     def _spawn(self, coro: Any) -> None:
-        # Eager: a decision that needs no I/O (a scripted policy) answers in
-        # this very callback, with no task and no extra loop iteration.
-        try:
-            task = start_eagerly(coro)
-        except Exception:
-            log.exception("%s: handler failed", self.agent.id)
-            return
+        if not self.agent.inline:
+            task: asyncio.Task[Any] | None = asyncio.get_running_loop().create_task(coro)
+        else:
+            # A scripted policy answers in this very callback: no task, no extra loop iteration.
+            try:
+                task = start_eagerly(coro)
+            except Exception:
+                log.exception("%s: handler failed", self.agent.id)
+                return
         if task is not None:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)

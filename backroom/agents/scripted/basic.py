@@ -9,13 +9,13 @@ from typing import Any
 
 import yaml
 
-from backroom.agents.base import JSON, Agent, choices, register_agent
+from backroom.agents.base import JSON, ScriptedAgent, choices, register_agent
 from backroom.bus.wire import Turn
 from backroom.games.base import ActionSpec
 
 
 @register_agent("random")
-class RandomAgent(Agent):
+class RandomAgent(ScriptedAgent):
     """Uniform over the legal choices, or over the range or shape the game describes."""
 
     async def act(self, turn: Turn) -> JSON:
@@ -23,7 +23,7 @@ class RandomAgent(Agent):
 
 
 @register_agent("always")
-class AlwaysAgent(Agent):
+class AlwaysAgent(ScriptedAgent):
     """Always the same action (by value or by name); the first legal one when it is not legal."""
 
     def __init__(self, agent_id: str, action: Any = None, **options: Any) -> None:
@@ -62,7 +62,7 @@ def load_policy(path: str | Path) -> dict[str, Any]:
 
 
 @register_agent("table")
-class TableAgent(Agent):
+class TableAgent(ScriptedAgent):
     """Plays a fixed policy keyed by the engine's information-state strings.
 
     Actions are keyed by their JSON text (``"0"``, ``"2"``) or by name

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from backroom.agents.base import JSON, Agent, register_agent
+from backroom.agents.base import JSON, ScriptedAgent, register_agent
 from backroom.bus.wire import Turn
 
 
 @register_agent("level-k")
-class LevelK(Agent):
+class LevelK(ScriptedAgent):
     """Level 0 guesses 50; level k best-responds to a crowd of level k-1: 50 * (2/3)^k.
 
     With ``announce`` it states its number in the discussion ("I will select X."),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from backroom.agents.base import JSON, Agent, register_agent
+from backroom.agents.base import JSON, ScriptedAgent, register_agent
 from backroom.bus.wire import Turn
 from backroom.games.bertrand import Equilibrium, equilibrium_prices
 
@@ -35,7 +35,7 @@ def clamp(turn: Turn, price: float) -> float:
 
 
 @register_agent("nash-pricer")
-class NashPricer(Agent):
+class NashPricer(ScriptedAgent):
     """Always the one-shot Nash price: the competitive benchmark."""
 
     async def act(self, turn: Turn) -> JSON:
@@ -43,7 +43,7 @@ class NashPricer(Agent):
 
 
 @register_agent("cartel-pricer")
-class CartelPricer(Agent):
+class CartelPricer(ScriptedAgent):
     """Always the joint-profit-maximising price: what a perfect cartel would charge."""
 
     async def act(self, turn: Turn) -> JSON:
@@ -51,7 +51,7 @@ class CartelPricer(Agent):
 
 
 @register_agent("undercutter")
-class Undercutter(Agent):
+class Undercutter(ScriptedAgent):
     """Opens at the cartel price, then prices ``step`` below the rival's last price, never below cost.
 
     ``step`` defaults to a tenth of the gap between the Nash and cartel prices.
@@ -72,7 +72,7 @@ class Undercutter(Agent):
 
 
 @register_agent("tft-pricer")
-class TitForTatPricer(Agent):
+class TitForTatPricer(ScriptedAgent):
     """Opens at the cartel price, then matches the rival's last price: rewards high prices, follows cuts."""
 
     async def act(self, turn: Turn) -> JSON:

@@ -6,14 +6,14 @@ with ``action: A`` or ``action: B`` (the IPD's legal choices are "A" and "B").
 
 from __future__ import annotations
 
-from backroom.agents.base import JSON, Agent, register_agent
+from backroom.agents.base import JSON, ScriptedAgent, register_agent
 from backroom.bus.wire import Turn
 
 COOPERATE, DEFECT = "A", "B"
 
 
 @register_agent("tit-for-tat")
-class TitForTat(Agent):
+class TitForTat(ScriptedAgent):
     """A first, then the other's previous move: the reciprocity Advantage Alignment learns."""
 
     async def act(self, turn: Turn) -> JSON:
@@ -21,7 +21,7 @@ class TitForTat(Agent):
 
 
 @register_agent("grim-trigger")
-class GrimTrigger(Agent):
+class GrimTrigger(ScriptedAgent):
     """A until the other plays B once, then B for the rest of the game."""
 
     async def act(self, turn: Turn) -> JSON:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import re
 
-from backroom.agents.base import JSON, Agent, choices, register_agent
+from backroom.agents.base import JSON, ScriptedAgent, choices, register_agent
 from backroom.bus.wire import Turn
 
 _CARD = re.compile(r"my card is (\d+)")
 
 
 @register_agent("kuhn-colluder")
-class KuhnColluder(Agent):
+class KuhnColluder(ScriptedAgent):
     async def talk(self, turn: Turn) -> str | None:
         return f"my card is {turn.observation['card']}"
 

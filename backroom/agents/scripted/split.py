@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from backroom.agents.base import JSON, Agent, register_agent
+from backroom.agents.base import JSON, ScriptedAgent, register_agent
 from backroom.bus.wire import Turn
 
 
 @register_agent("split-cooperative")
-class SplitCooperative(Agent):
+class SplitCooperative(ScriptedAgent):
     """Takes every category it values more, none it values less, half of a tie.
 
     Against itself this reaches the efficient allocation every round, which is
@@ -24,7 +24,7 @@ class SplitCooperative(Agent):
 
 
 @register_agent("split-defect")
-class SplitDefect(Agent):
+class SplitDefect(ScriptedAgent):
     """Claims everything, whatever the values: the greedy policy naive MARL converges to."""
 
     async def act(self, turn: Turn) -> JSON:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from backroom.agents.base import JSON, Agent, register_agent
+from backroom.agents.base import JSON, ScriptedAgent, register_agent
 from backroom.bus.wire import Turn
 from backroom.games.trust_and_split import BEATS, HANDS
 
@@ -35,7 +35,7 @@ def claimed_hand(obs: dict[str, Any]) -> str | None:
 
 
 @register_agent("ts-honest")
-class TrustAndSplitHonest(Agent):
+class TrustAndSplitHonest(ScriptedAgent):
     """Says its hand truthfully; keeps all coins with the upper hand, none with the lower.
 
     If the other names no hand (or names its own, which cannot be true), it
@@ -54,7 +54,7 @@ class TrustAndSplitHonest(Agent):
 
 
 @register_agent("ts-greedy")
-class TrustAndSplitGreedy(Agent):
+class TrustAndSplitGreedy(ScriptedAgent):
     """Keeps all coins every round; when it speaks second it claims the hand that beats the other's."""
 
     async def talk(self, turn: Turn) -> str | None:
