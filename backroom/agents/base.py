@@ -37,8 +37,8 @@ class Agent:
     #: Run ``act``, ``talk`` and the hooks inside the delivery callback up to
     #: their first real wait, with no task and no loop iteration before the
     #: answer leaves (``bus.eager``). For policies that answer at once; until
-    #: that first wait there is no current task, so ``asyncio.timeout`` and
-    #: ``asyncio.current_task()`` are out. Off by default, on for scripted kinds.
+    #: that first wait they have no task of their own, so ``asyncio.timeout``
+    #: and ``asyncio.current_task()`` are out. Off by default, on for scripted kinds.
     inline: ClassVar[bool] = False
     #: Name of the policy whose checkpoint messages this agent follows (trainable agents).
     policy: str | None = None
@@ -101,7 +101,6 @@ class Agent:
 
 A = TypeVar("A", bound=type[Agent])
 _KINDS: dict[str, type[Agent]] = {}
-
 
 
 class ScriptedAgent(Agent):

@@ -2,10 +2,10 @@
 
 A message handler that answers at once (a scripted agent's ``act``)
 otherwise pays for a task and one event-loop iteration before its answer can
-leave: on the move path of a Kuhn match that is about 40 µs. Python 3.12 has this built in
-(``asyncio.Task(..., eager_start=True)``); 3.11, which backroom supports,
-does not, so on 3.11 the first step is driven by hand and a coroutine that
-suspends is wrapped so a task resumes it exactly where it stopped.
+leave: about 40 µs of a Kuhn move (docs/speed.md). Python 3.12 has this
+built in (``asyncio.Task(..., eager_start=True)``); 3.11, which backroom
+supports, does not, so on 3.11 the first step is driven by hand and a
+coroutine that suspends is wrapped so a task resumes it where it stopped.
 
 The price on 3.11: until its first real wait the coroutine runs as part of
 its caller, with no task of its own (in a delivery callback there is none at
