@@ -572,11 +572,15 @@ def _write_from_the_loop(paho_client: paho.Client) -> Callable[[], None]:
     loop = asyncio.get_running_loop()
     loop_thread = threading.get_ident()
     via_aiomqtt = paho_client.on_socket_register_write
-    scheduled = False
+    scheduled: asyncio.Handle | None = None
 
     def drain() -> None:
+        # Also called directly (a write that must leave now): then the
+        # scheduled call has nothing left to do, so it is cancelled.
         nonlocal scheduled
-        scheduled = False
+        if scheduled is not None:
+            scheduled.cancel()
+            scheduled = None
         paho_client.loop_write()
         sock = paho_client.socket()
         if paho_client.want_write() and via_aiomqtt is not None and sock is not None:
@@ -588,9 +592,8 @@ def _write_from_the_loop(paho_client: paho.Client) -> Callable[[], None]:
             if via_aiomqtt is not None:
                 via_aiomqtt(client, userdata, sock)
             return
-        if not scheduled:
-            scheduled = True
-            loop.call_soon(drain)
+        if scheduled is None:
+            scheduled = loop.call_soon(drain)
 
     paho_client.on_socket_register_write = register_write
     return drain
