@@ -13,7 +13,12 @@
    blocks of matches, so the machine's drift touches both alike.
 3. Throughput: matches per second with N = 1, 10, 100 concurrent matches, every
    part a separate OS process as ``backroom run`` starts them, counted from the
-   first request to the last episode (process start-up is not play).
+   first request to the last episode (process start-up is not play). Beside
+   it, the in-process loop: the same matches played on the game engine alone
+   (no bus, no referee), the floor of what a match costs. For each N it prints
+   the CPU time every process spent per match (``/proc``, Linux), which says
+   what bounds the rate: one referee process can use one core, and all
+   processes together can use every core.
 
 Run: ``python bench/bus_overhead.py`` (add ``--quick`` for a short run). The
 machine is shared and noisy: read the ratios, not the absolute numbers.
@@ -25,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import socket
 import statistics
 import sys
@@ -42,6 +48,7 @@ from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus, BusConfig, install_uvloop
 from backroom.bus.wire import MatchRequest, MatchSpec
+from backroom.games import make_game
 from backroom.referee.service import Referee
 from backroom.runner.config import AgentEntry, RunConfig
 from backroom.runner.local import run_local
@@ -181,7 +188,47 @@ def _hist_totals() -> tuple[float, float]:
     return total, count
 
 
-def throughput(concurrency: int, matches: int, runs: Path) -> float:
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def children_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of this process and the processes it started, by pid (Linux)."""
+    out: dict[int, tuple[str, float]] = {}
+    me = os.getpid()
+    for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        pid, ppid = int(entry.name), int(fields[1])
+        if pid == me or ppid == me:
+            out[pid] = (_role(argv), (int(fields[11]) + int(fields[12])) / TICKS)
+    return out
+
+
+def _role(argv: list[bytes]) -> str:
+    words = [a.decode(errors="replace") for a in argv if a]
+    if words and words[0].endswith("mosquitto"):
+        return "broker"
+    if "referee" in words:
+        return "referee"
+    if "agent" in words and "--id" in words:
+        return f"agent {words[words.index('--id') + 1]}"
+    return "runner"
+
+
+def throughput(concurrency: int, matches: int, runs: Path) -> tuple[float, dict[str, float]]:
+    """Matches per second, and each process's CPU milliseconds per match from the first episode to the last."""
+    snaps: list[dict[int, tuple[str, float]]] = []
+
+    def on_episode(_record: object, n: int) -> None:
+        if n in (1, matches):
+            snaps.append(children_cpu())
+
     config = RunConfig(
         run=f"bench-n{concurrency}",
         game="kuhn",
@@ -191,9 +238,28 @@ def throughput(concurrency: int, matches: int, runs: Path) -> float:
         agents=[AgentEntry(id=f"t{i}", kind="random") for i in range(3)],
         turn_timeout_s=30,
     )
-    result = asyncio.run(run_local(config, runs_dir=runs))
+    result = asyncio.run(run_local(config, runs_dir=runs, on_episode=on_episode))
     assert all(e.reason == "normal" for e in result.episodes)
-    return result.matches_per_second
+    cpu: dict[str, float] = {}
+    if len(snaps) == 2:
+        first, last = snaps
+        for pid, (role, seconds) in last.items():
+            if pid in first:
+                cpu[role] = (seconds - first[pid][1]) / (matches - 1) * 1e3
+    return result.matches_per_second, cpu
+
+
+def in_process_loop(matches: int) -> float:
+    """The floor: matches per second of the game engine alone, random legal moves, one core."""
+    game = make_game("kuhn", variant="loki")
+    rng = random.Random(0)
+    t = time.perf_counter()
+    for seed in range(matches):
+        state = game.new_initial_state(seed)
+        while not state.is_terminal():
+            state.apply({p: state.action_spec(p).sample(rng) for p in state.current_players()})
+        state.returns()
+    return matches / (time.perf_counter() - t)
 
 
 def main() -> None:
@@ -241,10 +307,29 @@ def latency_part(runs: Path, n_rtt: int, n_matches: int, in_process: bool, block
 
 def throughput_part(runs: Path, quick: bool) -> None:
     rates = {}
+    cpus = {}
     for n, m in ((1, 100 if quick else 300), (10, 300 if quick else 1000), (100, 1000 if quick else 3000)):
-        rates[n] = throughput(n, m, runs)
+        rates[n], cpus[n] = throughput(n, m, runs)
         print(f"{n:>3} concurrent matches: {rates[n]:8.1f} matches/s  ({m} matches, separate processes)")
+    loop = in_process_loop(3000 if quick else 20000)
+    print(f"in-process loop (engine alone): {loop:8.1f} matches/s  (one core, no bus, no referee)")
     print(f"throughput ratio N=100 / N=1      {rates[100] / rates[1]:.1f}x   (target >= 20x)")
+    print(f"ratio in-process loop / N=100     {loop / rates[100]:.1f}x")
+    if all(cpus.values()):
+        print()
+        print("CPU per match (ms), from the first episode to the last:")
+        roles = sorted(cpus[100], key=lambda r: (not r.startswith("referee"), r))
+        print(f"  {'N':>3}  " + "  ".join(f"{r[:10]:>10}" for r in roles) + "       all  wall/match")
+        for n, cpu in cpus.items():
+            wall = 1e3 / rates[n]
+            print(f"  {n:>3}  " + "  ".join(f"{cpu.get(r, 0.0):10.3f}" for r in roles)
+                  + f"  {sum(cpu.values()):8.3f}  {wall:10.3f}")
+        cpu, cores = cpus[100], os.cpu_count() or 1
+        referee = max(v for r, v in cpu.items() if r.startswith("referee"))
+        bound = 1e3 / max(referee, sum(cpu.values()) / cores)
+        print(f"  N=100 bound: one referee core ({referee:.3f} ms/match) and {cores} cores for all "
+              f"({sum(cpu.values()):.3f} ms/match) allow at most {bound:.0f} matches/s = "
+              f"{bound / rates[1]:.1f}x N=1")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+"""The benchmarks still run and report what they promise (no timing is asserted: speed lives in bench/)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bus_overhead_quick_run_prints_both_ratios_and_the_cpu_bound(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bus_overhead.py"), "--quick"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    for label in ("ratio move / raw", "throughput ratio N=100 / N=1", "ratio in-process loop / N=100"):
+        m = re.search(rf"{re.escape(label)}\s+([0-9.]+)x", text)
+        assert m and float(m.group(1)) > 0, f"{label!r} missing from:\n{text}"
+    # The CPU table has a row per N, with a referee, three agents, the broker and the runner, each
+    # of which did some work per match; the bound line names the referee's share.
+    header = next(line for line in text.splitlines() if line.strip().startswith("N ") and "referee" in line)
+    assert all(role in header for role in ("referee", "agent t0", "agent t2", "broker", "runner"))
+    rows = {int(line.split()[0]): [float(v) for v in line.split()[1:]]
+            for line in text.splitlines() if re.match(r"\s+(1|10|100)\s+[0-9.]+\s", line)}
+    assert sorted(rows) == [1, 10, 100]
+    assert all(v > 0 for row in rows.values() for v in row)
+    assert re.search(r"N=100 bound: one referee core \([0-9.]+ ms/match\).*allow at most \d+ matches/s", text)
