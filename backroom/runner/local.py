@@ -33,7 +33,7 @@ class RunError(RuntimeError):
     pass
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     config: RunConfig
     episodes: list[EpisodeRecord]
@@ -47,6 +47,15 @@ class RunResult:
         """Rate of play: from the first request to the last episode, so the
         seconds that processes take to import and connect do not dilute it."""
         return len(self.episodes) / self.play_seconds if self.play_seconds > 0 else 0.0
+
+    def __repr__(self) -> str:
+        # Short on purpose: asyncio.run on Python 3.11 builds the repr of its main
+        # task's result twice on the way out (CPython issue #112559), and the
+        # dataclass repr of every episode took about a second per 10,000 matches.
+        return (
+            f"RunResult(run={self.config.run!r}, episodes={len(self.episodes)}, "
+            f"seconds={self.seconds:.1f}, run_dir={str(self.run_dir)!r})"
+        )
 
 
 @dataclass
