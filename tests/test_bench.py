@@ -31,3 +31,15 @@ def test_bus_overhead_quick_run_prints_both_ratios_and_the_cpu_bound(tmp_path: P
     assert sorted(rows) == [1, 10, 100]
     assert all(v > 0 for row in rows.values() for v in row)
     assert re.search(r"N=100 bound: one referee core \([0-9.]+ ms/match\).*allow at most \d+ matches/s", text)
+    # The target read backwards: 20x the N=1 rate, and the CPU per match that rate leaves on these cores.
+    need = re.search(r"20x N=1 needs (\d+) matches/s: at most ([0-9.]+) ms/match for all processes "
+                     r"\(they spend ([0-9.]+); the agents alone ([0-9.]+)\) and ([0-9.]+) for the referee", text)
+    assert need, text
+    rate_1 = float(re.search(r"\s1 concurrent matches:\s+([0-9.]+) matches/s", text).group(1))  # type: ignore[union-attr]
+    rate, budget, spent, agents, per_core = (float(v) for v in need.groups())
+    cores = os.cpu_count() or 1
+    assert abs(rate - 20 * rate_1) <= 1.5  # the N=1 rate is printed to 0.1
+    assert abs(per_core - 1e3 / (20 * rate_1)) <= 1e-3 * per_core + 5e-4
+    assert abs(budget - cores * per_core) <= (cores + 1) * 5e-4
+    assert abs(spent - rows[100][-2]) <= 1e-3  # the table's "all" column (the last one is wall time)
+    assert 0 < agents < spent
