@@ -326,16 +326,16 @@ def throughput_part(runs: Path, quick: bool) -> None:
                   + f"  {sum(cpu.values()):8.3f}  {wall:10.3f}")
         cpu, cores = cpus[100], os.cpu_count() or 1
         referee = max(v for r, v in cpu.items() if r.startswith("referee"))
-        bound = 1e3 / max(referee, sum(cpu.values()) / cores)
+        total = sum(cpu.values())
+        bound = 1e3 / max(referee, total / cores)
         print(f"  N=100 bound: one referee core ({referee:.3f} ms/match) and {cores} cores for all "
-              f"({sum(cpu.values()):.3f} ms/match) allow at most {bound:.0f} matches/s = "
+              f"({total:.3f} ms/match) allow at most {bound:.0f} matches/s = "
               f"{bound / rates[1]:.1f}x N=1")
         # The target read backwards: the CPU a match may cost at N=100 for 20x N=1 on these cores.
         per_core = 1e3 / (20 * rates[1])  # wall ms per match at 20x: one process's CPU budget
-        budget = cores * per_core
         agents = sum(v for r, v in cpu.items() if r.startswith("agent"))
-        print(f"  20x N=1 needs {20 * rates[1]:.0f} matches/s: at most {budget:.3f} ms/match for all "
-              f"processes (they spend {sum(cpu.values()):.3f}; the agents alone {agents:.3f}) and "
+        print(f"  20x N=1 needs {20 * rates[1]:.0f} matches/s: at most {cores * per_core:.3f} ms/match for all "
+              f"processes (they spend {total:.3f}; the agents alone {agents:.3f}) and "
               f"{per_core:.3f} for the referee (it spends {referee:.3f})")
 
 

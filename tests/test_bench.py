@@ -35,7 +35,9 @@ def test_bus_overhead_quick_run_prints_both_ratios_and_the_cpu_bound(tmp_path: P
     need = re.search(r"20x N=1 needs (\d+) matches/s: at most ([0-9.]+) ms/match for all processes "
                      r"\(they spend ([0-9.]+); the agents alone ([0-9.]+)\) and ([0-9.]+) for the referee", text)
     assert need, text
-    rate_1 = float(re.search(r"\s1 concurrent matches:\s+([0-9.]+) matches/s", text).group(1))  # type: ignore[union-attr]
+    one = re.search(r"\s1 concurrent matches:\s+([0-9.]+) matches/s", text)
+    assert one, text
+    rate_1 = float(one.group(1))
     rate, budget, spent, agents, per_core = (float(v) for v in need.groups())
     cores = os.cpu_count() or 1
     assert abs(rate - 20 * rate_1) <= 1.5  # the N=1 rate is printed to 0.1
