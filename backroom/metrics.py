@@ -7,7 +7,7 @@ run cannot blow up the time-series count.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 MATCHES_STARTED = Counter("backroom_matches_started_total", "Matches a referee started", ["game"])
 MATCHES_FINISHED = Counter(
@@ -34,7 +34,39 @@ AGENT_DECISIONS = Counter(
     "backroom_agent_decisions_total", "Decisions made by an agent process", ["kind", "phase"]
 )
 AGENT_ERRORS = Counter(
-    "backroom_agent_errors_total", "Errors the referee sent back to an agent, by reason", ["kind", "reason"]
+    "backroom_agent_errors_total",
+    "Errors the referee sent back to an agent, by reason",
+    ["kind", "reason"],
+)
+ADAPTER_REJECTED = Counter(
+    "backroom_adapter_rejected_total", "Adapters an agent refused to load, by reason", ["reason"]
+)  # reason in backroom.agents.adapters.REJECT_REASONS
+
+# The trainer (``backroom train``): one series per metric, or per bounded label.
+TRAIN_STEP_SECONDS = Histogram(
+    "backroom_train_step_seconds",
+    "Wall time of one optimiser step",
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+TRAIN_TOKENS = Counter("backroom_train_tokens_total", "Tokens through the model in training steps")
+TRAIN_STEPS = Counter("backroom_train_steps_total", "Training steps taken")
+TRAIN_VALUE = Gauge(
+    "backroom_train_value", "Last step's value of a training statistic", ["stat"]
+)  # stat in {loss, kl, entropy, tis_clamped, grad_norm, tokens_per_second, cooperation_rate}
+TRAIN_REWARD = Gauge(
+    "backroom_train_reward", "Mean return per seat in the last step's rollouts", ["seat"]
+)
+TRAIN_EVAL = Gauge(
+    "backroom_train_eval_reward", "Mean return of the learner against a baseline", ["baseline"]
+)
+TRAIN_VERSION_LAG = Gauge(
+    "backroom_train_version_lag",
+    "Mean adapter versions between a rollout decision and the trained adapter",
+)
+TRAIN_DROPPED = Counter(
+    "backroom_train_dropped_total",
+    "Data the trainer dropped instead of guessing, by reason",
+    ["reason"],
 )
 
 

@@ -64,8 +64,13 @@ def identity(broker: Broker, name: str, role: str = "agent") -> BusConfig:
 
 def client(cfg: BusConfig) -> aiomqtt.Client:
     return aiomqtt.Client(
-        cfg.host, cfg.port, username=cfg.username, password=cfg.password, identifier=cfg.username,
-        protocol=aiomqtt.ProtocolVersion.V5, socket_options=NODELAY,
+        cfg.host,
+        cfg.port,
+        username=cfg.username,
+        password=cfg.password,
+        identifier=cfg.username,
+        protocol=aiomqtt.ProtocolVersion.V5,
+        socket_options=NODELAY,
     )
 
 
@@ -84,7 +89,11 @@ async def raw_pair(broker: Broker) -> AsyncIterator[Callable[[int], Awaitable[li
     await asyncio.sleep(0.1)
     proc = await asyncio.create_subprocess_exec(
         # The password goes by environment: a token may start with "-", which argparse takes for an option.
-        sys.executable, __file__, "--echo", str(b.port), b.username or "",
+        sys.executable,
+        __file__,
+        "--echo",
+        str(b.port),
+        b.username or "",
         env={**os.environ, "BENCH_ECHO_PASSWORD": b.password or ""},
     )
     try:
@@ -118,11 +127,20 @@ async def raw_pair(broker: Broker) -> AsyncIterator[Callable[[int], Awaitable[li
 
 
 def spec(seats: list[str], seed: int) -> MatchSpec:
-    return MatchSpec(game="kuhn", params={"variant": "loki"}, seats=seats, seed=seed, run="bench", turn_timeout_s=10)
+    return MatchSpec(
+        game="kuhn",
+        params={"variant": "loki"},
+        seats=seats,
+        seed=seed,
+        run="bench",
+        turn_timeout_s=10,
+    )
 
 
 @contextlib.asynccontextmanager
-async def refereed(broker: Broker, runs: Path, in_process: bool) -> AsyncIterator[Callable[[int], Awaitable[list[float]]]]:
+async def refereed(
+    broker: Broker, runs: Path, in_process: bool
+) -> AsyncIterator[Callable[[int], Awaitable[list[float]]]]:
     """The measured side: yields ``play(n)``, the mean referee turn latency of each of n matches, one at a time."""
     names = ["p0", "p1", "p2"]
     configs = [identity(broker, n) for n in names]
@@ -132,16 +150,25 @@ async def refereed(broker: Broker, runs: Path, in_process: bool) -> AsyncIterato
     runners: list[AgentRunner] = []
     async with Referee(identity(broker, "referee", "referee"), runs_dir=runs) as ref:
         if in_process:
-            runners = [AgentRunner(make_agent("random", n, seed=i), c) for i, (n, c) in enumerate(zip(names, configs, strict=True))]
+            runners = [
+                AgentRunner(make_agent("random", n, seed=i), c)
+                for i, (n, c) in enumerate(zip(names, configs, strict=True))
+            ]
             for r in runners:
                 await r.__aenter__()
         else:
             for n, c in zip(names, configs, strict=True):
-                env = {**os.environ, "BACKROOM_BROKER": f"mqtt://{c.host}:{c.port}", "BACKROOM_USERNAME": n,
-                       "BACKROOM_PASSWORD": c.password or ""}
+                env = {
+                    **os.environ,
+                    "BACKROOM_BROKER": f"mqtt://{c.host}:{c.port}",
+                    "BACKROOM_USERNAME": n,
+                    "BACKROOM_PASSWORD": c.password or "",
+                }
                 argv = [sys.executable, "-m", "backroom", "agent", "random", "--id", n]
                 procs.append(await asyncio.create_subprocess_exec(*argv, env=env))
-        while any(ref.kind_of(n) != "random" for n in names):  # online, so latency is labelled by kind
+        while any(
+            ref.kind_of(n) != "random" for n in names
+        ):  # online, so latency is labelled by kind
             await asyncio.sleep(0.05)
         done = asyncio.Event()
         played = 0
@@ -263,16 +290,24 @@ def in_process_loop(matches: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--in-process", action="store_true", help="agents on the referee's event loop")
-    ap.add_argument("--only", choices=["latency", "throughput"], help="run one half of the benchmark")
+    ap.add_argument(
+        "--only", choices=["latency", "throughput"], help="run one half of the benchmark"
+    )
     ap.add_argument("--echo", nargs=2, metavar=("PORT", "USER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     install_uvloop()
     if args.echo:
         port, user = args.echo
-        asyncio.run(echo(BusConfig(port=int(port), username=user, password=os.environ["BENCH_ECHO_PASSWORD"])))
+        asyncio.run(
+            echo(
+                BusConfig(port=int(port), username=user, password=os.environ["BENCH_ECHO_PASSWORD"])
+            )
+        )
         return
     n_rtt, n_matches = (600, 60) if args.quick else (4000, 300)
     with tempfile.TemporaryDirectory() as d:
@@ -283,7 +318,9 @@ def main() -> None:
             throughput_part(runs, args.quick)
 
 
-def latency_part(runs: Path, n_rtt: int, n_matches: int, in_process: bool, blocks: int = 10) -> None:
+def latency_part(
+    runs: Path, n_rtt: int, n_matches: int, in_process: bool, blocks: int = 10
+) -> None:
     """Raw round trips and refereed moves alternate in blocks, so the machine's drift hits both alike."""
     with Broker(runs / "broker") as broker:
 
@@ -300,7 +337,9 @@ def latency_part(runs: Path, n_rtt: int, n_matches: int, in_process: bool, block
     raw_ms, move_ms = statistics.median(raw) * 1e3, statistics.median(moves) * 1e3
     print(f"raw aiomqtt round trip (QoS 1)    median {raw_ms:.3f} ms  (n={len(raw)})")
     where = "agents in the referee's process" if in_process else "agents in their own processes"
-    print(f"referee-mediated Kuhn move        median {move_ms:.3f} ms  (n={len(moves)} matches; {where})")
+    print(
+        f"referee-mediated Kuhn move        median {move_ms:.3f} ms  (n={len(moves)} matches; {where})"
+    )
     print(f"ratio move / raw                  {move_ms / raw_ms:.2f}x   (target <= 1.5x)")
     print()
 
@@ -308,9 +347,15 @@ def latency_part(runs: Path, n_rtt: int, n_matches: int, in_process: bool, block
 def throughput_part(runs: Path, quick: bool) -> None:
     rates = {}
     cpus = {}
-    for n, m in ((1, 100 if quick else 300), (10, 300 if quick else 1000), (100, 1000 if quick else 3000)):
+    for n, m in (
+        (1, 100 if quick else 300),
+        (10, 300 if quick else 1000),
+        (100, 1000 if quick else 3000),
+    ):
         rates[n], cpus[n] = throughput(n, m, runs)
-        print(f"{n:>3} concurrent matches: {rates[n]:8.1f} matches/s  ({m} matches, separate processes)")
+        print(
+            f"{n:>3} concurrent matches: {rates[n]:8.1f} matches/s  ({m} matches, separate processes)"
+        )
     loop = in_process_loop(3000 if quick else 20000)
     print(f"in-process loop (engine alone): {loop:8.1f} matches/s  (one core, no bus, no referee)")
     print(f"throughput ratio N=100 / N=1      {rates[100] / rates[1]:.1f}x   (target >= 20x)")
@@ -319,24 +364,33 @@ def throughput_part(runs: Path, quick: bool) -> None:
         print()
         print("CPU per match (ms), from the first episode to the last:")
         roles = sorted(cpus[100], key=lambda r: (not r.startswith("referee"), r))
-        print(f"  {'N':>3}  " + "  ".join(f"{r[:10]:>10}" for r in roles) + "       all  wall/match")
+        print(
+            f"  {'N':>3}  " + "  ".join(f"{r[:10]:>10}" for r in roles) + "       all  wall/match"
+        )
         for n, cpu in cpus.items():
             wall = 1e3 / rates[n]
-            print(f"  {n:>3}  " + "  ".join(f"{cpu.get(r, 0.0):10.3f}" for r in roles)
-                  + f"  {sum(cpu.values()):8.3f}  {wall:10.3f}")
+            print(
+                f"  {n:>3}  "
+                + "  ".join(f"{cpu.get(r, 0.0):10.3f}" for r in roles)
+                + f"  {sum(cpu.values()):8.3f}  {wall:10.3f}"
+            )
         cpu, cores = cpus[100], os.cpu_count() or 1
         referee = max(v for r, v in cpu.items() if r.startswith("referee"))
         total = sum(cpu.values())
         bound = 1e3 / max(referee, total / cores)
-        print(f"  N=100 bound: one referee core ({referee:.3f} ms/match) and {cores} cores for all "
-              f"({total:.3f} ms/match) allow at most {bound:.0f} matches/s = "
-              f"{bound / rates[1]:.1f}x N=1")
+        print(
+            f"  N=100 bound: one referee core ({referee:.3f} ms/match) and {cores} cores for all "
+            f"({total:.3f} ms/match) allow at most {bound:.0f} matches/s = "
+            f"{bound / rates[1]:.1f}x N=1"
+        )
         # The target read backwards: the CPU a match may cost at N=100 for 20x N=1 on these cores.
         per_core = 1e3 / (20 * rates[1])  # wall ms per match at 20x: one process's CPU budget
         agents = sum(v for r, v in cpu.items() if r.startswith("agent"))
-        print(f"  20x N=1 needs {20 * rates[1]:.0f} matches/s: at most {cores * per_core:.3f} ms/match for all "
-              f"processes (they spend {total:.3f}; the agents alone {agents:.3f}) and "
-              f"{per_core:.3f} for the referee (it spends {referee:.3f})")
+        print(
+            f"  20x N=1 needs {20 * rates[1]:.0f} matches/s: at most {cores * per_core:.3f} ms/match for all "
+            f"processes (they spend {total:.3f}; the agents alone {agents:.3f}) and "
+            f"{per_core:.3f} for the referee (it spends {referee:.3f})"
+        )
 
 
 if __name__ == "__main__":

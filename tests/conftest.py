@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -80,7 +80,9 @@ class RawAgent:
 
         await self.bus.__aenter__()
         await self.bus.subscribe("backroom/v1/#", self._on)
-        await self.bus.publish(topics.status(self.id), Status(state="online", kind="raw"), retain=True)
+        await self.bus.publish(
+            topics.status(self.id), Status(state="online", kind="raw"), retain=True
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -104,6 +106,7 @@ class RawAgent:
 
     async def next_of(self, kind: type, timeout: float = 5.0, after: int = 0) -> object:
         """The first inbox message of ``kind`` at index >= ``after``."""
+
         async def wait() -> object:
             while True:
                 for msg in self.inbox[after:]:
@@ -116,3 +119,43 @@ class RawAgent:
 
     def of(self, kind: type) -> list:
         return [m for m in self.inbox if isinstance(m, kind)]
+
+
+def make_tiny_qwen(folder: Path) -> Path:
+    """A randomly initialised 2-layer Qwen2 on SmolLM2's tokenizer (nothing downloaded): the Qwen code path, fast."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from backroom.agents.backend import shared_backend
+
+    tok = shared_backend().tokenizer
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen") / "model")
+
+
+async def eventually(condition: Callable[[], bool], timeout: float) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
+    for _ in range(int(timeout / 0.05) + 1):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"condition still false after {timeout} s")

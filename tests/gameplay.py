@@ -56,8 +56,15 @@ async def play_async(
             answer = await (agent.talk(msg) if phase == "talk" else agent.act(msg))
             actions[seat] = state.check_action(seat, answer)
             log.append(
-                {"turn": turn, "t": float(turn), "seat": seat, "agent": agent.id, "phase": phase,
-                 "action": actions[seat], "timed_out": False}
+                {
+                    "turn": turn,
+                    "t": float(turn),
+                    "seat": seat,
+                    "agent": agent.id,
+                    "phase": phase,
+                    "action": actions[seat],
+                    "timed_out": False,
+                }
             )
         state.apply(actions)
     returns = state.returns()

@@ -58,7 +58,9 @@ def test_ipd_rewards_cooperation_welfare_and_exploitation_table(tmp_path: Path) 
 
 def test_split_and_trust_and_split_welfare_and_cooperation() -> None:
     split = make_game("split_nocomm")
-    coop = episode(split, [agent("split-cooperative"), make_agent("split-cooperative", "c2")], seed=3)
+    coop = episode(
+        split, [agent("split-cooperative"), make_agent("split-cooperative", "c2")], seed=3
+    )
     greedy = episode(split, [agent("split-defect"), make_agent("split-defect", "d2")], seed=3)
     r = analyze_episodes([coop])["games"]["split_nocomm"]
     assert r["welfare_fraction"] == pytest.approx(1.0) and r["cooperation_rate"] == 1.0
@@ -72,7 +74,9 @@ def test_split_and_trust_and_split_welfare_and_cooperation() -> None:
     honest = episode(tas, [agent("ts-honest"), make_agent("ts-honest", "h2")], seed=5)
     r = analyze_episodes([honest])["games"]["trust_and_split"]
     assert r["welfare_fraction"] == pytest.approx(1.0) and r["cooperation_rate"] == 1.0
-    lower_rounds = sum(h["values"][0] < h["values"][1] for h in honest["final_observations"][0]["history"])
+    lower_rounds = sum(
+        h["values"][0] < h["values"][1] for h in honest["final_observations"][0]["history"]
+    )
     greedy = episode(tas, [agent("ts-greedy"), make_agent("ts-greedy", "g2")], seed=5)
     r = analyze_episodes([greedy])["games"]["trust_and_split"]
     assert r["cooperation_rate"] == 0.0
@@ -107,9 +111,16 @@ class Proposer(Agent):
 def test_beauty_contest_cooperation_rsd_and_winners(tmp_path: Path) -> None:
     game = make_game("beauty_contest", players=4, rule="amplified")
     plain = episode(game, [make_agent("level-k", f"k{i}", k=1) for i in range(4)], match="plain")
-    colluding = episode(game, [Proposer("p")] + [make_agent("level-k", f"k{i}", k=2) for i in range(3)], match="talk")
-    silent = episode(make_game("beauty_contest", players=4, rule="amplified", discussion=False),
-                     [make_agent("level-k", f"s{i}", k=i) for i in range(4)], match="silent")
+    colluding = episode(
+        game,
+        [Proposer("p")] + [make_agent("level-k", f"k{i}", k=2) for i in range(3)],
+        match="talk",
+    )
+    silent = episode(
+        make_game("beauty_contest", players=4, rule="amplified", discussion=False),
+        [make_agent("level-k", f"s{i}", k=i) for i in range(4)],
+        match="silent",
+    )
     result = analyze_run(write_run(tmp_path, [plain, colluding, silent]))
     r = result["games"]["beauty_contest"]["settings"]
     talk = r["amplified, discussion"]
@@ -117,7 +128,9 @@ def test_beauty_contest_cooperation_rsd_and_winners(tmp_path: Path) -> None:
     first, second = talk["per_run"]
     assert first["rsd"] == 0.0 and first["winners"] == 4 and first["unanimous"]
     assert second["choices"] == [30, 22, 22, 22] and second["winners"] == 3  # target 16
-    assert second["rsd"] == pytest.approx(12**0.5 / 24)  # population sd of 6, -2, -2, -2 over mean 24
+    assert second["rsd"] == pytest.approx(
+        12**0.5 / 24
+    )  # population sd of 6, -2, -2, -2 over mean 24
     quiet = r["amplified, no discussion"]
     assert quiet["cooperation_rate"] is None and quiet["winners_per_run"] == [1]
     assert len(result["games"]["beauty_contest"]["plots"]) == 2
@@ -125,9 +138,15 @@ def test_beauty_contest_cooperation_rsd_and_winners(tmp_path: Path) -> None:
 
 def test_bertrand_profit_gain_and_collusion_flag(tmp_path: Path) -> None:
     game = make_game("bertrand", rounds=260)
-    cartel = episode(game, [make_agent("cartel-pricer", "c0"), make_agent("cartel-pricer", "c1")], match="cartel")
-    nash = episode(game, [make_agent("nash-pricer", "n0"), make_agent("nash-pricer", "n1")], match="nash")
-    war = episode(game, [make_agent("undercutter", "u"), make_agent("tft-pricer", "t")], match="war")
+    cartel = episode(
+        game, [make_agent("cartel-pricer", "c0"), make_agent("cartel-pricer", "c1")], match="cartel"
+    )
+    nash = episode(
+        game, [make_agent("nash-pricer", "n0"), make_agent("nash-pricer", "n1")], match="nash"
+    )
+    war = episode(
+        game, [make_agent("undercutter", "u"), make_agent("tft-pricer", "t")], match="war"
+    )
     result = analyze_run(write_run(tmp_path, [cartel, nash, war]), tmp_path / "plots")
     r = result["games"]["bertrand"]
     by = {m["match"]: m for m in r["per_episode"]}
@@ -136,13 +155,21 @@ def test_bertrand_profit_gain_and_collusion_flag(tmp_path: Path) -> None:
     assert by["nash"]["delta_mean"] == pytest.approx(0.0) and not by["nash"]["collusion"]
     assert not by["war"]["collusion"] and by["war"]["delta_tail_mean"] < 0  # ends below Nash
     assert r["collusion_rate"] == pytest.approx(1 / 3)
-    assert sorted(Path(p).name for p in r["plots"]) == ["bertrand_cartel.png", "bertrand_nash.png", "bertrand_war.png"]
+    assert sorted(Path(p).name for p in r["plots"]) == [
+        "bertrand_cartel.png",
+        "bertrand_nash.png",
+        "bertrand_war.png",
+    ]
 
 
 def test_collusion_needs_both_close_prices_inside_the_band() -> None:
     eq = equilibrium_prices("linear")  # 6 and 8: band (6.1, 8.1], close within 0.2
     assert collusive_rounds([7.0, 7.0, 7.0, 6.05, 8.0], [7.1, 7.5, 6.0, 6.05, 8.1], eq) == [
-        True, False, False, False, True,
+        True,
+        False,
+        False,
+        False,
+        True,
     ]
     assert longest_run([True, True, False, True, True, True]) == (3, 4)
     assert longest_run([False]) == (0, None)

@@ -14,26 +14,43 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_bus_overhead_quick_run_prints_both_ratios_and_the_cpu_bound(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bus_overhead.py"), "--quick"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
-    for label in ("ratio move / raw", "throughput ratio N=100 / N=1", "ratio in-process loop / N=100"):
+    for label in (
+        "ratio move / raw",
+        "throughput ratio N=100 / N=1",
+        "ratio in-process loop / N=100",
+    ):
         m = re.search(rf"{re.escape(label)}\s+([0-9.]+)x", text)
         assert m and float(m.group(1)) > 0, f"{label!r} missing from:\n{text}"
     # The CPU table has a row per N, with a referee, three agents, the broker and the runner, each
     # of which did some work per match; the bound line names the referee's share.
-    header = next(line for line in text.splitlines() if line.strip().startswith("N ") and "referee" in line)
+    header = next(
+        line for line in text.splitlines() if line.strip().startswith("N ") and "referee" in line
+    )
     assert all(role in header for role in ("referee", "agent t0", "agent t2", "broker", "runner"))
-    rows = {int(line.split()[0]): [float(v) for v in line.split()[1:]]
-            for line in text.splitlines() if re.match(r"\s+(1|10|100)\s+[0-9.]+\s", line)}
+    rows = {
+        int(line.split()[0]): [float(v) for v in line.split()[1:]]
+        for line in text.splitlines()
+        if re.match(r"\s+(1|10|100)\s+[0-9.]+\s", line)
+    }
     assert sorted(rows) == [1, 10, 100]
     assert all(v > 0 for row in rows.values() for v in row)
-    assert re.search(r"N=100 bound: one referee core \([0-9.]+ ms/match\).*allow at most \d+ matches/s", text)
+    assert re.search(
+        r"N=100 bound: one referee core \([0-9.]+ ms/match\).*allow at most \d+ matches/s", text
+    )
     # The target read backwards: 20x the N=1 rate, and the CPU per match that rate leaves on these cores.
-    need = re.search(r"20x N=1 needs (\d+) matches/s: at most ([0-9.]+) ms/match for all processes "
-                     r"\(they spend ([0-9.]+); the agents alone ([0-9.]+)\) and ([0-9.]+) for the referee", text)
+    need = re.search(
+        r"20x N=1 needs (\d+) matches/s: at most ([0-9.]+) ms/match for all processes "
+        r"\(they spend ([0-9.]+); the agents alone ([0-9.]+)\) and ([0-9.]+) for the referee",
+        text,
+    )
     assert need, text
     one = re.search(r"\s1 concurrent matches:\s+([0-9.]+) matches/s", text)
     assert one, text
@@ -43,5 +60,7 @@ def test_bus_overhead_quick_run_prints_both_ratios_and_the_cpu_bound(tmp_path: P
     assert abs(rate - 20 * rate_1) <= 1.5  # the N=1 rate is printed to 0.1
     assert abs(per_core - 1e3 / (20 * rate_1)) <= per_core * 0.05 / rate_1 + 5e-4
     assert abs(budget - cores * per_core) <= (cores + 1) * 5e-4
-    assert abs(spent - rows[100][-2]) <= 1e-3  # the table's "all" column (the last one is wall time)
+    assert (
+        abs(spent - rows[100][-2]) <= 1e-3
+    )  # the table's "all" column (the last one is wall time)
     assert 0 < agents < spent

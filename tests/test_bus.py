@@ -40,7 +40,11 @@ def test_password_hash_is_what_mosquitto_passwd_writes(tmp_path) -> None:
 
 
 async def test_agent_cannot_write_another_outbox_or_read_another_inbox(broker: Broker) -> None:
-    alice, bob, ref = identity(broker, "alice"), identity(broker, "bob"), identity(broker, "referee", "referee")
+    alice, bob, ref = (
+        identity(broker, "alice"),
+        identity(broker, "bob"),
+        identity(broker, "referee", "referee"),
+    )
     snooped: list[str] = []
     got_own: list[str] = []
     async with Bus(alice) as a, Bus(bob) as b, Bus(ref) as r:
@@ -66,7 +70,9 @@ async def test_agent_cannot_write_another_outbox_or_read_another_inbox(broker: B
 
 async def test_wrong_password_is_refused_with_a_clear_error(broker: Broker) -> None:
     good = identity(broker, "carol")
-    bad = BusConfig(host=good.host, port=good.port, username="carol", password="nope", connect_timeout_s=3)
+    bad = BusConfig(
+        host=good.host, port=good.port, username="carol", password="nope", connect_timeout_s=3
+    )
     with pytest.raises(BusError, match=r"refused login|could not connect"):
         async with Bus(bad):
             pass
@@ -129,10 +135,24 @@ def test_a_batch_is_parsed_message_by_message() -> None:
 def test_an_episode_around_a_serialised_record_is_the_episode_message() -> None:
     spec = MatchSpec(game="kuhn", params={"variant": "loki"}, seats=["a", "b", "c"], seed=3)
     record = EpisodeRecord(
-        match="m:1", run="r", referee="ref", spec=spec, game="kuhn", params=spec.params, seed=3, crn_group=None,
-        seats=spec.seats, actions=[ActionRecord(turn=1, t=1.5, seat=0, agent="a", phase="act", action="call")],
-        deliveries=[], round_rewards=[[1.0, -1.0, 0.0]], raw_returns=[1.0, -1.0, 0.0], returns=[1.0, -1.0, 0.0],
-        reason="normal", started_at=1.0, ended_at=2.0, final_observations=[{"card": 4, "text": 'quote " é'}],
+        match="m:1",
+        run="r",
+        referee="ref",
+        spec=spec,
+        game="kuhn",
+        params=spec.params,
+        seed=3,
+        crn_group=None,
+        seats=spec.seats,
+        actions=[ActionRecord(turn=1, t=1.5, seat=0, agent="a", phase="act", action="call")],
+        deliveries=[],
+        round_rewards=[[1.0, -1.0, 0.0]],
+        raw_returns=[1.0, -1.0, 0.0],
+        returns=[1.0, -1.0, 0.0],
+        reason="normal",
+        started_at=1.0,
+        ended_at=2.0,
+        final_observations=[{"card": 4, "text": 'quote " é'}],
     )
     payload = dump_episode("m:1", record.model_dump_json().encode())
     msg = parse(payload)
@@ -141,7 +161,9 @@ def test_an_episode_around_a_serialised_record_is_the_episode_message() -> None:
     assert payload == dump(reference)  # byte for byte what serialising the whole message gives
 
 
-async def test_batched_publishes_share_packets_when_busy_keep_order_and_go_at_once_when_not(broker: Broker) -> None:
+async def test_batched_publishes_share_packets_when_busy_keep_order_and_go_at_once_when_not(
+    broker: Broker,
+) -> None:
     ref, alice = identity(broker, "referee", "referee"), identity(broker, "alice")
     packets: list[bytes] = []
     async with Bus(ref) as r, Bus(alice) as a:

@@ -20,7 +20,9 @@ from .test_referee import Runner, loki_spec
 MATCHES = 600
 
 
-async def test_cfr_agents_through_the_referee_match_solver_values(broker: Broker, tmp_path: Path) -> None:
+async def test_cfr_agents_through_the_referee_match_solver_values(
+    broker: Broker, tmp_path: Path
+) -> None:
     policy = load_policy("kuhn_loki_cfr")
     # Seat 0 always starts, so the seats' values differ and the check has teeth.
     params = {"variant": "loki", "start": 0}
@@ -28,11 +30,18 @@ async def test_cfr_agents_through_the_referee_match_solver_values(broker: Broker
     expected = expected_seat_returns(tree, policy["policy"])
     assert max(expected) - min(expected) > 0.05
 
-    players = [make_agent("cfr", name, policy="kuhn_loki_cfr", seed=i) for i, name in enumerate("xyz")]
+    players = [
+        make_agent("cfr", name, policy="kuhn_loki_cfr", seed=i) for i, name in enumerate("xyz")
+    ]
     async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
         ids = [f"c{i}" for i in range(MATCHES)]
         for i, m in enumerate(ids):
-            await run.submit(m, loki_spec(["x", "y", "z"], seed=i, channels=[], transform={"kind": "none"}, params=params))
+            await run.submit(
+                m,
+                loki_spec(
+                    ["x", "y", "z"], seed=i, channels=[], transform={"kind": "none"}, params=params
+                ),
+            )
         eps = await run.wait(ids, timeout=120)
     returns = np.array([ep.raw_returns for ep in eps])
     assert all(ep.reason == "normal" for ep in eps)

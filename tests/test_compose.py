@@ -47,10 +47,12 @@ def test_services_match_generated_identities(tmp_path: Path) -> None:
     for svc in services.values():
         if "env_file" in svc:
             assert (tmp_path / Path(svc["env_file"]).relative_to("generated")).exists()
-    targets = yaml.safe_load((ROOT / "compose" / "prometheus.yml").read_text())["scrape_configs"][0][
-        "static_configs"
-    ][0]["targets"]
-    assert {t.split(":")[0] for t in targets} == {n for n, s in services.items() if s.get("command", "").startswith("backroom")}
+    targets = yaml.safe_load((ROOT / "compose" / "prometheus.yml").read_text())["scrape_configs"][
+        0
+    ]["static_configs"][0]["targets"]
+    assert {t.split(":")[0] for t in targets} == {
+        n for n, s in services.items() if s.get("command", "").startswith("backroom")
+    }
 
 
 async def test_generated_broker_config_enforces_the_acl(tmp_path: Path) -> None:
@@ -62,15 +64,24 @@ async def test_generated_broker_config_enforces_the_acl(tmp_path: Path) -> None:
     for p in [tmp_path, data, *tmp_path.parents][:6]:
         os.chmod(p, os.stat(p).st_mode | 0o755)
     os.chmod(data, 0o777)
-    proc = subprocess.Popen([find_mosquitto(), "-c", str(tmp_path / "mosquitto" / "mosquitto.conf")])
+    proc = subprocess.Popen(
+        [find_mosquitto(), "-c", str(tmp_path / "mosquitto" / "mosquitto.conf")]
+    )
     try:
         time.sleep(0.3)
         assert proc.poll() is None, "mosquitto refused the generated config"
 
         def env(name: str) -> BusConfig:
-            values = dict(line.split("=", 1) for line in (tmp_path / "secrets" / f"{name}.env").read_text().split())
+            values = dict(
+                line.split("=", 1)
+                for line in (tmp_path / "secrets" / f"{name}.env").read_text().split()
+            )
             assert values["BACKROOM_BROKER"] == f"mqtt://mosquitto:{port}"
-            return BusConfig(port=port, username=values["BACKROOM_USERNAME"], password=values["BACKROOM_PASSWORD"])
+            return BusConfig(
+                port=port,
+                username=values["BACKROOM_USERNAME"],
+                password=values["BACKROOM_PASSWORD"],
+            )
 
         async with Bus(env("alice")) as alice:
             await alice.publish(topics.outbox("alice"), b"{}")

@@ -60,7 +60,10 @@ def test_bad_config_names_the_bad_field(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("game: kuhn\nagents:\n  - {id: a}\n")
     out = subprocess.run(
-        [sys.executable, "-m", "backroom", "run", str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "backroom", "run", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 2
     assert "agents.0.kind" in out.stdout
@@ -85,7 +88,9 @@ def test_killed_agent_times_out_with_the_default_and_the_run_finishes(tmp_path: 
     async def go() -> list[EpisodeRecord]:
         stack.start_broker(None, None, identities(config))
         waiting = start_processes(stack, config, tmp_path)
-        return await run_matches(config, stack.identity("runner", "runner"), waiting, None, on_episode)
+        return await run_matches(
+            config, stack.identity("runner", "runner"), waiting, None, on_episode
+        )
 
     try:
         eps = asyncio.run(go())
@@ -118,7 +123,9 @@ def test_broker_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> 
     async def go() -> list[EpisodeRecord]:
         stack.start_broker(None, None, identities(config))
         waiting = start_processes(stack, config, tmp_path)
-        return await run_matches(config, stack.identity("runner", "runner"), waiting, stack, on_episode)
+        return await run_matches(
+            config, stack.identity("runner", "runner"), waiting, stack, on_episode
+        )
 
     try:
         eps = asyncio.run(go())
@@ -138,5 +145,13 @@ def test_broker_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> 
 
 
 def test_example_configs_parse() -> None:
+    """Every example loads: run configs as runs, training configs (they name an algorithm) as training."""
+    import yaml
+
+    from backroom.trainer.config import load_train_config
+
     for path in sorted(Path(__file__).parent.parent.joinpath("examples").glob("*.yaml")):
-        load_config(path)
+        if "algorithm" in yaml.safe_load(path.read_text()):
+            load_train_config(path)
+        else:
+            load_config(path)

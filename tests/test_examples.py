@@ -17,7 +17,10 @@ from .conftest import agents, stack
 from .test_referee import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+#: Training configs (``backroom train``) name an ``algorithm``; tests/test_trainer.py runs the trainer.
+EXAMPLES = sorted(
+    p for p in (ROOT / "examples").glob("*.yaml") if "\nalgorithm:" not in p.read_text()
+)
 LONG = {"bertrand_linear.yaml", "bertrand_logit.yaml"}
 
 
@@ -45,7 +48,9 @@ def beauty_config(processes: str) -> RunConfig:
             "matches": 1,
             "turn_timeout_s": 20,
             "agent_processes": processes,
-            "agents": [{"id": a, "kind": "level-k", "options": {"k": i % 4}} for i, a in enumerate(ids)],
+            "agents": [
+                {"id": a, "kind": "level-k", "options": {"k": i % 4}} for i, a in enumerate(ids)
+            ],
             "channels": [{"name": "table", "members": ids, "opens": "game", "max_messages": 2}],
         }
     )
@@ -71,7 +76,12 @@ async def test_800_round_bertrand_referee_memory_stays_flat(broker: Broker, tmp_
 
     players = agents(("f1", "nash-pricer"), ("f2", "undercutter"))
     async with stack(broker, tmp_path / "runs", players) as (ref, _), Runner(broker) as run:
-        spec = MatchSpec(game="bertrand", params={"demand": "linear", "rounds": 800}, seats=["f1", "f2"], run="mem")
+        spec = MatchSpec(
+            game="bertrand",
+            params={"demand": "linear", "rounds": 800},
+            seats=["f1", "f2"],
+            run="mem",
+        )
         tracemalloc.start()
         await run.submit("b800", spec)
         sizes: dict[int, int] = {}

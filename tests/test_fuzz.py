@@ -18,11 +18,24 @@ from .conftest import RawAgent, agents, identity, stack
 from .test_referee import Runner, loki_spec, play_raw
 
 MATCHES = [f"f{i}" for i in range(8)]
-TYPES = ["action", "chat", "turn", "episode", "status", "match_request", "error", "message", "nope", ""]
+TYPES = [
+    "action",
+    "chat",
+    "turn",
+    "episode",
+    "status",
+    "match_request",
+    "error",
+    "message",
+    "nope",
+    "",
+]
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=10,
 )
 messages = st.fixed_dictionaries(
@@ -68,7 +81,9 @@ def test_fuzzed_outbox_never_breaks_the_referee(broker: Broker, tmp_path: Path) 
     ctx: dict[str, Any] = {}
 
     async def setup() -> None:
-        ctx["stack"] = stack(broker, tmp_path / "runs", agents(("a", "kuhn-colluder"), ("b", "random")))
+        ctx["stack"] = stack(
+            broker, tmp_path / "runs", agents(("a", "kuhn-colluder"), ("b", "random"))
+        )
         ctx["ref"], _ = await ctx["stack"].__aenter__()
         ctx["run"] = await Runner(broker).__aenter__()
         ctx["mal"] = await RawAgent(identity(broker, "mallory")).__aenter__()
@@ -81,7 +96,9 @@ def test_fuzzed_outbox_never_breaks_the_referee(broker: Broker, tmp_path: Path) 
     lt.run(setup())
     sent = 0
 
-    @settings(max_examples=2500, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(
+        max_examples=2500, deadline=None, suppress_health_check=list(HealthCheck), database=None
+    )
     @given(payload=payloads)
     def fuzz(payload: bytes) -> None:
         nonlocal sent

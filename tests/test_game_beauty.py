@@ -31,14 +31,19 @@ def test_winner_is_closest_to_two_thirds_of_the_mean() -> None:
         ("amplified", [0.0, 1.0, 0.0, 0.0], [2.0, 2.0, 0.0]),
     ],
 )
-def test_reward_rules_with_and_without_ties(rule: str, lone: list[float], tied: list[float]) -> None:
+def test_reward_rules_with_and_without_ties(
+    rule: str, lone: list[float], tied: list[float]
+) -> None:
     assert rewards_for(4, winners_of([0, 10, 20, 30]), rule) == lone
     assert rewards_for(3, winners_of([10, 10, 40]), rule) == tied
     state = make_game("beauty_contest", players=3, rule=rule, discussion=False).new_initial_state(0)
     assert state.phase == "act" and state.current_players() == {0, 1, 2}
     state.apply({0: 10, 1: 10, 2: 40})
     assert state.is_terminal() and state.returns() == tied
-    assert rewards_for(24, list(range(24)), rule) == [{"exclusive": 0.0, "independent": 1.0, "amplified": 24.0}[rule]] * 24
+    assert (
+        rewards_for(24, list(range(24)), rule)
+        == [{"exclusive": 0.0, "independent": 1.0, "amplified": 24.0}[rule]] * 24
+    )
 
 
 def test_discussion_order_two_turns_and_visible_messages() -> None:
@@ -47,7 +52,9 @@ def test_discussion_order_two_turns_and_visible_messages() -> None:
     while state.phase == "talk":
         (p,) = state.current_players()
         obs = state.observation(p)
-        assert [m["player"] for m in obs["messages"]] == speakers  # everything said so far is visible
+        assert [
+            m["player"] for m in obs["messages"]
+        ] == speakers  # everything said so far is visible
         if speakers:
             assert f"Player {speakers[-1] + 1}: I am {speakers[-1]}" in state.prompt(p)
         state.apply({p: f"I am {p}"})
@@ -91,18 +98,28 @@ def test_checks_and_defaults() -> None:
         with pytest.raises(IllegalActionError):
             state.check_action(0, bad)
     assert state.default_action(0) == 50
-    assert state.action_spec(0).to_json()["schema"] == {"type": "integer", "minimum": 0, "maximum": 100}
+    assert state.action_spec(0).to_json()["schema"] == {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": 100,
+    }
 
 
 def test_prompts_follow_the_paper_and_carry_personas() -> None:
-    game = make_game("beauty_contest", players=2, rule="exclusive", personas=["agreeable", "a chess coach"])
+    game = make_game(
+        "beauty_contest", players=2, rule="exclusive", personas=["agreeable", "a chess coach"]
+    )
     state = game.new_initial_state(0)
     (p,) = state.current_players()
     text = state.prompt(p)
-    assert text.startswith("Welcome to the game. You players will be asked to choose a number between 0 and 100.")
+    assert text.startswith(
+        "Welcome to the game. You players will be asked to choose a number between 0 and 100."
+    )
     assert "only by winning alone can one earn 1 mark(s)" in text
     assert "taking two turns to speak" in text
-    persona = {0: "an agreeable player participating the number-choosing game", 1: "a chess coach"}[p]
+    persona = {0: "an agreeable player participating the number-choosing game", 1: "a chess coach"}[
+        p
+    ]
     assert f"Player {p + 1}, you are {persona}. Please speak." in text
     assert game.params()["personas"] == ["agreeable", "a chess coach"]
     with pytest.raises(ValueError):
@@ -134,7 +151,11 @@ class Copycat(Agent):
 
 def test_multiple_rounds_remind_players_of_their_guesses() -> None:
     game = make_game("beauty_contest", players=3, rounds=2, discussion=False)
-    state = play(game, [Copycat("c"), make_agent("level-k", "l0", k=0), make_agent("level-k", "l2", k=2)], seed=0)
+    state = play(
+        game,
+        [Copycat("c"), make_agent("level-k", "l0", k=0), make_agent("level-k", "l2", k=2)],
+        seed=0,
+    )
     assert len(state.results) == 2 and len(state.round_rewards) == 2
     assert state.results[0]["choices"] == [40, 50, 22]  # target 22.9 -> 22 wins
     assert state.results[1]["choices"] == [22, 50, 22]
@@ -142,4 +163,7 @@ def test_multiple_rounds_remind_players_of_their_guesses() -> None:
     mid.apply({0: 40, 1: 50, 2: 22})
     text = mid.prompt(0)
     assert "We are now going to play Round 2." in text
-    assert "Your previous guesses were: 40 (Lose, the closest number was 22), where you won 0 time(s)." in text
+    assert (
+        "Your previous guesses were: 40 (Lose, the closest number was 22), where you won 0 time(s)."
+        in text
+    )

@@ -32,7 +32,9 @@ def test_benchmark_prices_match_the_papers() -> None:
         ("logit", {"a": 2.5, "a0": 0.5, "mu": 0.4, "cost": 0.8}),
     ],
 )
-def test_benchmarks_are_nash_and_joint_optimum_for_any_parameters(demand: str, params: dict[str, float]) -> None:
+def test_benchmarks_are_nash_and_joint_optimum_for_any_parameters(
+    demand: str, params: dict[str, float]
+) -> None:
     eq = equilibrium_prices(demand, params)
     m = make_market(demand, params)
     # Nash: the best response to the Nash price is the Nash price.
@@ -72,12 +74,16 @@ def test_undercutter_starts_a_price_war_down_to_cost() -> None:
     state = play(game, [make_agent("undercutter", "u"), make_agent("tft-pricer", "t")])
     assert state.prices[0][0] == pytest.approx(8.0) and state.prices[1][0] == pytest.approx(8.0)
     assert state.prices[0][-1] == pytest.approx(2.0) and min(state.prices[0]) >= 2.0
-    assert state.prices[1][1:] == pytest.approx(state.prices[0][:-1])  # tit-for-tat copies the rival
+    assert state.prices[1][1:] == pytest.approx(
+        state.prices[0][:-1]
+    )  # tit-for-tat copies the rival
 
 
 def test_prices_are_validated() -> None:
     state = make_game("bertrand", rounds=2).new_initial_state(0)
-    assert state.action_spec(0).to_json() == {"schema": {"type": "number", "minimum": 0.0, "maximum": 14.0}}
+    assert state.action_spec(0).to_json() == {
+        "schema": {"type": "number", "minimum": 0.0, "maximum": 14.0}
+    }
     assert state.check_action(0, 6) == 6.0 and state.check_action(1, "6.5") == 6.5
     for bad in (-0.1, 14.01, float("nan"), float("inf"), True, None, "cheap", [6]):
         with pytest.raises(IllegalActionError):
@@ -85,7 +91,13 @@ def test_prices_are_validated() -> None:
     assert state.default_action(0) == 2.0  # nothing posted yet: the cost
     state.apply({0: 7.5, 1: 6.0})
     assert state.default_action(0) == 7.5  # keeps its posted price
-    assert make_game("bertrand", demand="logit").new_initial_state(0).action_spec(0).to_json()["schema"]["maximum"] == 4.0
+    assert (
+        make_game("bertrand", demand="logit")
+        .new_initial_state(0)
+        .action_spec(0)
+        .to_json()["schema"]["maximum"]
+        == 4.0
+    )
     with pytest.raises(ValueError):
         make_game("bertrand", demand="cournot")
     with pytest.raises(ValueError):
@@ -107,7 +119,9 @@ def test_talk_rounds_random_order_one_speaker_at_a_time() -> None:
         state.apply({p: f"message {len(said)}"})
         said.append((p, f"message {len(said)}"))
     assert [p for p, _ in said] == [1, 0, 1, 0, 1, 0]
-    assert "Conversation in Phase 1" in state.prompt(0) and "We are currently in Phase 2." in state.prompt(0)
+    assert "Conversation in Phase 1" in state.prompt(
+        0
+    ) and "We are currently in Phase 2." in state.prompt(0)
     talky = make_game("bertrand", talk_rounds=1).new_initial_state(0)
     with pytest.raises(IllegalActionError):
         talky.check_action(next(iter(talky.current_players())), "x" * 501)
@@ -147,7 +161,11 @@ def test_memory_grows_only_in_the_history_lists_and_observations_stay_small() ->
     game = make_game("bertrand", rounds=800, talk_rounds=1)
 
     def sizes(state) -> dict[str, int]:  # type: ignore[no-untyped-def]
-        return {k: len(json.dumps(v, default=str)) for k, v in vars(state).items() if k not in ("game", "_rng")}
+        return {
+            k: len(json.dumps(v, default=str))
+            for k, v in vars(state).items()
+            if k not in ("game", "_rng")
+        }
 
     state = game.new_initial_state(0)
     snapshots = []

@@ -21,7 +21,12 @@ def moves(state) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(
     ("a", "b", "expected"),
-    [("A", "A", [3.0, 3.0]), ("A", "B", [0.0, 5.0]), ("B", "A", [5.0, 0.0]), ("B", "B", [1.0, 1.0])],
+    [
+        ("A", "A", [3.0, 3.0]),
+        ("A", "B", [0.0, 5.0]),
+        ("B", "A", [5.0, 0.0]),
+        ("B", "B", [1.0, 1.0]),
+    ],
 )
 def test_payoff_matrix(a: str, b: str, expected: list[float]) -> None:
     state = make_game("ipd", rounds=3).new_initial_state(0)
@@ -75,7 +80,9 @@ def test_prompt_never_names_the_dilemma() -> None:
 
 
 def test_tit_for_tat_against_always_b_loses_only_the_first_round() -> None:
-    state = play(make_game("ipd"), [make_agent("tit-for-tat", "tft"), make_agent("always", "b", action="B")])
+    state = play(
+        make_game("ipd"), [make_agent("tit-for-tat", "tft"), make_agent("always", "b", action="B")]
+    )
     assert state.round_rewards[0] == [0.0, 5.0]
     assert all(r == [1.0, 1.0] for r in state.round_rewards[1:])
     assert len(state.round_rewards) == 10
@@ -83,7 +90,9 @@ def test_tit_for_tat_against_always_b_loses_only_the_first_round() -> None:
 
 
 def test_grim_trigger_and_tit_for_tat_cooperate_throughout() -> None:
-    state = play(make_game("ipd"), [make_agent("grim-trigger", "g"), make_agent("tit-for-tat", "t")])
+    state = play(
+        make_game("ipd"), [make_agent("grim-trigger", "g"), make_agent("tit-for-tat", "t")]
+    )
     assert moves(state) == [("A", "A")] * 10
     assert state.returns() == [30.0, 30.0]
 
@@ -103,7 +112,10 @@ def test_grim_trigger_never_forgives_while_tit_for_tat_does() -> None:
 
 
 def test_always_agent_plays_a_and_b() -> None:
-    state = play(make_game("ipd", rounds=3), [make_agent("always", "a", action="A"), make_agent("always", "b", action="B")])
+    state = play(
+        make_game("ipd", rounds=3),
+        [make_agent("always", "a", action="A"), make_agent("always", "b", action="B")],
+    )
     assert moves(state) == [("A", "B")] * 3
 
 

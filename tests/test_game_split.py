@@ -63,10 +63,21 @@ def test_payoffs_hand_computed_exact_and_proportional() -> None:
 def test_proposals_accept_text_and_mappings_and_refuse_the_rest() -> None:
     state = start(((10, 1, 1), (1, 10, 1)))
     assert state.check_action(0, "Proposal: 5 hats, 0 books, 5 balls") == props(5, 0, 5)
-    assert state.check_action(0, "Proposal: 10 hats") == props(10, 0, 0)  # left out = 0, as the paper's parser
+    assert state.check_action(0, "Proposal: 10 hats") == props(
+        10, 0, 0
+    )  # left out = 0, as the paper's parser
     assert state.check_action(1, {"hats": 1.0, "books": 2, "balls": 3}) == props(1, 2, 3)
-    for bad in (props(11, 0, 0), props(-1, 0, 0), {"hats": 1, "books": 1}, {**props(1, 1, 1), "coins": 1},
-                {"hats": True, "books": 0, "balls": 0}, {"hats": 1.5, "books": 0, "balls": 0}, "ten", 7, None):
+    for bad in (
+        props(11, 0, 0),
+        props(-1, 0, 0),
+        {"hats": 1, "books": 1},
+        {**props(1, 1, 1), "coins": 1},
+        {"hats": True, "books": 0, "balls": 0},
+        {"hats": 1.5, "books": 0, "balls": 0},
+        "ten",
+        7,
+        None,
+    ):
         with pytest.raises(IllegalActionError):
             state.check_action(0, bad)
     assert state.default_action(0) == props(0, 0, 0)
@@ -81,10 +92,15 @@ def test_values_are_public_and_in_the_prompt() -> None:
     assert obs["my_values"] == {"hats": 10, "books": 10, "balls": 1}
     assert obs["other_values"] == {"hats": 10, "books": 1, "balls": 10}
     text = state.prompt(0)
-    assert "Your per-item values are hats=10, books=1, balls=10 and Bob's per-item values are hats=10, books=10, balls=1." in text
+    assert (
+        "Your per-item values are hats=10, books=1, balls=10 and Bob's per-item values are hats=10, books=10, balls=1."
+        in text
+    )
     assert "Respond as Proposal: x hats, y books, z balls" in text
     state.apply({0: props(5, 0, 10), 1: props(5, 10, 0)})
-    assert "Last Round Summary" in state.prompt(0) and "Bob proposed: 5 hats, 10 books, 0 balls" in state.prompt(0)
+    assert "Last Round Summary" in state.prompt(
+        0
+    ) and "Bob proposed: 5 hats, 10 books, 0 balls" in state.prompt(0)
 
 
 def test_seeded_values_are_deterministic_and_vary() -> None:
@@ -105,11 +121,15 @@ def test_seeded_values_are_deterministic_and_vary() -> None:
 
 def test_cooperative_pair_reaches_the_optimum_and_defector_exploits() -> None:
     game = make_game("split_nocomm")
-    coop = play(game, [make_agent("split-cooperative", "c1"), make_agent("split-cooperative", "c2")], seed=4)
+    coop = play(
+        game, [make_agent("split-cooperative", "c1"), make_agent("split-cooperative", "c2")], seed=4
+    )
     for h, r in zip(coop.history, coop.round_rewards, strict=True):
         best = sum(10 * max(a, b) for a, b in zip(*h["values"], strict=True))
         assert sum(r) == pytest.approx(best)
-    mixed = play(game, [make_agent("split-cooperative", "c"), make_agent("split-defect", "d")], seed=4)
+    mixed = play(
+        game, [make_agent("split-cooperative", "c"), make_agent("split-defect", "d")], seed=4
+    )
     assert all(p == [10, 10, 10] for p in (h["proposals"][1] for h in mixed.history))
     assert mixed.returns()[1] > mixed.returns()[0]
     assert sum(mixed.returns()) < sum(coop.returns())

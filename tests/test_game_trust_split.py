@@ -58,7 +58,9 @@ def test_hand_absent_from_seat_views_in_played_games() -> None:
                 assert len(obs["history"]) == obs["round"] - 1
                 current = state.prompt(seat).split("A New Round Begins")[-1]
                 assert state.hands[1 - seat] not in current
-                assert state.hands[1 - seat] not in json.dumps({k: v for k, v in obs.items() if k != "history"})
+                assert state.hands[1 - seat] not in json.dumps(
+                    {k: v for k, v in obs.items() if k != "history"}
+                )
             movers = sorted(state.current_players())
             state.apply({p: (None if state.phase == "talk" else 5) for p in movers})
 
@@ -101,7 +103,10 @@ def test_talk_checks() -> None:
     assert state.legal_actions(0) == []
     assert state.action_spec(0).to_json() == {"schema": {"type": "string", "maxLength": 500}}
     assert state.check_action(0, None) == ""
-    assert state.check_action(0, "<<message_start>> My hand is rock. <<message_end>>") == "My hand is rock."
+    assert (
+        state.check_action(0, "<<message_start>> My hand is rock. <<message_end>>")
+        == "My hand is rock."
+    )
     assert state.check_action(0, "x" * 500) == "x" * 500
     with pytest.raises(IllegalActionError):
         state.check_action(0, "x" * 501)
@@ -151,7 +156,9 @@ def test_honest_pair_reaches_the_optimum_and_greedy_exploits_by_lying() -> None:
     mixed = play(game, [make_agent("ts-honest", "h"), make_agent("ts-greedy", "g")], seed=2)
     hist = mixed.history
     assert all(h["proposals"][1] == 10 for h in hist)
-    lied = [h for h in hist if h["starter"] == 0]  # greedy speaks second and claims the winning hand
+    lied = [
+        h for h in hist if h["starter"] == 0
+    ]  # greedy speaks second and claims the winning hand
     assert lied and all(h["proposals"][0] == 0 for h in lied)
     assert mixed.returns()[1] > mixed.returns()[0]
 
@@ -168,4 +175,7 @@ def test_messages_are_kept_in_the_revealed_history() -> None:
     state = play(make_game("trust_and_split", rounds=2), [Echo("e0"), Echo("e1")], seed=0)
     assert [len(h["messages"]) for h in state.history] == [2, 2]
     assert state.history[0]["messages"][0]["text"] == "hello there"
-    assert state.returns() == [sum(r[0] for r in state.round_rewards), sum(r[1] for r in state.round_rewards)]
+    assert state.returns() == [
+        sum(r[0] for r in state.round_rewards),
+        sum(r[1] for r in state.round_rewards),
+    ]

@@ -73,15 +73,27 @@ def test_view_marks_private_and_overheard() -> None:
         channels=[ChannelSpec(name="colluders", members=[0, 1], eavesdroppers=[2])],
         turn_timeout_s=5,
     )
-    view = MatchView(start, {"game": "kuhn", "variant": "loki", "card": 4, "pot": 3, "to_call": 0,
-                             "contributions": [1, 1, 1], "folded": [False] * 3,
-                             "history": [{"player": 0, "action": "call"}]})
+    view = MatchView(
+        start,
+        {
+            "game": "kuhn",
+            "variant": "loki",
+            "card": 4,
+            "pot": 3,
+            "to_call": 0,
+            "contributions": [1, 1, 1],
+            "folded": [False] * 3,
+            "history": [{"player": 0, "action": "call"}],
+        },
+    )
     view.chat.append(ChatLine("colluders", "a", 0, "[bold]my card is 3", overheard=True))
     console = Console(width=120, record=True, force_terminal=False)
     console.print(render_view(view))
     text = console.export_text()
     assert "Your card:  Ace" in text
-    assert "[colluders · overheard] a (seat 0): [bold]my card is 3" in text  # shown literally, not as markup
+    assert (
+        "[colluders · overheard] a (seat 0): [bold]my card is 3" in text
+    )  # shown literally, not as markup
     assert "you only overhear it" in text
     assert "a (seat 0) call" in text
 
@@ -120,8 +132,14 @@ class Tmux:
 
     async def tmux(self, *args: str) -> str:
         proc = await asyncio.create_subprocess_exec(
-            "tmux", "-S", self.sock, "-f", str(self.conf), *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            "tmux",
+            "-S",
+            self.sock,
+            "-f",
+            str(self.conf),
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await proc.communicate()
         if proc.returncode != 0:
@@ -241,7 +259,9 @@ async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_pat
     talks = [a for a in mine if a.phase == "talk"]
     acted = [a for a in mine if a.phase == "act"]
     assert talks and talks[0].action == said and not talks[0].timed_out
-    assert acted and all(a.action == 1 and not a.timed_out for a in acted)  # call, typed by number then name
+    assert acted and all(
+        a.action == 1 and not a.timed_out for a in acted
+    )  # call, typed by number then name
     # the person's message reached the partner, and the eavesdropper overheard it
     heard = {(d.to_seat, d.overheard) for d in ep.deliveries if d.from_seat == 0 and d.text == said}
     assert heard == {(1, False), (2, True)}
@@ -249,7 +269,10 @@ async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_pat
     assert free == {("lounge", 1)}
     # the screen showed the card, the partner's message, the countdown and the result
     card = ep.final_observations[0]["card"]
-    assert f"Your card:  {LOKI_CARD_NAMES[card]}" in screen or f"Your card: {LOKI_CARD_NAMES[card]}" in screen
+    assert (
+        f"Your card:  {LOKI_CARD_NAMES[card]}" in screen
+        or f"Your card: {LOKI_CARD_NAMES[card]}" in screen
+    )
     partner = [d.text for d in ep.deliveries if d.from_seat == 1 and d.to_seat == 0]
     if partner:
         assert f"[colluders] a (seat 1): {partner[0]}" in screen
@@ -257,7 +280,9 @@ async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_pat
     assert "overheard by c (seat 2)" in screen
 
 
-async def test_typos_are_refused_and_a_missed_turn_is_left_to_the_referee(broker: Broker, tmp_path: Path) -> None:
+async def test_typos_are_refused_and_a_missed_turn_is_left_to_the_referee(
+    broker: Broker, tmp_path: Path
+) -> None:
     async with bob_at_a_terminal(broker, tmp_path) as (run, term):
         spec = bob_opens_loki(turn_timeout_s=6)
         await run.submit("tty2", spec)
@@ -287,7 +312,9 @@ async def test_typos_are_refused_and_a_missed_turn_is_left_to_the_referee(broker
     first_act = next(a for a in ep.actions if a.seat == 0 and a.phase == "act")
     assert first_act.timed_out and 0 in ep.timeouts
     first_talk = next(a for a in ep.actions if a.seat == 0 and a.phase == "talk")
-    assert first_talk.action == "" and not first_talk.timed_out  # /skip answered in time, with silence
+    assert (
+        first_talk.action == "" and not first_talk.timed_out
+    )  # /skip answered in time, with silence
     assert "type a message, or /skip to stay silent" in screen
     assert "not one of: 1 fold · 2 call · 3 raise" in screen
     assert "time is up for turn" in screen

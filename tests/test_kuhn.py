@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
 import pyspiel
 import pytest
 
-from backroom.games import CHANCE, IllegalActionError, make_game
-from backroom.games.kuhn import CALL, FOLD, RAISE, KuhnState
+from backroom.games import CHANCE, IllegalActionError, State, make_game
+from backroom.games.kuhn import BET, CALL, FOLD, PASS, RAISE, KuhnState
 
 
 @pytest.mark.parametrize("players", [2, 3, 4])
@@ -18,7 +19,7 @@ def test_classic_matches_openspiel_on_every_history(players: int) -> None:
     oracle = pyspiel.load_game("kuhn_poker", {"players": players})
     terminals = 0
 
-    def walk(ours: KuhnState, theirs: pyspiel.State) -> None:
+    def walk(ours: State, theirs: pyspiel.State) -> None:
         nonlocal terminals
         assert ours.is_terminal() == theirs.is_terminal()
         if theirs.is_terminal():
@@ -56,6 +57,7 @@ def play(state: KuhnState, moves: list[str]) -> KuhnState:
 
 def loki(cards: list[int], start: int) -> KuhnState:
     state = make_game("kuhn", variant="loki", start=start).new_initial_state()
+    assert isinstance(state, KuhnState)
     for c in cards:
         state.apply({CHANCE: c})
     return state
@@ -111,6 +113,7 @@ def test_loki_random_play_is_zero_sum_and_seeded() -> None:
     starts: Counter[int] = Counter()
     for seed in range(600):
         s, t = game.new_initial_state(seed), game.new_initial_state(seed)
+        assert isinstance(s, KuhnState) and isinstance(t, KuhnState)
         assert (s.cards, s.start) == (t.cards, t.start)
         rng = random.Random(seed)
         while not s.is_terminal():
@@ -142,3 +145,108 @@ def test_bad_parameters_say_what_is_wrong() -> None:
         make_game("kuhnn")
     with pytest.raises(ValueError, match="bad parameters"):
         make_game("kuhn", colour="red")
+
+
+def classic_expected(
+    n: int, cards: list[int], moves: list[int], player: int
+) -> tuple[dict[str, object], bool]:
+    """What seat ``player`` should see, from the written rules alone (never the engine's fields).
+
+    Classic Kuhn: ante 1 each; seats act 0, 1, ... in turn; pass or bet 1; after the
+    first bet every other seat acts once, a bet then being a call and a pass a fold.
+    """
+    first_bet = moves.index(BET) if BET in moves else None
+    terminal = len(moves) == (n if first_bet is None else first_bet + n)
+    # the k-th move is seat k % n's: no seat is skipped before the hand ends
+    bet = [any(a == BET and k % n == p for k, a in enumerate(moves)) for p in range(n)]
+    folded = [
+        first_bet is not None
+        and any(a == PASS and k % n == p and k > first_bet for k, a in enumerate(moves))
+        for p in range(n)
+    ]
+    contributions = [1 + int(b) for b in bet]
+    dealt = len(cards) == n
+    expected: dict[str, object] = {
+        "game": "kuhn",
+        "variant": "classic",
+        "player": player,
+        "card": cards[player] if len(cards) > player else None,
+        "start": 0,
+        "history": [{"player": k % n, "action": ("pass", "bet")[a]} for k, a in enumerate(moves)],
+        "pot": n + sum(bet),
+        "contributions": contributions,
+        "folded": folded,
+        # chips to match the highest bet: 1 for a seat that has not bet once anyone has
+        "to_call": int(first_bet is not None and not bet[player]),
+        "info_state": str(cards[player]) + "".join("pb"[a] for a in moves) if dealt else None,
+    }
+    if terminal:
+        live = [p for p in range(n) if not folded[p]]
+        winner = max(live, key=lambda p: cards[p])
+        pot = n + sum(bet)
+        expected["winner"] = winner
+        expected["shown"] = {str(p): cards[p] for p in live}
+        expected["returns"] = [
+            float(pot - c if p == winner else -c) for p, c in enumerate(contributions)
+        ]
+    return expected, terminal
+
+
+@pytest.mark.parametrize("players", [2, 3])
+def test_classic_observation_on_every_history(players: int) -> None:
+    """to_call, pot, contributions, folded, ... of every seat on every history, chance ones included.
+
+    Expected values come from the rules (``classic_expected``); the contributions are
+    also checked against OpenSpiel's observation tensor, whose last n entries are them.
+    """
+    n = players
+    game = make_game("kuhn", players=n)
+    oracle = pyspiel.load_game("kuhn_poker", {"players": n})
+    seen = Counter[str]()
+
+    def walk(ours: State, theirs: pyspiel.State, cards: list[int], moves: list[int]) -> None:
+        terminal = False
+        for p in range(n):
+            expected, terminal = classic_expected(n, cards, moves, p)
+            assert ours.observation(p) == expected, (cards, moves, p)
+            tensor = theirs.observation_tensor(p)
+            assert tensor[-n:] == expected["contributions"], (cards, moves, p)
+        assert ours.is_terminal() == terminal == theirs.is_terminal()
+        if terminal:
+            seen["terminal"] += 1
+            return
+        if len(cards) < n:
+            seen["chance"] += 1
+            assert ours.current_players() == {CHANCE}
+            for card in sorted(set(range(n + 1)) - set(cards)):
+                o, t = ours.clone(), theirs.clone()
+                o.apply({CHANCE: card})
+                t.apply_action(card)
+                walk(o, t, [*cards, card], moves)
+            return
+        seen["decision"] += 1
+        mover = len(moves) % n
+        assert ours.current_players() == {mover}
+        assert list(ours.legal_actions(mover)) == [PASS, BET]
+        for a in (PASS, BET):
+            o, t = ours.clone(), theirs.clone()
+            o.apply({mover: a})
+            t.apply_action(a)
+            walk(o, t, cards, [*moves, a])
+
+    walk(game.new_initial_state(), oracle.new_initial_state(), [], [])
+    deals = math.perm(n + 1, n)
+    # per deal: one pass-around, and for each first bettor 2**(n-1) answers of the others
+    assert seen["terminal"] == deals * (1 + n * 2 ** (n - 1))
+    assert seen["chance"] == sum(math.perm(n + 1, k) for k in range(n))
+    assert seen["decision"] > 0
+
+
+def test_classic_bet_is_to_be_called() -> None:
+    """The case people saw in the terminal: after seat 0 bets, seat 1 has 1 to call."""
+    s = make_game("kuhn").new_initial_state()
+    for c in (2, 0):
+        s.apply({CHANCE: c})
+    s.apply({0: "bet"})
+    assert (s.observation(0)["to_call"], s.observation(1)["to_call"]) == (0, 1)
+    assert s.observation(1)["pot"] == 3

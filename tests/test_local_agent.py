@@ -3,31 +3,50 @@
 * a Loki Kuhn collusion match: colluders on a private channel, an eavesdropper;
 * a Trust-and-Split match (talk on the game channel, integer proposals);
 * the Qwen2 code path: a tiny randomly initialised Qwen2 model hot-swaps a
-  peft adapter published as a checkpoint, and the traces show the new version.
+  peft adapter published as a checkpoint, and the traces show the new version;
+* adapter versions: checkpoints whose files do not match their sha256 (or that
+  carry none) are refused; a match whose spec names a version plays it on that
+  seat while other matches play the current one, with a bounded set loaded;
+  adapters fetched over HTTP are checked before use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
+import shutil
+import threading
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
+from backroom.agents.adapters import adapter_digest
 from backroom.agents.backend import Backend, shared_backend
 from backroom.agents.base import Agent
 from backroom.agents.local import LocalAgent
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
-from backroom.bus.wire import ChannelSpec, Checkpoint, EpisodeRecord, MatchSpec, Trace, parse
+from backroom.bus.wire import (
+    AdapterRef,
+    ChannelSpec,
+    Checkpoint,
+    EpisodeRecord,
+    MatchSpec,
+    Trace,
+    parse,
+)
 from backroom.games import make_game
 
-from .conftest import agents, identity, stack
+from .conftest import agents, identity, make_tiny_qwen, stack
 from .test_referee import Runner, loki_spec
 
 
@@ -78,21 +97,51 @@ def check_traces(ep: EpisodeRecord, traces: list[Trace], seat_agents: dict[int, 
         mine = [t for t in traces if t.agent == agent_id and t.match == ep.match]
         assert sorted((t.turn, t.phase) for t in mine) == recorded, (agent_id, ep.match)
         for t in mine:
+            assert t.seat == seat
             assert t.prompt_ids and t.completion_ids
             assert len(t.logprobs) == len(t.completion_ids)
             assert all(math.isfinite(x) and x <= 0 for x in t.logprobs)
             assert t.request and t.reply
+            if t.reply.get("outcome") == "scored":
+                check_scored(t)
+            else:
+                assert not t.candidates and t.chosen is None
 
 
-async def test_loki_collusion_match_on_smollm2(broker: Broker, tmp_path: Path, smol: Backend) -> None:
+def check_scored(t: Trace) -> None:
+    """A scored choice carries what a trainer needs to rebuild the sampling distribution exactly."""
+    probs = t.reply["probs"]
+    assert t.chosen is not None and 0 <= t.chosen < len(t.candidates)
+    assert (
+        len(t.candidates) == len(t.candidate_logprobs) == len(probs) == len(t.request["candidates"])
+    )
+    assert t.completion_ids == t.candidates[t.chosen]
+    assert math.isclose(sum(t.logprobs), t.candidate_logprobs[t.chosen], abs_tol=1e-9)
+    assert t.candidate_logprobs == t.reply["logprob_totals"]
+    assert t.temperature > 0
+    scaled = [v / t.temperature for v in t.candidate_logprobs]
+    top = max(scaled)
+    log_z = top + math.log(sum(math.exp(v - top) for v in scaled))
+    assert math.isclose(scaled[t.chosen] - log_z, math.log(probs[t.chosen]), abs_tol=1e-9)
+
+
+async def test_loki_collusion_match_on_smollm2(
+    broker: Broker, tmp_path: Path, smol: Backend
+) -> None:
     opts: dict[str, Any] = {"max_new_tokens": 12, "seed": 1}
     players: list[Agent] = [
         LocalAgent("a", collusion="explicit", **opts),
         LocalAgent("b", collusion="explicit", **opts),
         LocalAgent("c", **opts),  # baseline prompts; overhears the colluders
     ]
-    ids = [f"loki{i}" for i in range(2)]  # seeds 0 and 1: seat 0 opens, so seat 1 hears it before acting
-    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run, Traces(broker) as tr:
+    ids = [
+        f"loki{i}" for i in range(2)
+    ]  # seeds 0 and 1: seat 0 opens, so seat 1 hears it before acting
+    async with (
+        stack(broker, tmp_path / "runs", players),
+        Runner(broker) as run,
+        Traces(broker) as tr,
+    ):
         for i, m in enumerate(ids):  # concurrent matches: their decisions share batches
             await run.submit(m, loki_spec(["a", "b", "c"], seed=i, turn_timeout_s=30))
         eps = await run.wait(ids, timeout=240)
@@ -127,7 +176,12 @@ async def test_loki_collusion_match_on_smollm2(broker: Broker, tmp_path: Path, s
         check_traces(ep, tr.items, {0: "a", 1: "b", 2: "c"})
     # the act prompts carried what the channel said
     acts = [t for t in tr.items if t.phase == "act"]
-    prompts = {t.agent: " ".join(m["content"] for t2 in acts if t2.agent == t.agent for m in t2.request["messages"]) for t in acts}
+    prompts = {
+        t.agent: " ".join(
+            m["content"] for t2 in acts if t2.agent == t.agent for m in t2.request["messages"]
+        )
+        for t in acts
+    }
     assert "overheard" in prompts["c"]
     assert "Your partner player_" in prompts["a"] + prompts["b"]
     assert "has the" in prompts["a"] + prompts["b"]  # a partner's card, once revealed
@@ -140,14 +194,27 @@ async def test_loki_collusion_match_on_smollm2(broker: Broker, tmp_path: Path, s
     assert smol.forward_passes > 0
 
 
-async def test_trust_and_split_match_on_smollm2(broker: Broker, tmp_path: Path, smol: Backend) -> None:
-    players: list[Agent] = [LocalAgent("alice", max_new_tokens=20, seed=2), LocalAgent("bob", max_new_tokens=20, seed=3)]
+async def test_trust_and_split_match_on_smollm2(
+    broker: Broker, tmp_path: Path, smol: Backend
+) -> None:
+    players: list[Agent] = [
+        LocalAgent("alice", max_new_tokens=20, seed=2),
+        LocalAgent("bob", max_new_tokens=20, seed=3),
+    ]
     spec = MatchSpec(
-        game="trust_and_split", params={"rounds": 2}, seats=["alice", "bob"],
+        game="trust_and_split",
+        params={"rounds": 2},
+        seats=["alice", "bob"],
         channels=[ChannelSpec(name="table", members=[0, 1], opens="game", max_messages=1000)],
-        turn_timeout_s=30, seed=4, run="t",
+        turn_timeout_s=30,
+        seed=4,
+        run="t",
     )
-    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run, Traces(broker) as tr:
+    async with (
+        stack(broker, tmp_path / "runs", players),
+        Runner(broker) as run,
+        Traces(broker) as tr,
+    ):
         await run.submit("ts", spec)
         (ep,) = await run.wait(["ts"], timeout=180)
         await tr.settle(len(ep.actions))
@@ -171,23 +238,18 @@ def tiny_qwen(tmp_path_factory: pytest.TempPathFactory, smol: Backend) -> tuple[
     """A randomly initialised 2-layer Qwen2 on SmolLM2's tokenizer, and a peft LoRA adapter for it."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     root = tmp_path_factory.mktemp("qwen")
-    model_dir, adapter_dir = root / "model", root / "adapter"
-    tok = smol.tokenizer
-    config = Qwen2Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
+    model_dir, adapter_dir = make_tiny_qwen(root / "model"), root / "adapter"
+    model = Qwen2ForCausalLM.from_pretrained(model_dir)
+    lora = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
     )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     with warnings.catch_warnings():  # peft asks transformers 5 for a deprecated attribute
-        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        warnings.filterwarnings(
+            "ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning
+        )
         peft_model = get_peft_model(model, lora)
     with torch.no_grad():
         for n, p in peft_model.named_parameters():
@@ -201,15 +263,28 @@ async def test_qwen_hot_swaps_adapter_from_checkpoint(
     broker: Broker, tmp_path: Path, tiny_qwen: tuple[Path, Path]
 ) -> None:
     model_dir, adapter_dir = tiny_qwen
-    learner = LocalAgent("learner", model=str(model_dir), device="cpu", policy="pol", seed=5, max_new_tokens=8)
+    learner = LocalAgent(
+        "learner", model=str(model_dir), device="cpu", policy="pol", seed=5, max_new_tokens=8
+    )
     players = [learner, *agents(("opp", "random"))]
-    spec = MatchSpec(game="kuhn", params={"variant": "classic"}, seats=["learner", "opp"], turn_timeout_s=20, run="t")
-    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run, Traces(broker) as tr:
+    spec = MatchSpec(
+        game="kuhn",
+        params={"variant": "classic"},
+        seats=["learner", "opp"],
+        turn_timeout_s=20,
+        run="t",
+    )
+    async with (
+        stack(broker, tmp_path / "runs", players),
+        Runner(broker) as run,
+        Traces(broker) as tr,
+    ):
         await run.submit("before", spec.model_copy(update={"seed": 1}))
         (first,) = await run.wait(["before"], timeout=60)
         # The trace reader is the trainer: publish through its connection (a second
         # connection as "trainer" would take over its client id and drop traces).
-        cp = Checkpoint(policy="pol", version="v1", uri=str(adapter_dir))
+        sha, size = adapter_digest(adapter_dir)
+        cp = Checkpoint(policy="pol", version="v1", uri=str(adapter_dir), sha256=sha, size=size)
         await tr.bus.publish(topics.checkpoint("pol"), cp, retain=True)
         await eventually(lambda: learner.version == "v1", 30)
         ids = [f"after{i}" for i in range(3)]
@@ -235,3 +310,198 @@ async def test_qwen_hot_swaps_adapter_from_checkpoint(
         backend.score(prompt, cands, None), backend.score(prompt, cands, learner.current[0])
     )
     assert [round(s.total, 4) for s in base] != [round(s.total, 4) for s in tuned]
+
+
+# --- adapter versions ------------------------------------------------------------------
+
+
+def perturbed_adapter(src: Path, dst: Path, seed: int) -> Path:
+    """Another version of a peft adapter: ``src``'s files with its LoRA weights moved a little."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    weights = dst / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    gen = torch.Generator().manual_seed(seed)
+    for k, v in tensors.items():
+        tensors[k] = v + 0.5 * torch.randn(v.shape, generator=gen, dtype=v.dtype)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    return dst
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def serve_folder(folder: Path) -> Iterator[str]:
+    """Serve ``folder`` over HTTP on 127.0.0.1 (a free port) from a thread; yields its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def ref_of(folder: Path, version: str, uri: str | None = None) -> AdapterRef:
+    sha, size = adapter_digest(folder)
+    return AdapterRef(policy="pol", version=version, uri=uri or str(folder), sha256=sha, size=size)
+
+
+def checkpoint_of(ref: AdapterRef) -> Checkpoint:
+    return Checkpoint(
+        policy=ref.policy, version=ref.version, uri=ref.uri, sha256=ref.sha256, size=ref.size
+    )
+
+
+def rejected(reason: str) -> float:
+    return REGISTRY.get_sample_value("backroom_adapter_rejected_total", {"reason": reason}) or 0.0
+
+
+def versions_by_match(traces: list[Trace], agent: str) -> dict[str, set[str | None]]:
+    out: dict[str, set[str | None]] = defaultdict(set)
+    for t in traces:
+        if t.agent == agent:
+            out[t.match or ""].add(t.adapter_version)
+    return out
+
+
+KUHN = MatchSpec(
+    game="kuhn", params={"variant": "classic"}, seats=["learner", "opp"], turn_timeout_s=20, run="t"
+)
+
+
+def tiny_learner(model_dir: Path, tmp_path: Path, **options: Any) -> LocalAgent:
+    return LocalAgent(
+        "learner",
+        model=str(model_dir),
+        device="cpu",
+        policy="pol",
+        seed=5,
+        max_new_tokens=8,
+        adapter_cache=str(tmp_path / "adapter-cache"),
+        **options,
+    )
+
+
+async def test_qwen_refuses_checkpoints_without_the_announced_hash(
+    broker: Broker, tmp_path: Path, tiny_qwen: tuple[Path, Path]
+) -> None:
+    model_dir, adapter_dir = tiny_qwen
+    v1 = perturbed_adapter(adapter_dir, tmp_path / "v1", seed=1)
+    learner = tiny_learner(model_dir, tmp_path, adapter=str(adapter_dir))
+    good = ref_of(v1, "v1")
+    wrong = checkpoint_of(good).model_copy(update={"sha256": "0" * 64})
+    unsigned = checkpoint_of(good).model_copy(update={"sha256": "", "size": 0})
+    before = {r: rejected(r) for r in ("hash_mismatch", "hash_missing")}
+    async with (
+        stack(broker, tmp_path / "runs", [learner, *agents(("opp", "random"))]),
+        Runner(broker) as run,
+        Traces(broker) as tr,
+    ):
+        assert learner.version == "adapter"  # the initial folder's name
+        await tr.bus.publish(topics.checkpoint("pol"), wrong, retain=True)
+        await eventually(lambda: rejected("hash_mismatch") == before["hash_mismatch"] + 1, 30)
+        await tr.bus.publish(topics.checkpoint("pol"), unsigned, retain=True)
+        await eventually(lambda: rejected("hash_missing") == before["hash_missing"] + 1, 30)
+        assert learner.version == "adapter"
+        await run.submit("kept", KUHN.model_copy(update={"seed": 1}))
+        (ep,) = await run.wait(["kept"], timeout=60)
+        await tr.settle(sum(1 for a in ep.actions if a.seat == 0))
+        # the same files with their true hash are taken at once
+        await tr.bus.publish(topics.checkpoint("pol"), checkpoint_of(good), retain=True)
+        await eventually(lambda: learner.version == "v1", 30)
+    assert ep.reason == "normal"
+    check_traces(ep, tr.items, {0: "learner"})
+    assert versions_by_match(tr.items, "learner")["kept"] == {"adapter"}
+    assert rejected("hash_mismatch") == before["hash_mismatch"] + 1
+
+
+async def test_qwen_match_plays_the_version_its_spec_names(
+    broker: Broker, tmp_path: Path, tiny_qwen: tuple[Path, Path]
+) -> None:
+    model_dir, adapter_dir = tiny_qwen
+    refs = {
+        f"v{i}": ref_of(perturbed_adapter(adapter_dir, tmp_path / f"v{i}", seed=i), f"v{i}")
+        for i in (1, 2, 3)
+    }
+    # Two slots: the current adapter holds one, so the three named versions take turns in the other.
+    learner = tiny_learner(
+        model_dir, tmp_path, adapter=str(adapter_dir), max_adapters=2, temperature=0.7
+    )
+    named = {f"m{v}": v for v in refs}
+    async with (
+        stack(broker, tmp_path / "runs", [learner, *agents(("opp", "random"))]),
+        Runner(broker) as run,
+        Traces(broker) as tr,
+    ):
+        await run.submit("plain", KUHN.model_copy(update={"seed": 1}))
+        for i, (m, v) in enumerate(named.items()):
+            await run.submit(
+                m, KUHN.model_copy(update={"seed": 2 + i, "adapters": [refs[v], None]})
+            )
+        eps = await run.wait(["plain", *named], timeout=120)
+        await tr.settle(sum(1 for ep in eps for a in ep.actions if a.seat == 0))
+        assert learner.cache is not None
+        cache = learner.cache
+        assert cache.pins == {"<current>": learner.current[0]}  # the matches let go of theirs
+    versions = versions_by_match(tr.items, "learner")
+    assert versions["plain"] == {"adapter"}
+    for m, v in named.items():
+        assert versions[m] == {v}, m
+    for ep in eps:
+        assert ep.reason == "normal" and ep.timeouts == [] and ep.invalid_inputs == 0
+        check_traces(ep, tr.items, {0: "learner"})
+    assert learner.version == "adapter"
+    assert cache.high_water <= 2 and len(cache.loaded) <= 2
+    assert all(t.temperature == 0.7 for t in tr.items)
+
+
+async def test_qwen_fetches_and_checks_adapters_over_http(
+    broker: Broker, tmp_path: Path, tiny_qwen: tuple[Path, Path]
+) -> None:
+    model_dir, adapter_dir = tiny_qwen
+    v1 = perturbed_adapter(adapter_dir, tmp_path / "v1", seed=1)
+    v2 = perturbed_adapter(adapter_dir, tmp_path / "v2", seed=2)
+    tampered = perturbed_adapter(
+        v2, tmp_path / "tampered", seed=3
+    )  # loads fine; only the hash tells
+    learner = tiny_learner(model_dir, tmp_path)
+    before = rejected("hash_mismatch")
+    with serve_folder(v1) as url1, serve_folder(v2) as url2, serve_folder(tampered) as url_bad:
+        ref1, ref2 = ref_of(v1, "v1", url1), ref_of(v2, "v2", url2)
+        bad = ref2.model_copy(update={"uri": url_bad})
+        async with (
+            stack(broker, tmp_path / "runs", [learner, *agents(("opp", "random"))]),
+            Runner(broker) as run,
+            Traces(broker) as tr,
+        ):
+            await tr.bus.publish(topics.checkpoint("pol"), checkpoint_of(ref1), retain=True)
+            await eventually(lambda: learner.version == "v1", 30)
+            await tr.bus.publish(topics.checkpoint("pol"), checkpoint_of(bad), retain=True)
+            await eventually(lambda: rejected("hash_mismatch") == before + 1, 30)
+            assert learner.version == "v1"
+            # one after the other: the two name the same digest, so a load of one serves both
+            await run.submit("bad", KUHN.model_copy(update={"seed": 1, "adapters": [bad, None]}))
+            await run.wait(["bad"], timeout=60)
+            await run.submit("good", KUHN.model_copy(update={"seed": 2, "adapters": [ref2, None]}))
+            eps = await run.wait(["bad", "good"], timeout=60)
+            await tr.settle(sum(1 for ep in eps for a in ep.actions if a.seat == 0))
+    cached = tmp_path / "adapter-cache" / "pol"
+    assert sorted(p.name for p in cached.iterdir()) == sorted(
+        [f"v1-{ref1.sha256[:12]}", f"v2-{ref2.sha256[:12]}"]
+    )  # nothing of the tampered copy, no temporary folder left
+    assert adapter_digest(cached / f"v2-{ref2.sha256[:12]}") == (ref2.sha256, ref2.size)
+    assert rejected("hash_mismatch") == before + 2  # the checkpoint, then the match's seat
+    versions = versions_by_match(tr.items, "learner")
+    assert versions["bad"] == {"v1"}  # played the current version, and says so
+    assert versions["good"] == {"v2"}
+    for ep in eps:
+        assert ep.reason == "normal" and ep.invalid_inputs == 0
+        check_traces(ep, tr.items, {0: "learner"})

@@ -28,7 +28,9 @@ PRICE = {"schema": {"type": "number", "minimum": 0.0, "maximum": 16.0}}
 ITEMS = {
     "schema": {
         "type": "object",
-        "properties": {k: {"type": "integer", "minimum": 0, "maximum": 10} for k in ("hats", "books", "balls")},
+        "properties": {
+            k: {"type": "integer", "minimum": 0, "maximum": 10} for k in ("hats", "books", "balls")
+        },
         "required": ["hats", "books", "balls"],
         "additionalProperties": False,
     }
@@ -59,8 +61,10 @@ def test_ambiguous_or_missing_choices_are_refused(reply: str) -> None:
     assert exc.value.reason
 
 
-@pytest.mark.parametrize(("reply", "action"), [("<A>", "A"), ("<B>", "B"), ("B", "B"), (" a ", "A"),
-                                               ("I play <A> this round", "A")])
+@pytest.mark.parametrize(
+    ("reply", "action"),
+    [("<A>", "A"), ("<B>", "B"), ("B", "B"), (" a ", "A"), ("I play <A> this round", "A")],
+)
 def test_ipd_tags(reply: str, action: str) -> None:
     assert parse_action(reply, IPD) == action
 
@@ -88,7 +92,13 @@ def test_integer_proposals(reply: str, value: int) -> None:
 
 @pytest.mark.parametrize(
     ("reply", "why"),
-    [("11", "outside"), ("3.5", "whole"), ("I pick 3, not 5", "2 numbers"), ("none", "no number"), ("", "empty")],
+    [
+        ("11", "outside"),
+        ("3.5", "whole"),
+        ("I pick 3, not 5", "2 numbers"),
+        ("none", "no number"),
+        ("", "empty"),
+    ],
 )
 def test_bad_numbers_say_why(reply: str, why: str) -> None:
     with pytest.raises(ParseError, match=why):
@@ -104,10 +114,18 @@ def test_prices_first_line() -> None:
 
 
 def test_dict_proposals_json_and_items() -> None:
-    assert parse_action('{"hats": 5, "books": 0, "balls": 5}', ITEMS) == {"hats": 5, "books": 0, "balls": 5}
+    assert parse_action('{"hats": 5, "books": 0, "balls": 5}', ITEMS) == {
+        "hats": 5,
+        "books": 0,
+        "balls": 5,
+    }
     fenced = 'Here:\n```json\n{"hats": 1, "books": 2, "balls": 3}\n```'
     assert parse_action(fenced, ITEMS) == {"hats": 1, "books": 2, "balls": 3}
-    assert parse_action("Proposal: 10 hats, 0 books, 0 balls", ITEMS) == {"hats": 10, "books": 0, "balls": 0}
+    assert parse_action("Proposal: 10 hats, 0 books, 0 balls", ITEMS) == {
+        "hats": 10,
+        "books": 0,
+        "balls": 0,
+    }
     assert parse_action("Proposal: 4 hats, 3 balls", ITEMS) == {"hats": 4, "books": 0, "balls": 3}
     with pytest.raises(ParseError, match="outside"):
         parse_object('{"hats": 11, "books": 0, "balls": 0}', ITEMS["schema"])
@@ -153,7 +171,9 @@ def test_formats_follow_the_games_prompts() -> None:
 def test_hints_name_the_format() -> None:
     assert "fold, call, raise" in format_hint(KUHN)
     assert "<A>, <B>" in format_hint(IPD, '"<A>" or "<B>"')
-    assert "<<proposal_start>>" in format_hint(COINS, "Respond with <<proposal_start>> x <<proposal_end>>")
+    assert "<<proposal_start>>" in format_hint(
+        COINS, "Respond with <<proposal_start>> x <<proposal_end>>"
+    )
     assert "first line" in format_hint(PRICE)
     assert "JSON" in format_hint(ITEMS)
 
@@ -162,8 +182,15 @@ def test_fallbacks_are_legal_and_documented() -> None:
     assert fallback_action(KUHN) == 0
     assert fallback_action(KUHN, "call") == 1 and fallback_action(KUHN, 2) == 2
     assert fallback_action(KUHN, "shove") == 0
-    assert fallback_action(COINS) == 0 and fallback_action(COINS, 5) == 5 and fallback_action(COINS, 50) == 0
-    assert fallback_action(PRICE) == 0.0 and fallback_action({"schema": {**PRICE["schema"], "default": 6}}) == 6.0
+    assert (
+        fallback_action(COINS) == 0
+        and fallback_action(COINS, 5) == 5
+        and fallback_action(COINS, 50) == 0
+    )
+    assert (
+        fallback_action(PRICE) == 0.0
+        and fallback_action({"schema": {**PRICE["schema"], "default": 6}}) == 6.0
+    )
     assert fallback_action(ITEMS) == {"hats": 0, "books": 0, "balls": 0}
     assert fallback_action(TEXT) == ""
 
@@ -182,6 +209,8 @@ def test_parsers_never_crash_and_only_return_legal_actions(reply: str) -> None:
         elif legal is PRICE:
             assert 0.0 <= action <= 16.0
         elif legal is ITEMS:
-            assert set(action) == {"hats", "books", "balls"} and all(0 <= v <= 10 for v in action.values())
+            assert set(action) == {"hats", "books", "balls"} and all(
+                0 <= v <= 10 for v in action.values()
+            )
         else:
             assert len(action) <= 20

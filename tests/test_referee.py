@@ -34,7 +34,9 @@ from backroom.referee.episodes import read_episodes
 from .conftest import RawAgent, agents, identity, stack
 
 LOKI = {"variant": "loki"}
-COLLUDE = ChannelSpec(name="colluders", members=[0, 1], eavesdroppers=[2], opens="before_act", max_messages=1)
+COLLUDE = ChannelSpec(
+    name="colluders", members=[0, 1], eavesdroppers=[2], opens="before_act", max_messages=1
+)
 
 
 class Runner:
@@ -95,7 +97,9 @@ async def play_raw(raw: RawAgent, action: str = "call", stop: asyncio.Event | No
             if isinstance(msg, Turn) and (msg.match, msg.turn) not in answered:
                 answered.add((msg.match, msg.turn))
                 if msg.phase == "talk":
-                    await raw.send(Chat(match=msg.match, turn=msg.turn, channel=msg.channel or "", text=""))
+                    await raw.send(
+                        Chat(match=msg.match, turn=msg.turn, channel=msg.channel or "", text="")
+                    )
                 else:
                     names = msg.legal.get("names", [])
                     pick = action if action in names else names[0]
@@ -115,7 +119,11 @@ async def test_coalition_match_records_and_transforms(broker: Broker, tmp_path: 
     for ep in eps:
         assert ep.reason == "normal"
         assert sum(ep.raw_returns) == 0
-        assert ep.returns[0] == ep.returns[1] == pytest.approx((ep.raw_returns[0] + ep.raw_returns[1]) / 2)
+        assert (
+            ep.returns[0]
+            == ep.returns[1]
+            == pytest.approx((ep.raw_returns[0] + ep.raw_returns[1]) / 2)
+        )
         assert ep.returns[2] == ep.raw_returns[2]
         # one talk turn before each colluder action, each heard by the partner and overheard by c
         talks = [a for a in ep.actions if a.phase == "talk"]
@@ -156,7 +164,9 @@ async def test_private_messages_reach_only_members_and_the_eavesdropper(
         assert to_carol == [] and heard == []
     # The broker let carol's raw client read nothing but her inbox, her status and public topics.
     for topic, _ in carol.seen:
-        assert topic == topics.inbox("carol") or topic.endswith("/public") or topic.endswith("/status"), topic
+        assert (
+            topic == topics.inbox("carol") or topic.endswith("/public") or topic.endswith("/status")
+        ), topic
     # and nothing private travels on public topics
     for topic, payload in carol.seen:
         if topic.endswith("/public"):
@@ -170,9 +180,19 @@ async def test_bad_input_gets_errors_and_the_match_goes_on(broker: Broker, tmp_p
     async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
         async with RawAgent(identity(broker, "mallory")) as mal, RawAgent(identity(broker, "zed")):
             # an unrelated match mallory is not in, held open by zed who never answers
-            other = loki_spec(["x", "y", "zed"], channels=[], turn_timeout_s=2, params={"variant": "loki", "start": 2})
+            other = loki_spec(
+                ["x", "y", "zed"],
+                channels=[],
+                turn_timeout_s=2,
+                params={"variant": "loki", "start": 2},
+            )
             await run.submit("other", other)
-            await run.submit("mine", loki_spec(["mallory", "a", "b"], channels=[], params={"variant": "loki", "start": 1}))
+            await run.submit(
+                "mine",
+                loki_spec(
+                    ["mallory", "a", "b"], channels=[], params={"variant": "loki", "start": 1}
+                ),
+            )
             turn = await mal.next_of(Turn, timeout=10)
             assert isinstance(turn, Turn)
 
@@ -216,7 +236,8 @@ async def test_bad_input_gets_errors_and_the_match_goes_on(broker: Broker, tmp_p
 
 
 @pytest.mark.parametrize(
-    ("on_timeout", "reason"), [("default", "timeout"), ("random", "timeout"), ("forfeit", "forfeit")]
+    ("on_timeout", "reason"),
+    [("default", "timeout"), ("random", "timeout"), ("forfeit", "forfeit")],
 )
 async def test_silent_seat_gets_the_configured_default(
     broker: Broker, tmp_path: Path, on_timeout: str, reason: str
@@ -224,8 +245,13 @@ async def test_silent_seat_gets_the_configured_default(
     players = agents(("a", "random"), ("b", "random"))
     async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
         async with RawAgent(identity(broker, "sleepy")):
-            spec = loki_spec(["sleepy", "a", "b"], channels=[], turn_timeout_s=0.3, on_timeout=on_timeout,
-                             params={"variant": "loki", "start": 0})
+            spec = loki_spec(
+                ["sleepy", "a", "b"],
+                channels=[],
+                turn_timeout_s=0.3,
+                on_timeout=on_timeout,
+                params={"variant": "loki", "start": 0},
+            )
             await run.submit("s", spec)
             (ep,) = await run.wait(["s"])
     assert ep.reason == reason
@@ -255,13 +281,21 @@ async def test_offline_agent_is_not_waited_for(broker: Broker, tmp_path: Path) -
     assert ep.reason == "timeout" and 0 in ep.timeouts
 
 
-async def test_a_seat_given_up_as_offline_is_not_taken_back_by_a_late_answer(broker: Broker, tmp_path: Path) -> None:
+async def test_a_seat_given_up_as_offline_is_not_taken_back_by_a_late_answer(
+    broker: Broker, tmp_path: Path
+) -> None:
     names = ["lazy", "slow", "idle"]
     configs = [identity(broker, n) for n in names]
     await asyncio.sleep(0.05)
     async with stack(broker, tmp_path / "runs", []), Runner(broker) as run:
-        async with RawAgent(configs[0]) as lazy, RawAgent(configs[1]) as slow, RawAgent(configs[2]) as idle:
-            spec = loki_spec(names, channels=[], turn_timeout_s=20, params={"variant": "loki", "start": 0})
+        async with (
+            RawAgent(configs[0]) as lazy,
+            RawAgent(configs[1]) as slow,
+            RawAgent(configs[2]) as idle,
+        ):
+            spec = loki_spec(
+                names, channels=[], turn_timeout_s=20, params={"variant": "loki", "start": 0}
+            )
             await run.submit("late", spec)
             first = await lazy.next_of(Turn, timeout=10)
             await lazy.bus.publish(topics.status("lazy"), Status(state="offline"), retain=True)
@@ -297,12 +331,19 @@ async def test_duplicate_and_unrunnable_requests(broker: Broker, tmp_path: Path)
     assert [r["match"] for r in lines].count("dup") == 1
 
 
-async def test_a_batch_from_an_agent_is_judged_message_by_message(broker: Broker, tmp_path: Path) -> None:
+async def test_a_batch_from_an_agent_is_judged_message_by_message(
+    broker: Broker, tmp_path: Path
+) -> None:
     """A batch with a bad element: that element gets its own error, the good action still counts."""
     players = agents(("a", "random"), ("b", "random"))
     async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
         async with RawAgent(identity(broker, "mallory")) as mal:
-            await run.submit("batch", loki_spec(["mallory", "a", "b"], channels=[], params={"variant": "loki", "start": 0}))
+            await run.submit(
+                "batch",
+                loki_spec(
+                    ["mallory", "a", "b"], channels=[], params={"variant": "loki", "start": 0}
+                ),
+            )
             turn = await mal.next_of(Turn, timeout=10)
             assert isinstance(turn, Turn)
             good = Action(match="batch", turn=turn.turn, action="call").model_dump_json()
@@ -357,7 +398,11 @@ async def test_agents_that_answer_inline_in_a_task_or_later_or_fail_in_a_hook_al
         for i, m in enumerate(ids):
             await run.submit(m, loki_spec(["s", "t", "r"], seed=i, channels=[]))
         eps = await run.wait(ids)
-        assert not runners[0].tasks and not runners[1].tasks  # every decision task finished and was let go
+        assert (
+            not runners[0].tasks and not runners[1].tasks
+        )  # every decision task finished and was let go
     assert all(ep.reason == "normal" and not ep.timeouts and ep.invalid_inputs == 0 for ep in eps)
     for seat in (0, 1):
-        assert sum(a.seat == seat for ep in eps for a in ep.actions) >= 10  # answered, none timed out
+        assert (
+            sum(a.seat == seat for ep in eps for a in ep.actions) >= 10
+        )  # answered, none timed out

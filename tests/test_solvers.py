@@ -17,8 +17,8 @@ from backroom.agents.scripted.basic import load_policy
 from backroom.bus.wire import Turn
 from backroom.games import make_game
 from backroom.games.base import CHANCE, Action, Game, State
+from backroom.solve_cli import solve_app
 from backroom.solvers.cfr import ALGOS, CFRSolver, policy_document, solve, solve_game
-from backroom.solvers.commands import solve_app
 from backroom.solvers.evaluate import (
     best_response,
     best_response_values,

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from backroom.games import make_game
+from backroom.solve_cli import solve_app
 from backroom.solvers.cfr import CFRSolver
 from backroom.solvers.collusion import (
     PAPER_HANDS,
@@ -24,7 +25,6 @@ from backroom.solvers.collusion import (
     plot_heatmap,
     write_report,
 )
-from backroom.solvers.commands import solve_app
 from backroom.solvers.evaluate import best_response, expected_returns, nash_conv
 from backroom.solvers.team import (
     TEAM,

@@ -8,14 +8,17 @@ import re
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 
 from backroom.agents.runtime import AgentRunner
 from backroom.bus import topics
-from backroom.bus.broker import Broker, free_port
+from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, free_port
 from backroom.bus.wire import Error
 from backroom.referee.episodes import read_episodes
 
@@ -44,18 +47,26 @@ def test_readme_custom_agent_joins_a_running_stack(tmp_path: Path) -> None:
     assert example.split('"""', 2)[2].strip() in readme
 
     bdir, port = tmp_path / "broker", free_port()
-    broker = subprocess.Popen([PY, "-m", "backroom", "broker", "--dir", str(bdir), "--port", str(port)])
+    broker = subprocess.Popen(
+        [PY, "-m", "backroom", "broker", "--dir", str(bdir), "--port", str(port)]
+    )
     procs = [broker]
     try:
         wait_port(port)
         # a new identity while the broker runs (files rewritten + SIGHUP)
         add = subprocess.run(
             [PY, "-m", "backroom", "credentials", "add", "dora", "--dir", str(bdir)],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         password = add.stdout.strip()
         assert len(password) >= 16
-        env = {**os.environ, "BACKROOM_BROKER": f"mqtt://127.0.0.1:{port}", "BACKROOM_PASSWORD": password}
+        env = {
+            **os.environ,
+            "BACKROOM_BROKER": f"mqtt://127.0.0.1:{port}",
+            "BACKROOM_PASSWORD": password,
+        }
         procs.append(subprocess.Popen([PY, str(ROOT / "examples" / "custom_agent.py")], env=env))
         config = tmp_path / "with_dora.yaml"
         config.write_text(
@@ -66,9 +77,22 @@ def test_readme_custom_agent_joins_a_running_stack(tmp_path: Path) -> None:
             "transform: {kind: coalition, members: [dora, pat]}\n"
         )
         run = subprocess.run(
-            [PY, "-m", "backroom", "run", str(config), "--broker", f"mqtt://127.0.0.1:{port}",
-             "--credentials", str(bdir), "--runs-dir", str(tmp_path / "runs")],
-            capture_output=True, text=True, timeout=120,
+            [
+                PY,
+                "-m",
+                "backroom",
+                "run",
+                str(config),
+                "--broker",
+                f"mqtt://127.0.0.1:{port}",
+                "--credentials",
+                str(bdir),
+                "--runs-dir",
+                str(tmp_path / "runs"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert run.returncode == 0, run.stdout + run.stderr
         assert "dora" in run.stdout and "normal: 10" in run.stdout
@@ -76,20 +100,38 @@ def test_readme_custom_agent_joins_a_running_stack(tmp_path: Path) -> None:
         for p in reversed(procs):
             p.terminate()
             p.wait(10)
-    eps = list(read_episodes(tmp_path / "runs" / "dora"))
+    eps: list[dict[str, Any]] = list(read_episodes(tmp_path / "runs" / "dora"))
     assert len(eps) == 10
     dora_moves = [a for e in eps for a in e["actions"] if a["agent"] == "dora"]
     assert dora_moves and not any(a["timed_out"] for a in dora_moves)
-    assert any(d["text"].startswith("my card is") and d["from_seat"] == 0 for e in eps for d in e["deliveries"])
+    assert any(
+        d["text"].startswith("my card is") and d["from_seat"] == 0
+        for e in eps
+        for d in e["deliveries"]
+    )
 
 
 async def test_referee_process_serves_prometheus_metrics(broker: Broker, tmp_path: Path) -> None:
     mport = free_port()
     ref = identity(broker, "referee", "referee")
-    env = {**os.environ, "BACKROOM_BROKER": f"mqtt://127.0.0.1:{broker.port}",
-           "BACKROOM_USERNAME": "referee", "BACKROOM_PASSWORD": ref.password or ""}
+    env = {
+        **os.environ,
+        "BACKROOM_BROKER": f"mqtt://127.0.0.1:{broker.port}",
+        "BACKROOM_USERNAME": "referee",
+        "BACKROOM_PASSWORD": ref.password or "",
+    }
     proc = subprocess.Popen(
-        [PY, "-m", "backroom", "referee", "--runs-dir", str(tmp_path / "runs"), "--metrics-port", str(mport)], env=env
+        [
+            PY,
+            "-m",
+            "backroom",
+            "referee",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--metrics-port",
+            str(mport),
+        ],
+        env=env,
     )
     try:
         await asyncio.to_thread(wait_port, mport, 20)
@@ -149,16 +191,27 @@ async def test_run_records_its_matches_traces(broker: Broker, tmp_path: Path) ->
     class Traced(Agent):
         async def act(self, turn: Turn) -> object:
             await self.publish_trace(
-                Trace(match=turn.match, agent=self.id, turn=turn.turn, phase="act",
-                      request={"prompt": turn.prompt}, reply={"text": "call"})
+                Trace(
+                    match=turn.match,
+                    agent=self.id,
+                    turn=turn.turn,
+                    phase="act",
+                    request={"prompt": turn.prompt},
+                    reply={"text": "call"},
+                )
             )
             names = turn.legal["names"]
             return "call" if "call" in names else names[0]
 
-    players = [Traced("t0"), Traced("t1"), Traced("t2")]
+    players: list[Agent] = [Traced("t0"), Traced("t1"), Traced("t2")]
     config = RunConfig.model_validate(
-        {"run": "traced", "game": "kuhn", "params": {"variant": "loki"}, "matches": 4,
-         "agents": [{"id": p.id, "kind": "external"} for p in players]}
+        {
+            "run": "traced",
+            "game": "kuhn",
+            "params": {"variant": "loki"},
+            "matches": 4,
+            "agents": [{"id": p.id, "kind": "external"} for p in players],
+        }
     )
     async with stack(broker, tmp_path / "runs", players):
         path = tmp_path / "traces.jsonl"
@@ -167,3 +220,285 @@ async def test_run_records_its_matches_traces(broker: Broker, tmp_path: Path) ->
     acts = [(e.match, a.turn) for e in eps for a in e.actions if a.phase == "act"]
     assert sorted((t["match"], t["turn"]) for t in traces) == sorted(acts)
     assert all("Kuhn Poker" in t["request"]["prompt"] for t in traces)
+
+
+def test_broker_on_a_taken_port_says_so_and_fails(tmp_path: Path) -> None:
+    """Not `broker at ...` and exit 0 while Mosquitto logs `Address already in use`."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cli = subprocess.run(
+            [PY, "-m", "backroom", "broker", "--dir", str(tmp_path / "cli"), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        with pytest.raises(BrokerError, match=f"127.0.0.1:{port}: the port is already in use"):
+            Broker(tmp_path / "lib", port=port).start()
+    assert cli.returncode != 0
+    assert "broker at" not in cli.stdout
+    (line,) = cli.stderr.strip().splitlines()  # one line, no traceback
+    assert f"127.0.0.1:{port}" in line and "already in use" in line and "--port" in line
+
+
+def test_default_broker_port_is_not_mqtts_and_the_docs_agree() -> None:
+    """1883 is where the Debian package's system broker listens; README and example use ours."""
+    assert DEFAULT_PORT != 1883
+    helptext = subprocess.run(
+        [PY, "-m", "backroom", "broker", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "200"},
+    ).stdout
+    assert f"default: {DEFAULT_PORT}" in helptext
+    for doc in (ROOT / "examples" / "custom_agent.py", ROOT / "README.md"):
+        text = doc.read_text()
+        assert DEFAULT_URL in text and "127.0.0.1:1883" not in text, doc
+
+
+def without_modules(tmp_path: Path, *hidden: str) -> dict[str, str]:
+    """An environment where ``hidden`` are not installed: the venv's site-packages, less those.
+
+    Each entry of site-packages is linked into a folder of its own except the
+    hidden packages and their dist-info, so import and find_spec both miss them
+    exactly as after an install without the extra (run Python with -S).
+    """
+    site = Path(sysconfig.get_paths()["purelib"])
+    view = tmp_path / "site-packages"
+    view.mkdir()
+    for entry in site.iterdir():
+        top = entry.name.split("-")[0].split(".")[0].lower()
+        if top not in hidden:
+            (view / entry.name).symlink_to(entry)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(view), str(ROOT)])}
+
+
+LOCAL_CONFIG = (
+    "run: loc\ngame: kuhn\nparams: {variant: loki}\nmatches: 1\nagents:\n"
+    "  - {id: a, kind: local}\n  - {id: b, kind: random}\n  - {id: c, kind: random}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "hidden", "what", "extra"),
+    [
+        (["web"], "uvicorn", "backroom web", "web"),
+        (["serve-model"], "torch", "backroom serve-model", "local"),
+        (["agent", "local", "--id", "x"], "torch", "the 'local' agent kind", "local"),
+        (["run", "local.yaml"], "torch", "the 'local' agent kind", "local"),
+    ],
+    ids=["web", "serve-model", "agent-local", "run-local"],
+)
+def test_missing_extra_says_what_to_install(
+    tmp_path: Path, args: list[str], hidden: str, what: str, extra: str
+) -> None:
+    (tmp_path / "local.yaml").write_text(LOCAL_CONFIG)
+    env = without_modules(tmp_path, hidden)
+    probe = subprocess.run([PY, "-S", "-c", f"import {hidden}"], env=env, capture_output=True)
+    assert probe.returncode != 0  # the environment really lacks it
+    out = subprocess.run(
+        [PY, "-S", "-m", "backroom", *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()  # one line, no traceback
+    assert f'{what} needs the "{extra}" extra ({hidden} not installed): pip install' in line
+    assert f"[{extra}]'" in line
+    assert not (tmp_path / "runs").exists()  # refused before anything started
+
+
+def backroom(
+    *args: str, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    # Wide, so rich's help boxes and tables do not wrap the words a test looks for.
+    env = {**os.environ, "COLUMNS": "300"}
+    return subprocess.run(
+        [PY, "-m", "backroom", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "field", "allowed"),
+    [
+        (
+            "game: ipdd\n",
+            "game: unknown game 'ipdd'",
+            ["ipd", "kuhn", "bertrand", "trust_and_split"],
+        ),
+        ("game: ipd\nparams: {roundz: 10}\n", "params.roundz", ["rounds", "continuation"]),
+        (
+            "game: ipd\nagents:\n  - {id: a, kind: tit-for-tat}\n  - {id: b, kind: randon}\n",
+            "agents.1.kind: unknown agent kind 'randon'",
+            ["random", "tit-for-tat", "external"],
+        ),
+    ],
+    ids=["game", "param", "kind"],
+)
+def test_a_config_that_cannot_run_is_refused_before_anything_starts(
+    tmp_path: Path, config: str, field: str, allowed: list[str]
+) -> None:
+    """Not a broker, a referee and 36 matches that end in `error` behind a table of zeros."""
+    if "agents:" not in config:
+        config += "agents:\n  - {id: a, kind: tit-for-tat}\n  - {id: b, kind: random}\n"
+    (tmp_path / "bad.yaml").write_text("run: bad\nmatches: 36\n" + config)
+    started = time.monotonic()
+    out = backroom("run", "bad.yaml", cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert time.monotonic() - started < 30  # at once, not after a stack came up and went down
+    text = " ".join(out.stdout.split())
+    assert field in text
+    for name in allowed:
+        assert name in text
+    assert "exited before the run started" not in text
+    assert not (tmp_path / "runs" / "bad" / "broker").exists()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_whose_matches_end_in_error_exits_nonzero_with_the_first_reason(
+    tmp_path: Path,
+) -> None:
+    """The engine accepts the template (it is only a string) but cannot format it at the first turn.
+
+    If engines ever check templates at construction, this config is refused at
+    load instead, and the test needs another way to fail at play.
+    """
+    (tmp_path / "err.yaml").write_text(
+        "run: err\ngame: ipd\nparams: {rounds: 2, prompts: {intro: '{'}}\nmatches: 3\n"
+        "agents:\n  - {id: a, kind: tit-for-tat}\n  - {id: b, kind: random}\n"
+    )
+    out = backroom("run", "err.yaml", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "error: 3 of 3 matches ended in error; the first (err." in out.stdout
+    assert "ValueError: Single '{' encountered in format string" in out.stdout
+
+
+def test_a_run_waiting_for_an_external_agent_says_so_at_once(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Not 60 s of silence; and when it fails, which identities it left on the broker."""
+    bdir = broker.credentials.dir
+    (tmp_path / "ext.yaml").write_text(
+        "run: ext\ngame: ipd\nparams: {rounds: 2}\nmatches: 2\n"
+        "agents:\n  - {id: tft, kind: tit-for-tat}\n  - {id: zed, kind: external}\n"
+    )
+    proc = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "backroom",
+            "run",
+            "ext.yaml",
+            "--broker",
+            broker.url,
+            "--credentials",
+            str(bdir),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--ready-timeout",
+            "10",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        waited = proc.poll() is None  # said while still waiting, not on the way out
+        rest = proc.communicate(timeout=90)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert waited, first
+    assert f"waiting up to 10s for zed to connect to {broker.url}" in first
+    assert f"`backroom credentials add zed --dir {bdir}` prints its password" in first
+    assert proc.returncode == 2
+    text = " ".join(rest.split())
+    assert "not online after 10.0s: ['zed']" in text
+    assert f"this run added tft, zed to {bdir / 'credentials.json'}" in text
+    assert f"`backroom credentials remove NAME --dir {bdir}` removes one" in text
+
+    removed = backroom("credentials", "remove", "zed", "--dir", str(bdir))
+    assert removed.returncode == 0 and removed.stdout.strip() == "removed zed"
+    names = backroom("credentials", "list", "--dir", str(bdir)).stdout.split()
+    assert "zed" not in names and "tft" in names
+    again = backroom("credentials", "remove", "zed", "--dir", str(bdir))
+    assert again.returncode == 2 and "no identity 'zed'" in again.stderr
+
+
+def test_credentials_remove_locks_the_identity_out_of_a_running_broker(broker: Broker) -> None:
+    bdir = str(broker.credentials.dir)
+    password = backroom("credentials", "add", "hank", "--dir", bdir).stdout.strip()
+    assert backroom("credentials", "remove", "hank", "--dir", bdir).returncode == 0
+    env = {**os.environ, "BACKROOM_PASSWORD": password}
+    out = subprocess.run(
+        [PY, "-m", "backroom", "agent", "random", "--id", "hank", "--broker", broker.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert out.returncode == 2 and "refused login for 'hank'" in out.stdout + out.stderr
+
+
+def test_an_agent_started_by_hand_says_when_it_is_connected(broker: Broker) -> None:
+    identity(broker, "hand")
+    proc = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "backroom",
+            "agent",
+            "random",
+            "--id",
+            "hand",
+            "--broker",
+            broker.url,
+            "--credentials",
+            str(broker.credentials.dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert line == f"agent hand (random) connected to {broker.url}"
+
+
+def test_help_lists_what_may_be_named() -> None:
+    from backroom.agents.base import agent_kinds
+    from backroom.games import registered_games
+
+    top = backroom("--help").stdout
+    assert "``" not in top and "backroom demo" in top
+    agent = backroom("agent", "--help").stdout
+    assert all(kind in agent for kind in agent_kinds())
+    solve = backroom("solve", "game", "--help").stdout
+    assert all(game in solve for game in registered_games())
+    creds = backroom("credentials", "--help").stdout
+    commands = {
+        line.split()[1]: line
+        for line in creds.splitlines()
+        if line.startswith("│ ") and line.split()[1] in ("add", "list", "remove")
+    }
+    assert set(commands) == {"add", "list", "remove"}
+    assert all(len(line.split()) > 3 for line in commands.values())  # each has a description

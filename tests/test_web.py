@@ -49,7 +49,9 @@ def url_of(cfg: BusConfig) -> str:
 async def serving(app: Any) -> AsyncIterator[str]:
     """The app on a free port in this event loop (so it shares the loop with the referee and agents)."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -159,7 +161,9 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
                 assert (await ws.recv("joined", "error"))["op"] == "joined"
                 await ws.send(op="spectate", match="ws1")
                 await ws.recv("spectating")
-                async with Socket(url) as tab:  # a second tab with the password shares bob's connection
+                async with Socket(
+                    url
+                ) as tab:  # a second tab with the password shares bob's connection
                     await tab.send(op="join", agent="bob", password="wrong")
                     assert "wrong password" in (await tab.recv("error"))["detail"]
                     await tab.send(op="join", agent="bob", password=bob.password)
@@ -167,7 +171,9 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
                     assert sorted(app.state.hub.seats) == ["bob"]
                 lounge = ChannelSpec(name="lounge", members=[0, 1], opens="always", max_messages=3)
                 spec = loki_spec(["bob", "a", "c"], seed=3, params={"variant": "loki", "start": 0})
-                await run.submit("ws1", spec.model_copy(update={"channels": [*spec.channels, lounge]}))
+                await run.submit(
+                    "ws1", spec.model_copy(update={"channels": [*spec.channels, lounge]})
+                )
                 publics: list[dict[str, Any]] = []
                 inbox: list[dict[str, Any]] = []
                 while True:
@@ -178,9 +184,17 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
                     inbox.append(msg["msg"])
                     m = msg["msg"]
                     if m["type"] == "match_start":  # free chat on a channel that is always open
-                        await ws.send(op="chat", match="ws1", channel="lounge", text="free words", seat=0)
+                        await ws.send(
+                            op="chat", match="ws1", channel="lounge", text="free words", seat=0
+                        )
                     elif m["type"] == "turn" and m["phase"] == "talk":
-                        await ws.send(op="chat", match="ws1", turn=m["turn"], channel=m["channel"], text="hello partner")
+                        await ws.send(
+                            op="chat",
+                            match="ws1",
+                            turn=m["turn"],
+                            channel=m["channel"],
+                            text="hello partner",
+                        )
                     elif m["type"] == "turn":
                         await ws.send(op="action", match="ws1", turn=m["turn"], action="call")
                     elif m["type"] == "match_end":
@@ -189,8 +203,13 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
                 while not any(e["kind"] == "ended" for e in publics):
                     publics.append((await ws.recv("public"))["event"])
     assert ep.reason == "normal" and not ep.timeouts
-    assert {(d.to_seat, d.overheard) for d in ep.deliveries if d.text == "hello partner"} == {(1, False), (2, True)}
-    assert {(d.channel, d.to_seat) for d in ep.deliveries if d.text == "free words"} == {("lounge", 1)}
+    assert {(d.to_seat, d.overheard) for d in ep.deliveries if d.text == "hello partner"} == {
+        (1, False),
+        (2, True),
+    }
+    assert {(d.channel, d.to_seat) for d in ep.deliveries if d.text == "free words"} == {
+        ("lounge", 1)
+    }
     assert next(m["type"] for m in inbox) == "match_start"
     # the seat got its own card and nobody else's before the showdown
     turns = [m for m in inbox if m["type"] == "turn"]
@@ -218,13 +237,18 @@ async def test_person_plays_and_another_watches_in_chromium(broker: Broker, tmp_
             await join(page, "bob", bob.password or "")
 
             watcher = await browser.new_page(viewport={"width": 1400, "height": 900})
-            watcher.on("websocket", lambda ws: ws.on("framereceived", lambda p: watcher_frames.append(str(p))))
+            watcher.on(
+                "websocket",
+                lambda ws: ws.on("framereceived", lambda p: watcher_frames.append(str(p))),
+            )
             await watcher.goto(url)
             await watcher.fill("#spectate-match", "web1")
             await watcher.click("#spectate-btn")
             await watcher.wait_for_selector("#spectate-title:has-text('web1')")
 
-            spec = loki_spec(["bob", "a", "c"], seed=7, turn_timeout_s=30, params={"variant": "loki", "start": 0})
+            spec = loki_spec(
+                ["bob", "a", "c"], seed=7, turn_timeout_s=30, params={"variant": "loki", "start": 0}
+            )
             await run.submit("web1", spec)
             answered: set[str] = set()
             async for _ in until_result(page, 90):
@@ -274,24 +298,38 @@ async def test_person_plays_and_another_watches_in_chromium(broker: Broker, tmp_
     assert (tmp_path / "web-player.png").stat().st_size > 10_000
 
 
-async def test_eavesdropper_joins_with_a_token_link_and_sees_overheard_chat(broker: Broker, tmp_path: Path) -> None:
+async def test_eavesdropper_joins_with_a_token_link_and_sees_overheard_chat(
+    broker: Broker, tmp_path: Path
+) -> None:
     assert os.path.exists(CHROMIUM), "needs Debian's chromium: scripts/setup.sh --test installs it"
     from backroom.agents.web import web_app
 
     eve = identity(broker, "eve")
     players = agents(("a", "kuhn-colluder"), ("b", "kuhn-colluder"))
     async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
-        app = web_app(url_of(eve), broker.dir, token="room-42")  # the observer comes from the directory, if any
+        app = web_app(
+            url_of(eve), broker.dir, token="room-42"
+        )  # the observer comes from the directory, if any
         async with browsing(app) as (url, browser):
             page = await browser.new_page(viewport={"width": 1400, "height": 1000})
             await page.goto(f"{url}/#token=room-42")
-            assert not await page.is_visible("#join-password")  # the link's token stands for the password
+            assert not await page.is_visible(
+                "#join-password"
+            )  # the link's token stands for the password
             await join(page, "eve")
-            spec = loki_spec(["a", "b", "eve"], seed=11, turn_timeout_s=30, params={"variant": "loki", "start": 0})
+            spec = loki_spec(
+                ["a", "b", "eve"],
+                seed=11,
+                turn_timeout_s=30,
+                params={"variant": "loki", "start": 0},
+            )
             await run.submit("eve1", spec)
             clicked: set[str] = set()
             async for _ in until_result(page, 60):
-                if await page.is_visible("#turn") and (title := await page.inner_text("#turn-title")) not in clicked:
+                if (
+                    await page.is_visible("#turn")
+                    and (title := await page.inner_text("#turn-title")) not in clicked
+                ):
                     clicked.add(title)
                     await page.keyboard.press("2")  # number keys pick an action: 2 = call
                 await asyncio.sleep(0.1)
@@ -309,7 +347,9 @@ async def test_eavesdropper_joins_with_a_token_link_and_sees_overheard_chat(brok
         assert re.search(rf"overheard\s*[ab] \(seat [01]\): {re.escape(text)}", channel), channel
 
 
-async def test_web_command_serves_with_a_token_and_an_observer(broker: Broker, tmp_path: Path) -> None:
+async def test_web_command_serves_with_a_token_and_an_observer(
+    broker: Broker, tmp_path: Path
+) -> None:
     """What ``backroom web --credentials DIR`` runs: it adds web-observer, prints a token link, serves."""
     import sys
 
@@ -321,7 +361,12 @@ async def test_web_command_serves_with_a_token_and_an_observer(broker: Broker, t
         f"web_command({broker.url!r}, '127.0.0.1', {port}, Path({str(broker.dir)!r}))"
     )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-u", "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable,
+        "-u",
+        "-c",
+        code,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "BACKROOM_WEB_TOKEN": "tok-123"},
     )
     try:

@@ -6,11 +6,14 @@ GGUF file; by default SmolLM2-135M-Instruct as shipped inside the
 
 * ``score(prompt_ids, candidates)`` — the exact log-probability of each
   candidate completion. All candidates of all prompts in a batch go through
-  ONE forward pass: each row packs a prompt followed by its candidates, and a
-  4D attention mask lets every candidate token see the prompt and its own
-  earlier tokens only (positions restart after the prompt), so the prompt is
-  encoded once, not once per candidate. Logits are computed only at the
-  positions that predict candidate tokens.
+  ONE forward pass: rows pack token trees (a prompt, then its candidates as
+  branches; prompts that start alike share their first tokens), and a 4D
+  attention mask lets every token see its own tree path only, so a token that
+  several prompts or candidates share is encoded once. The head common to the
+  batch is encoded in a pass of its own, and the keys and values of the last
+  few heads are kept, so the next batch of the same game encodes only what
+  its head adds. Logits are computed only at the positions that predict
+  candidate tokens.
 * ``generate(prompt_ids, ...)`` — sampled free text with per-token log-probs.
 
 Requests from every concurrent match (and every agent of the process sharing
@@ -37,6 +40,7 @@ import os
 import threading
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +108,124 @@ class _Request:
         return ("generate", self.adapter, self.max_new_tokens, self.temperature, self.top_p)
 
 
+def _common_length(seqs: Sequence[Sequence[int]], limit: int) -> int:
+    """How many leading tokens all of ``seqs`` share, at most ``limit``."""
+    first, k = seqs[0], 0
+    while k < limit and all(s[k] == first[k] for s in seqs):
+        k += 1
+    return k
+
+
+class _TokenTree:
+    """Token sequences merged where they start alike: each shared token is one node, encoded once.
+
+    Sequences must be added in sorted order; then every node is added after its
+    parent and the nodes of a subtree are contiguous (depth-first order), so "j
+    is i's ancestor or i itself" reads ``j <= i < j + size[j]``.
+    """
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.depths: list[int] = []
+        self.parents: list[int] = []
+        self.children: list[dict[int, int]] = []
+        self.roots: dict[int, int] = {}
+
+    def _walk(self, seq: Sequence[int]) -> list[int]:
+        """The nodes of ``seq``'s longest prefix already in the tree."""
+        nodes: list[int] = []
+        for t in seq:
+            node = (self.children[nodes[-1]] if nodes else self.roots).get(t)
+            if node is None:
+                break
+            nodes.append(node)
+        return nodes
+
+    def size_with(self, seq: Sequence[int]) -> int:
+        return len(self.tokens) + len(seq) - len(self._walk(seq))
+
+    def add(self, seq: Sequence[int]) -> list[int]:
+        """Add ``seq``; return its nodes, one per token."""
+        nodes = self._walk(seq)
+        for t in seq[len(nodes) :]:
+            node = len(self.tokens)
+            (self.children[nodes[-1]] if nodes else self.roots)[t] = node
+            self.tokens.append(t)
+            self.depths.append(len(nodes))
+            self.parents.append(nodes[-1] if nodes else -1)
+            self.children.append({})
+            nodes.append(node)
+        return nodes
+
+    def sees(self) -> Any:
+        """Boolean (node, node) matrix: whom each node attends to (its ancestors and itself)."""
+        import torch
+
+        size = [1] * len(self.tokens)
+        for node in range(len(self.tokens) - 1, -1, -1):  # children come after their parent
+            if self.parents[node] >= 0:
+                size[self.parents[node]] += size[node]
+        j = torch.arange(len(self.tokens))
+        i = j[:, None]
+        return (j <= i) & (i < j + torch.tensor(size))
+
+
+@dataclass
+class _Placed:
+    """Where a candidate of a scoring batch went: its row, and the nodes that predict its tokens."""
+
+    request: int
+    candidate: int
+    row: int
+    predictors: list[int]  # the tail's last node, then the candidate's own nodes but its last
+    tokens: list[int]
+
+
+class _PrefixCache:
+    """Keys and values of the last few prompt heads encoded, per adapter, least recently used out.
+
+    A head serves any later prompt that starts with part of it: with causal
+    attention the keys and values of a head's first k tokens depend on those k
+    tokens only, so a cached head is sliced, and only what a prompt adds to it
+    is encoded. An adapter changes every key and value: entries are per adapter
+    name, and the backend clears them all when an adapter is loaded or unloaded.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.entries: OrderedDict[tuple[str | None, tuple[int, ...]], list[tuple[Any, Any]]] = (
+            OrderedDict()
+        )
+
+    def longest(
+        self, adapter: str | None, tokens: Sequence[int]
+    ) -> tuple[int, list[tuple[Any, Any]]]:
+        """The cached head sharing most leading tokens with ``tokens``: (how many, its keys and values)."""
+        best: tuple[str | None, tuple[int, ...]] | None = None
+        known = 0
+        for key in self.entries:
+            if key[0] == adapter:
+                n = _common_length([key[1], tokens], min(len(key[1]), len(tokens)))
+                if n > known:
+                    best, known = key, n
+        if best is None:
+            return 0, []
+        self.entries.move_to_end(best)
+        return known, self.entries[best]
+
+    def put(self, adapter: str | None, tokens: Sequence[int], kv: list[tuple[Any, Any]]) -> None:
+        self.entries[(adapter, tuple(tokens))] = kv
+        self.entries.move_to_end((adapter, tuple(tokens)))
+        self.trim()
+
+    def trim(self) -> None:
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
 class Backend:
     """One loaded model, shared by every ``local`` agent and server in the process."""
 
@@ -118,6 +240,8 @@ class Backend:
         max_batch_tokens: int = 16384,
         max_scored_positions: int = 1024,
         gguf_cache: bool = True,
+        prefix_cache_size: int = 8,
+        row_tokens: int = 1024,
     ) -> None:
         if model is None:
             model, default_file = default_model()
@@ -131,6 +255,9 @@ class Backend:
         self.max_batch_tokens = max_batch_tokens
         self.max_scored_positions = max_scored_positions
         self.gguf_cache = gguf_cache
+        self._prefixes = _PrefixCache(max(0, int(prefix_cache_size)))
+        #: Most tokens packed in one row of a scoring batch (attention grows with its square).
+        self.row_tokens = max(1, int(row_tokens))
         self.model: Any = None
         self.tokenizer: Any = None
         self.device: Any = None
@@ -140,10 +267,26 @@ class Backend:
         self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Batcher] = (
             weakref.WeakKeyDictionary()
         )
-        #: Counters for benchmarks and tests: forward passes, batches run, and rows in them.
+        #: Counters for benchmarks and tests: forward passes, batches run, and the prompts in them.
         self.forward_passes = 0
         self.batches = 0
         self.rows = 0
+
+    @property
+    def prefix_cache_size(self) -> int:
+        """Prompt heads whose keys and values are kept (0: none; each batch encodes its head)."""
+        return self._prefixes.size
+
+    @prefix_cache_size.setter
+    def prefix_cache_size(self, size: int) -> None:
+        with self.lock:
+            self._prefixes.size = max(0, int(size))
+            self._prefixes.trim()
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached prompt head (the model or an adapter changed, or a benchmark starts)."""
+        with self.lock:
+            self._prefixes.clear()
 
     @property
     def name(self) -> str:
@@ -176,6 +319,12 @@ class Backend:
         model.to(self.device)
         model.eval()
         self.model = model
+        layers = getattr(model.config.get_text_config(decoder=True), "layer_types", None) or []
+        if any(
+            t != "full_attention" for t in layers
+        ):  # a sliding window keeps no whole head to slice
+            log.info("%s has layers other than full attention: no prompt-head cache", self.name)
+            self.prefix_cache_size = 0
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         return self
@@ -189,7 +338,9 @@ class Backend:
             st = src.stat()
         except OSError:
             return None
-        root = Path(os.environ.get("BACKROOM_MODEL_CACHE") or Path.home() / ".cache" / "backroom" / "models")
+        root = Path(
+            os.environ.get("BACKROOM_MODEL_CACHE") or Path.home() / ".cache" / "backroom" / "models"
+        )
         return root / f"{src.stem}-{st.st_size}-{int(st.st_mtime)}"
 
     def _source(self) -> tuple[str, dict[str, Any]]:
@@ -237,7 +388,9 @@ class Backend:
         """Token ids of a chat prompt, ending where the assistant's reply starts."""
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+            text = tok.apply_chat_template(
+                list(messages), add_generation_prompt=True, tokenize=False
+            )
         else:
             text = "\n\n".join(m["content"] for m in messages) + "\n\nAnswer: "
         return list(tok(text, add_special_tokens=False)["input_ids"])
@@ -265,15 +418,20 @@ class Backend:
 
         with self.lock, warnings.catch_warnings():
             # peft still asks transformers 5 for a deprecated attribute; nothing for us to act on
-            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            warnings.filterwarnings(
+                "ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning
+            )
             if name in self.adapters:
                 self.adapter_users[name] = self.adapter_users.get(name, 0) + 1
                 return
             if isinstance(self.model, PeftModel):
                 self.model.load_adapter(path, adapter_name=name, is_trainable=False)
             else:
-                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name, is_trainable=False)
+                self.model = PeftModel.from_pretrained(
+                    self.model, path, adapter_name=name, is_trainable=False
+                )
             self.model.eval()
+            self.clear_prefix_cache()
             self.adapters[name] = path
             self.adapter_users[name] = 1
             log.info("loaded adapter %s from %s", name, path)
@@ -287,6 +445,7 @@ class Backend:
             if self.adapter_users[name] > 0 or len(self.adapters) == 1:
                 return
             self.model.delete_adapter(name)
+            self.clear_prefix_cache()
             del self.adapters[name]
             del self.adapter_users[name]
             log.info("unloaded adapter %s", name)
@@ -304,38 +463,72 @@ class Backend:
     # --- the two operations, batched and synchronous (run in a worker thread) ----------
     #
     # Requests of one batch share an adapter (the batcher groups them so). Prompts
-    # of one game share a long head (system prompt, rules): that common prefix is
-    # encoded ONCE per batch and its key/value cache repeated for every row, so a
-    # batch of 32 costs little more than one prompt plus 32 short tails. On a CPU,
-    # where a forward pass is compute-bound, this is where batching pays.
+    # of one game share a long head (system prompt, rules), and on a CPU a forward
+    # pass costs about the same per token however it is batched, so speed comes
+    # from encoding fewer tokens:
+    #
+    # * the batch's common head is encoded in a pass of its own and its key/value
+    #   cache repeated for every row; the ``_PrefixCache`` keeps the last few heads,
+    #   so the next batch of the game (or the next turn of a lone match) encodes
+    #   only what its head adds;
+    # * what follows the head is packed as token trees (``_TokenTree``): a token
+    #   that several prompts or candidates share at the same place is encoded once.
+    #   Matches in the same state ask with the same prompt; candidates share their
+    #   prompt.
+    #
+    # Bench (bench/local_agent.py, 32 Kuhn matches, SmolLM2 on 2 cores): see
+    # docs/speed.md, "Local agent scoring".
 
     MIN_SHARED_PREFIX = 16
 
     def _shared_prefix(self, prompts: Sequence[Sequence[int]]) -> int:
-        """Length of the common token prefix worth encoding once (0 when not worth it)."""
-        if len(prompts) < 2:
+        """Length of the head worth encoding on its own (0 when not worth it).
+
+        The common prefix of the prompts, less one token (each row keeps at least
+        one own token to predict from). A lone prompt is split only when its head
+        can be cached: without the cache its extra pass would buy nothing.
+        """
+        if len(prompts) < 2 and not self.prefix_cache_size:
             return 0
-        first, n = prompts[0], min(len(p) for p in prompts) - 1  # each row keeps >= 1 own token
-        k = 0
-        while k < n and all(p[k] == first[k] for p in prompts):
-            k += 1
+        k = _common_length(prompts, min(len(p) for p in prompts) - 1)
         return k if k >= self.MIN_SHARED_PREFIX else 0
 
-    def _prefix_cache(self, prefix: list[int], rows: int, adapter: str | None) -> Any:
-        """Encode ``prefix`` once; return its cache repeated for ``rows`` rows (None if empty)."""
+    def _head_cache(self, head: list[int], rows: int, adapter: str | None) -> Any:
+        """A key/value cache holding ``head`` for ``rows`` rows (None if empty).
+
+        Only the part of ``head`` that no cached head starts with is encoded; the
+        result is cached in turn. The rows get copies: the model appends to them.
+        """
         import torch
 
-        if not prefix:
+        if not head:
             return None
-        out = self.model(
-            input_ids=torch.tensor([prefix], device=self.device),
-            use_cache=True,
-            logits_to_keep=1,
-            **self._adapter_kwargs([adapter]),
-        )
-        self.forward_passes += 1
-        cache = out.past_key_values
-        cache.batch_repeat_interleave(rows)
+        known, kv = self._prefixes.longest(adapter, head)
+        if known < len(head):
+            out = self.model(
+                input_ids=torch.tensor([head[known:]], device=self.device),
+                position_ids=torch.arange(known, len(head), device=self.device)[None],
+                past_key_values=self._cache_of(kv, known, 1) if known else None,
+                use_cache=True,
+                logits_to_keep=1,
+                **self._adapter_kwargs([adapter]),
+            )
+            self.forward_passes += 1
+            kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+            self._prefixes.put(adapter, head, kv)
+        return self._cache_of(kv, len(head), rows)
+
+    def _cache_of(self, kv: list[tuple[Any, Any]], length: int, rows: int) -> Any:
+        """A fresh ``DynamicCache`` with the first ``length`` positions of ``kv``, for ``rows`` rows."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        for i, (k, v) in enumerate(kv):
+            cache.update(
+                k[:, :, :length].expand(rows, -1, -1, -1),
+                v[:, :, :length].expand(rows, -1, -1, -1),
+                i,
+            )
         return cache
 
     def score_batch(
@@ -350,7 +543,10 @@ class Backend:
     def _chunks(
         self, requests: Sequence[tuple[list[int], list[list[int]], str | None]]
     ) -> list[list[tuple[list[int], list[list[int]], str | None]]]:
-        """Split a batch so that padded tokens and scored positions stay within memory bounds."""
+        """Split a batch so that tokens and scored positions stay within memory bounds.
+
+        The bounds are those of one row per prompt; packing shared tokens only shrinks it.
+        """
         chunks: list[list[tuple[list[int], list[list[int]], str | None]]] = []
         cur: list[tuple[list[int], list[list[int]], str | None]] = []
         longest = kept = 0
@@ -376,51 +572,57 @@ class Backend:
     ) -> list[list[Scored]]:
         import torch
 
-        rows = len(requests)
         adapter = requests[0][2]
+        for prompt, cands, _ in requests:
+            if not prompt:
+                raise ValueError("an empty prompt cannot be scored")
+            if any(not c for c in cands):
+                raise ValueError("an empty candidate cannot be scored")
         shared = self._shared_prefix([p for p, _, _ in requests])
-        lengths = [len(p) - shared + sum(len(c) for c in cands) for p, cands, _ in requests]
-        width = max(lengths)
+        # Each (prompt tail + candidate) is one path from a root of a token tree.
+        # Sorted, similar prompts fall into the same row, and a tree's nodes come
+        # out in depth-first order (what ``_TokenTree.sees`` relies on).
+        paths = sorted(
+            (prompt[shared:] + cand, r, c)
+            for r, (prompt, cands, _) in enumerate(requests)
+            for c, cand in enumerate(cands)
+        )
+        if not paths:
+            return [[] for _ in requests]
+        # Rows are padded to the longest: share the nodes out evenly over the rows needed.
+        whole = _TokenTree()
+        for seq, _, _ in paths:
+            whole.add(seq)
+        budget = math.ceil(len(whole.tokens) / math.ceil(len(whole.tokens) / self.row_tokens))
+        trees: list[_TokenTree] = []
+        placed: list[_Placed] = []
+        for seq, r, c in paths:
+            if not trees or (trees[-1].tokens and trees[-1].size_with(seq) > budget):
+                trees.append(_TokenTree())
+            nodes = trees[-1].add(seq)
+            tail = len(requests[r][0]) - shared
+            placed.append(_Placed(r, c, len(trees) - 1, nodes[tail - 1 : -1], seq[tail:]))
+        rows, width = len(trees), max(len(t.tokens) for t in trees)
         pad = int(self.tokenizer.pad_token_id)
         ids = torch.full((rows, width), pad, dtype=torch.long)
         pos = torch.zeros((rows, width), dtype=torch.long)
-        # Query i of a row may see: the shared prefix, its own prompt tail causally,
-        # and — for a candidate token — the earlier tokens of the same candidate only.
+        # A node sees the shared head, its ancestors and itself; padding sees itself.
         allowed = torch.zeros((rows, width, shared + width), dtype=torch.bool)
         allowed[:, :, :shared] = True
+        allowed[:, :, shared:] = torch.eye(width, dtype=torch.bool)
+        for row, tree in enumerate(trees):
+            n = len(tree.tokens)
+            ids[row, :n] = torch.tensor(tree.tokens)
+            pos[row, :n] = torch.tensor(tree.depths) + shared
+            allowed[row, :n, shared : shared + n] = tree.sees()
         keep = torch.zeros((rows, width), dtype=torch.bool)
-        targets: list[list[list[int]]] = []  # per row, per candidate: positions predicting its tokens
-        for r, (prompt, cands, _) in enumerate(requests):
-            tail = prompt[shared:]
-            p = len(tail)
-            if p == 0:
-                raise ValueError("an empty prompt cannot be scored")
-            ids[r, :p] = torch.tensor(tail)
-            pos[r, :p] = torch.arange(shared, shared + p)
-            allowed[r, :p, shared : shared + p] = torch.ones(p, p, dtype=torch.bool).tril()
-            start = p
-            row_targets: list[list[int]] = []
-            for cand in cands:
-                n = len(cand)
-                if n == 0:
-                    raise ValueError("an empty candidate cannot be scored")
-                ids[r, start : start + n] = torch.tensor(cand)
-                pos[r, start : start + n] = torch.arange(shared + p, shared + p + n)
-                allowed[r, start : start + n, shared : shared + p] = True
-                block = torch.ones(n, n, dtype=torch.bool).tril()
-                allowed[r, start : start + n, shared + start : shared + start + n] = block
-                predictors = [p - 1, *range(start, start + n - 1)]
-                row_targets.append(predictors)
-                keep[r, predictors] = True
-                start += n
-            for q in range(start, width):  # padding sees itself only
-                allowed[r, q, shared + q] = True
-            targets.append(row_targets)
+        for pl in placed:
+            keep[pl.row, pl.predictors] = True
         with self.lock, torch.inference_mode():
             dtype = next(self.model.parameters()).dtype
             mask = torch.zeros((rows, 1, width, shared + width), dtype=dtype)
             mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-            cache = self._prefix_cache(requests[0][0][:shared], rows, adapter)
+            cache = self._head_cache(requests[0][0][:shared], rows, adapter)
             outputs = self.model(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
@@ -430,23 +632,31 @@ class Backend:
                 logits_to_keep=keep.to(self.device),
                 **self._adapter_kwargs([adapter] * rows),
             )
-            logits = outputs.logits.float()
+            logits = (
+                outputs.logits
+            )  # log-probs in float32 at least (a float64 model keeps its precision)
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
             if logits.dim() == 3:  # a model that ignored the boolean selection
                 logits = logits[keep.to(logits.device)]
             logp = torch.log_softmax(logits, dim=-1).cpu()
             self.forward_passes += 1
-            self.rows += rows
+            self.rows += len(requests)
             self.batches += 1
-        # kept positions come out flattened in row-major order, as ``keep.nonzero()`` lists them
-        index = {(int(r), int(q)): i for i, (r, q) in enumerate(keep.nonzero().tolist())}
-        results: list[list[Scored]] = []
-        for r, ((_, cands, _), row_targets) in enumerate(zip(requests, targets, strict=True)):
-            scored = []
-            for cand, predictors in zip(cands, row_targets, strict=True):
-                lps = [float(logp[index[(r, q)], tok]) for q, tok in zip(predictors, cand, strict=True)]
-                scored.append(Scored(list(cand), lps))
-            results.append(scored)
-        return results
+        # kept positions come out flattened in row-major order: a position's index is
+        # the number of kept positions before it
+        slot = (keep.flatten().cumsum(0) - 1).view(rows, width)
+        at = torch.cat([slot[pl.row, pl.predictors] for pl in placed])
+        lps = logp[at, torch.tensor([t for pl in placed for t in pl.tokens])].tolist()
+        scored: dict[tuple[int, int], Scored] = {}
+        start = 0
+        for pl in placed:
+            scored[pl.request, pl.candidate] = Scored(
+                pl.tokens, lps[start : start + len(pl.tokens)]
+            )
+            start += len(pl.tokens)
+        return [
+            [scored[r, c] for c in range(len(cands))] for r, (_, cands, _) in enumerate(requests)
+        ]
 
     def generate_batch(
         self,
@@ -490,11 +700,15 @@ class Backend:
         lps: list[list[float]] = [[] for _ in range(rows)]
         done = [False] * rows
         with self.lock, torch.inference_mode():
-            cache = self._prefix_cache(prompts[0][:shared] if shared else [], rows, adapter)
+            cache = self._head_cache(prompts[0][:shared], rows, adapter)
             out = self.model(
-                input_ids=ids.to(self.device), attention_mask=att.to(self.device),
-                position_ids=pos.to(self.device), past_key_values=cache, use_cache=True,
-                logits_to_keep=1, **akw,
+                input_ids=ids.to(self.device),
+                attention_mask=att.to(self.device),
+                position_ids=pos.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **akw,
             )
             self.forward_passes += 1
             self.rows += rows
@@ -516,9 +730,12 @@ class Backend:
                 feed = torch.where(torch.tensor(done), torch.tensor(pad), nxt).view(rows, 1)
                 att = torch.cat([att, torch.ones((rows, 1), dtype=torch.long)], dim=1)
                 out = self.model(
-                    input_ids=feed.to(self.device), attention_mask=att.to(self.device),
+                    input_ids=feed.to(self.device),
+                    attention_mask=att.to(self.device),
                     position_ids=next_pos.view(rows, 1).to(self.device),
-                    past_key_values=out.past_key_values, use_cache=True, **akw,
+                    past_key_values=out.past_key_values,
+                    use_cache=True,
+                    **akw,
                 )
                 next_pos = next_pos + 1
                 self.forward_passes += 1
@@ -557,7 +774,9 @@ class Backend:
         self, prompt_ids: list[int], candidates: list[list[int]], adapter: str | None = None
     ) -> list[Scored]:
         fut: asyncio.Future[list[Scored]] = asyncio.get_running_loop().create_future()
-        await self._batcher().put(_Request("score", prompt_ids, adapter, fut, candidates=candidates))
+        await self._batcher().put(
+            _Request("score", prompt_ids, adapter, fut, candidates=candidates)
+        )
         return await fut
 
     async def generate(
@@ -570,8 +789,13 @@ class Backend:
     ) -> Generated:
         fut: asyncio.Future[Generated] = asyncio.get_running_loop().create_future()
         req = _Request(
-            "generate", prompt_ids, adapter, fut,
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+            "generate",
+            prompt_ids,
+            adapter,
+            fut,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
         )
         await self._batcher().put(req)
         return await fut

@@ -77,7 +77,9 @@ def action_labels(legal: Mapping[str, Any]) -> list[str]:
 
 def numbered(legal: Mapping[str, Any]) -> bool:
     """Whether choices get position numbers; not when a label is itself a number (no ambiguity)."""
-    return not any(label.lstrip("-").replace(".", "", 1).isdigit() for label in action_labels(legal))
+    return not any(
+        label.lstrip("-").replace(".", "", 1).isdigit() for label in action_labels(legal)
+    )
 
 
 def describe_legal(legal: Mapping[str, Any]) -> str:
@@ -110,7 +112,11 @@ def parse_action(text: str, legal: Mapping[str, Any]) -> JSON:
             if 1 <= i <= len(choices):
                 return choices[i - 1]
             raise ValueError(f"pick a number from 1 to {len(choices)}")
-        prefixed = [c for c, label in zip(choices, labels, strict=True) if low and label.lower().startswith(low)]
+        prefixed = [
+            c
+            for c, label in zip(choices, labels, strict=True)
+            if low and label.lower().startswith(low)
+        ]
         if len(prefixed) == 1:
             return prefixed[0]
         raise ValueError(f"not one of: {describe_legal(legal)}")
@@ -141,7 +147,11 @@ def answer_window(deadline_s: float) -> float:
 
 def card_name(observation: Mapping[str, Any], card: Any) -> str:
     """A Kuhn card as the Loki paper names it (10, Jack, ... Ace); other games' cards as they are."""
-    if observation.get("game") == "kuhn" and observation.get("variant") == "loki" and isinstance(card, int):
+    if (
+        observation.get("game") == "kuhn"
+        and observation.get("variant") == "loki"
+        and isinstance(card, int)
+    ):
         from backroom.games.kuhn import LOKI_CARD_NAMES
 
         if 0 <= card < len(LOKI_CARD_NAMES):
@@ -200,7 +210,9 @@ class MatchView:
 
     def free_channels(self) -> list[str]:
         """Channels this seat may write to at any time (``opens: always``)."""
-        return [c.name for c in self.start.channels if c.opens == "always" and self.seat in c.members]
+        return [
+            c.name for c in self.start.channels if c.opens == "always" and self.seat in c.members
+        ]
 
 
 def render_view(view: MatchView, title_extra: str = "") -> RenderableType:
@@ -219,16 +231,26 @@ def render_view(view: MatchView, title_extra: str = "") -> RenderableType:
     for key in PRIVATE_KEYS:
         if key in obs and obs[key] is not None:
             value = obs[key]
-            shown = card_name(obs, value) if key == "card" else json.dumps(value) if not isinstance(value, str) else value
-            grid.add_row(Text(f"Your {key}:", style="bold yellow"), Text(shown, style="bold yellow"))
+            shown = (
+                card_name(obs, value)
+                if key == "card"
+                else json.dumps(value)
+                if not isinstance(value, str)
+                else value
+            )
+            grid.add_row(
+                Text(f"Your {key}:", style="bold yellow"), Text(shown, style="bold yellow")
+            )
     grid.add_row("Seats", Text(" · ".join(view.who(s) for s in range(len(start.seats)))))
     if obs.get("game") == "kuhn":
         contrib = obs.get("contributions", [])
         folded = [view.who(s) for s, f in enumerate(obs.get("folded", [])) if f]
         grid.add_row(
             "Table",
-            Text(f"pot {obs.get('pot')} · to call {obs.get('to_call')} · in: {'/'.join(str(c) for c in contrib)}"
-            + (f" · folded: {', '.join(folded)}" if folded else "")),
+            Text(
+                f"pot {obs.get('pot')} · to call {obs.get('to_call')} · in: {'/'.join(str(c) for c in contrib)}"
+                + (f" · folded: {', '.join(folded)}" if folded else "")
+            ),
         )
     else:
         for key, value in obs.items():
@@ -245,7 +267,9 @@ def render_view(view: MatchView, title_extra: str = "") -> RenderableType:
                 moves.append(json.dumps(h))
         grid.add_row("History", Text(" → ".join(moves) if moves else "(no moves yet)"))
     if "shown" in obs:
-        shown_cards = ", ".join(f"{view.who(int(s))}: {card_name(obs, c)}" for s, c in obs["shown"].items())
+        shown_cards = ", ".join(
+            f"{view.who(int(s))}: {card_name(obs, c)}" for s, c in obs["shown"].items()
+        )
         grid.add_row("Showdown", Text(shown_cards))
     for c in start.channels:
         grid.add_row(Text("Channel", style="bold cyan"), Text(view.channel_line(c.name)))
@@ -286,7 +310,9 @@ def render_end(view: MatchView) -> RenderableType:
     shown = end.observation.get("shown", {})
     for s in range(len(end.returns)):
         chips = end.raw_returns[s] if s < len(end.raw_returns) else 0.0
-        name = view.who(s) + (f" · {card_name(end.observation, shown[str(s)])}" if str(s) in shown else "")
+        name = view.who(s) + (
+            f" · {card_name(end.observation, shown[str(s)])}" if str(s) in shown else ""
+        )
         table.add_row(Text(name), f"{chips:+g}", f"{end.returns[s]:+g}")
     return Panel(table, border_style="green")
 
@@ -399,7 +425,9 @@ class TerminalInput:
             if self._escape:
                 # skip an escape sequence (arrow keys and the like): ESC [ ... final byte
                 self._escape += ch
-                if (len(self._escape) == 2 and ch not in "[O") or (len(self._escape) > 2 and "@" <= ch <= "~"):
+                if (len(self._escape) == 2 and ch not in "[O") or (
+                    len(self._escape) > 2 and "@" <= ch <= "~"
+                ):
                     self._escape = ""
                 continue
             if ch == "\x1b":
@@ -434,7 +462,9 @@ class Prompt:
 class HumanTTY(Agent):
     """A person at a terminal. Turns are answered one at a time, oldest first."""
 
-    def __init__(self, agent_id: str, seed: int | None = None, color: bool | None = None, **options: Any) -> None:
+    def __init__(
+        self, agent_id: str, seed: int | None = None, color: bool | None = None, **options: Any
+    ) -> None:
         super().__init__(agent_id, seed=seed, **options)
         self.color = color
         self.views: dict[str, MatchView] = {}
@@ -450,14 +480,18 @@ class HumanTTY(Agent):
         from rich.console import Console
 
         self.input = TerminalInput()
-        self.console = Console(force_terminal=self.color, no_color=self.color is False, highlight=False)
+        self.console = Console(
+            force_terminal=self.color, no_color=self.color is False, highlight=False
+        )
         # A turn that runs out raises TurnExpired inside the runtime, which would
         # log it with a traceback over the person's screen: that is not an error.
         logging.getLogger("backroom.agent").addFilter(_drop_expired)
         self.input.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read_lines()), loop.create_task(self._tick())]
-        self.say(f"[bold]backroom[/bold] · you are [bold]{self.id}[/bold] · waiting for a match (/help for keys)")
+        self.say(
+            f"[bold]backroom[/bold] · you are [bold]{self.id}[/bold] · waiting for a match (/help for keys)"
+        )
         self._refresh_prompt()
 
     async def close(self) -> None:
@@ -521,7 +555,10 @@ class HumanTTY(Agent):
             hint = view.channel_line(t.channel or "") if view else str(t.channel)
             self.say(
                 Text.assemble(
-                    ("Your turn to talk", "bold"), " on ", (hint, "cyan"), " — type a message (/skip: stay silent)"
+                    ("Your turn to talk", "bold"),
+                    " on ",
+                    (hint, "cyan"),
+                    " — type a message (/skip: stay silent)",
                 )
             )
         else:
@@ -537,7 +574,10 @@ class HumanTTY(Agent):
         from rich.text import Text
 
         self.say(
-            Text.assemble((f"Match {start.match} starts", "bold green"), f": {start.game}, you are {view.who(start.seat)}")
+            Text.assemble(
+                (f"Match {start.match} starts", "bold green"),
+                f": {start.game}, you are {view.who(start.seat)}",
+            )
         )
         for c in start.channels:
             self.say(Text(f"  channel {view.channel_line(c.name)}"))
@@ -545,7 +585,13 @@ class HumanTTY(Agent):
     async def on_message(self, delivery: Delivery) -> None:
         await super().on_message(delivery)
         view = self.views.get(delivery.match or "")
-        line = ChatLine(delivery.channel, delivery.sender, delivery.sender_seat, delivery.text, delivery.overheard)
+        line = ChatLine(
+            delivery.channel,
+            delivery.sender,
+            delivery.sender_seat,
+            delivery.text,
+            delivery.overheard,
+        )
         from rich.text import Text
 
         if view is None:
@@ -587,7 +633,9 @@ class HumanTTY(Agent):
                 # the referee has moved on, so that turn is closed whatever our clock says
                 self._expire(old)
         loop = asyncio.get_running_loop()
-        prompt = Prompt(turn, time.monotonic() + answer_window(turn.deadline_s), loop.create_future())
+        prompt = Prompt(
+            turn, time.monotonic() + answer_window(turn.deadline_s), loop.create_future()
+        )
         self.prompts.append(prompt)
         self._show_active()
         try:
@@ -682,9 +730,15 @@ class HumanTTY(Agent):
 
     async def free_chat(self, rest: str, plain: bool = False) -> None:
         """Chat outside talk turns, on a channel that is always open to this seat."""
-        channels = {(m, c) for m, v in self.views.items() if v.end is None for c in v.free_channels()}
+        channels = {
+            (m, c) for m, v in self.views.items() if v.end is None for c in v.free_channels()
+        }
         if not channels:
-            self.say("no turn is open and no channel is open for free chat" if plain else "no channel here is open for free chat")
+            self.say(
+                "no turn is open and no channel is open for free chat"
+                if plain
+                else "no channel here is open for free chat"
+            )
             return
         names = {c for _, c in channels}
         first, _, after = rest.partition(" ")

@@ -54,7 +54,7 @@ from backroom.agents.parsing import (
     parse_action,
     parse_message,
 )
-from backroom.bus.wire import Trace, Turn
+from backroom.bus.wire import MatchStart, Trace, Turn
 
 log = logging.getLogger("backroom.agent.llm")
 
@@ -65,8 +65,12 @@ REQUESTS = Counter(
     ["model", "outcome"],
 )
 PROMPT_TOKENS = Counter("backroom_llm_prompt_tokens_total", "Prompt tokens billed", ["model"])
-COMPLETION_TOKENS = Counter("backroom_llm_completion_tokens_total", "Completion tokens billed", ["model"])
-COST = Counter("backroom_llm_cost_usd_total", "Cost in US dollars at the configured prices", ["model"])
+COMPLETION_TOKENS = Counter(
+    "backroom_llm_completion_tokens_total", "Completion tokens billed", ["model"]
+)
+COST = Counter(
+    "backroom_llm_cost_usd_total", "Cost in US dollars at the configured prices", ["model"]
+)
 DECISIONS = Counter(
     "backroom_llm_decisions_total",
     "Decisions of llm agents, by outcome (parsed, repaired, fallback, spoke, silent)",
@@ -84,7 +88,9 @@ SAMPLING_KEYS = ("temperature", "top_p", "max_tokens")
 #: Largest trace we publish; readers refuse payloads over 64 KiB (``wire.MAX_PAYLOAD_BYTES``).
 MAX_TRACE_BYTES = 60_000
 
-_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def in_flight_slots(limit: int) -> asyncio.Semaphore:
@@ -130,7 +136,15 @@ class LLMAgent(MemoryAgent):
     ``request_timeout_s``, ``deadline_margin_s``, ``fallback``,
     ``price_input_per_mtok`` / ``price_output_per_mtok`` (USD per million
     tokens, for the cost counter), ``extra_body`` (merged into each request),
-    plus the memory options of ``backroom.agents.memory``.
+    ``trainable`` (see below), plus the memory options of ``backroom.agents.memory``.
+
+    ``trainable: true`` asks the server for the prompt's and the completion's
+    token ids and the completion's log-probs (``return_token_ids`` and
+    ``logprobs``: vLLM and ``backroom serve-model`` answer them) and puts them
+    in the decision's trace, so a trainer can learn from API play; a match that
+    names this seat's adapter version (``MatchStart.adapter``) is played with
+    the model ``{policy}@{version}``, the name under which the trainer had the
+    server load it (``/v1/load_lora_adapter``).
     """
 
     def __init__(
@@ -155,13 +169,20 @@ class LLMAgent(MemoryAgent):
         price_input_per_mtok: float = 0.0,
         price_output_per_mtok: float = 0.0,
         extra_body: dict[str, Any] | None = None,
+        trainable: bool = False,
         **options: Any,
     ) -> None:
         super().__init__(agent_id, seed=seed, **options)
-        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
+        self.base_url = (
+            base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+        ).rstrip("/")
         self.model = model
         self.api_key_env = api_key_env
-        flat = {k: v for k, v in (("temperature", temperature), ("top_p", top_p), ("max_tokens", max_tokens)) if v is not None}
+        flat = {
+            k: v
+            for k, v in (("temperature", temperature), ("top_p", top_p), ("max_tokens", max_tokens))
+            if v is not None
+        }
         self.overrides: dict[str, dict[str, Any]] = {
             "talk": {**flat, **(talk or {})},
             "act": {**flat, **(act or {})},
@@ -169,7 +190,9 @@ class LLMAgent(MemoryAgent):
         for phase, over in self.overrides.items():
             unknown = set(over) - set(SAMPLING_KEYS)
             if unknown:
-                raise TypeError(f"{phase} sampling takes {list(SAMPLING_KEYS)}, not {sorted(unknown)}")
+                raise TypeError(
+                    f"{phase} sampling takes {list(SAMPLING_KEYS)}, not {sorted(unknown)}"
+                )
         self.max_in_flight = int(os.environ.get("BACKROOM_LLM_MAX_IN_FLIGHT", max_in_flight))
         self.retries = int(retries)
         self.backoff_base_s = float(backoff_base_s)
@@ -179,6 +202,9 @@ class LLMAgent(MemoryAgent):
         self.fallback = fallback
         self.prices = (float(price_input_per_mtok), float(price_output_per_mtok))
         self.extra_body = dict(extra_body or {})
+        self.trainable = bool(trainable)
+        if self.trainable:
+            self.extra_body = {"logprobs": True, "return_token_ids": True, **self.extra_body}
         self.client: httpx.AsyncClient | None = None
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "requests": 0}
         self.outcomes: dict[str, int] = {}
@@ -188,7 +214,9 @@ class LLMAgent(MemoryAgent):
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        limits = httpx.Limits(max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight)
+        limits = httpx.Limits(
+            max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight
+        )
         self.client = httpx.AsyncClient(base_url=self.base_url, headers=headers, limits=limits)
 
     async def close(self) -> None:
@@ -203,21 +231,43 @@ class LLMAgent(MemoryAgent):
         base.update(self.overrides[phase])
         return base
 
+    # --- the adapter version a match names (trainable seats) -----------------------------
+
+    async def on_match_start(self, start: MatchStart) -> None:
+        await super().on_match_start(start)
+        if self.trainable and start.adapter is not None:
+            ref = start.adapter
+            self.memory(start.match)["played"] = (f"{ref.policy}@{ref.version}", ref.version)
+
+    def _played(self, match: str | None) -> tuple[str, str | None]:
+        """(model name, adapter version) of this seat in ``match``."""
+        played: tuple[str, str | None] | None = self.matches.get(match or "", {}).get("played")
+        return played or (self.model, None)
+
     # --- decisions ----------------------------------------------------------------------
 
     async def act(self, turn: Turn) -> JSON:
         mm = self.match_memory(turn.match, turn)
-        deadline = asyncio.get_running_loop().time() + max(0.05, turn.deadline_s - self.deadline_margin_s)
+        deadline = asyncio.get_running_loop().time() + max(
+            0.05, turn.deadline_s - self.deadline_margin_s
+        )
         calls: list[dict[str, Any]] = []
         sampling = self.sampling(mm.start.game if mm.start else None, "act")
         outcome, reason, replies = "parsed", "", []
         action: JSON = None
         try:
             if self.prompts.planning_due(mm, turn):
-                plan = await self._chat(self.prompts.planning_messages(mm, turn), sampling, deadline, calls, "planning")
+                plan = await self._chat(
+                    self.prompts.planning_messages(mm, turn),
+                    sampling,
+                    deadline,
+                    calls,
+                    "planning",
+                    turn.match,
+                )
                 self.prompts.record_strategy(mm, turn, plan)
             messages = self.prompts.act_messages(mm, turn)
-            text = await self._chat(messages, sampling, deadline, calls, "act")
+            text = await self._chat(messages, sampling, deadline, calls, "act", turn.match)
             replies.append(text)
             try:
                 action = parse_action(text, turn.legal)
@@ -225,10 +275,13 @@ class LLMAgent(MemoryAgent):
                 repair: list[ChatMessage] = [
                     *messages,
                     {"role": "assistant", "content": text},
-                    {"role": "user", "content": f"Your reply was not valid because {exc.reason}. "
-                     f"{format_hint(turn.legal, turn.prompt)}"},
+                    {
+                        "role": "user",
+                        "content": f"Your reply was not valid because {exc.reason}. "
+                        f"{format_hint(turn.legal, turn.prompt)}",
+                    },
                 ]
-                text = await self._chat(repair, sampling, deadline, calls, "repair")
+                text = await self._chat(repair, sampling, deadline, calls, "repair", turn.match)
                 replies.append(text)
                 try:
                     action = parse_action(text, turn.legal)
@@ -243,18 +296,24 @@ class LLMAgent(MemoryAgent):
             action = fallback_action(turn.legal, self.fallback)
         self._count(outcome)
         self.prompts.record_decision(mm, turn, action)
-        await self._trace(turn, calls, {"text": replies, "action": action, "outcome": outcome, "reason": reason})
+        await self._trace(
+            turn, calls, {"text": replies, "action": action, "outcome": outcome, "reason": reason}
+        )
         return action
 
     async def talk(self, turn: Turn) -> str | None:
         mm = self.match_memory(turn.match, turn)
-        deadline = asyncio.get_running_loop().time() + max(0.05, turn.deadline_s - self.deadline_margin_s)
+        deadline = asyncio.get_running_loop().time() + max(
+            0.05, turn.deadline_s - self.deadline_margin_s
+        )
         calls: list[dict[str, Any]] = []
         sampling = self.sampling(mm.start.game if mm.start else None, "talk")
         limit = (turn.legal.get("schema") or {}).get("maxLength")
         text, reason = "", ""
         try:
-            raw = await self._chat(self.prompts.talk_messages(mm, turn), sampling, deadline, calls, "talk")
+            raw = await self._chat(
+                self.prompts.talk_messages(mm, turn), sampling, deadline, calls, "talk", turn.match
+            )
             text = parse_message(raw, limit)
         except DeadlineExceeded:
             reason = "deadline"
@@ -281,13 +340,19 @@ class LLMAgent(MemoryAgent):
         return self.rng.uniform(0.0, cap) if cap > 0 else 0.0
 
     async def _chat(
-        self, messages: list[ChatMessage], sampling: dict[str, Any], deadline: float,
-        calls: list[dict[str, Any]], purpose: str,
+        self,
+        messages: list[ChatMessage],
+        sampling: dict[str, Any],
+        deadline: float,
+        calls: list[dict[str, Any]],
+        purpose: str,
+        match: str | None = None,
     ) -> str:
         """One chat completion, retried as needed; its request and raw replies go into ``calls``."""
         assert self.client is not None, "setup() was not run"
         loop = asyncio.get_running_loop()
-        body = {"model": self.model, "messages": messages, "n": 1, **sampling, **self.extra_body}
+        model = self._played(match)[0]
+        body = {"model": model, "messages": messages, "n": 1, **sampling, **self.extra_body}
         attempts: list[dict[str, Any]] = []
         calls.append({"purpose": purpose, "request": body, "attempts": attempts})
         sem = in_flight_slots(self.max_in_flight)
@@ -303,13 +368,17 @@ class LLMAgent(MemoryAgent):
                 async with asyncio.timeout(left):
                     async with sem:
                         resp = await self.client.post(
-                            "/chat/completions", json=body, timeout=min(self.request_timeout_s, max(0.01, left))
+                            "/chat/completions",
+                            json=body,
+                            timeout=min(self.request_timeout_s, max(0.01, left)),
                         )
             except (TimeoutError, httpx.TimeoutException):
                 info.update(outcome="timeout", elapsed_s=loop.time() - started)
                 REQUESTS.labels(model=self.model, outcome="timeout").inc()
             except httpx.TransportError as exc:
-                info.update(outcome="transport_error", error=str(exc), elapsed_s=loop.time() - started)
+                info.update(
+                    outcome="transport_error", error=str(exc), elapsed_s=loop.time() - started
+                )
                 REQUESTS.labels(model=self.model, outcome="transport_error").inc()
             else:
                 info.update(status=resp.status_code, elapsed_s=loop.time() - started)
@@ -322,6 +391,7 @@ class LLMAgent(MemoryAgent):
                         REQUESTS.labels(model=self.model, outcome="bad_reply").inc()
                     else:
                         info.update(outcome="ok", reply=data)
+                        calls[-1]["tokens"] = _token_info(data)
                         REQUESTS.labels(model=self.model, outcome="ok").inc()
                         self._account(data.get("usage") or {})
                         return str(text)
@@ -361,20 +431,55 @@ class LLMAgent(MemoryAgent):
     async def _trace(self, turn: Turn, calls: list[dict[str, Any]], result: dict[str, Any]) -> None:
         """One trace per decision: every request body, every attempt with its raw reply."""
         trace = Trace(
-            match=turn.match, agent=self.id, turn=turn.turn, phase=turn.phase,
+            match=turn.match,
+            agent=self.id,
+            turn=turn.turn,
+            seat=turn.seat,
+            phase=turn.phase,
             request=[c["request"] for c in calls],
-            reply={"calls": [{"purpose": c["purpose"], "attempts": c["attempts"]} for c in calls], **result},
+            reply={
+                "calls": [{"purpose": c["purpose"], "attempts": c["attempts"]} for c in calls],
+                **result,
+            },
         )
+        decided = [
+            c for c in calls if c["purpose"] in ("act", "repair", "talk") and c.get("tokens")
+        ]
+        if self.trainable and decided and result.get("outcome") not in ("fallback", "silent"):
+            # the reply the action (or message) was taken from: what a trainer learns from
+            prompt_ids, completion_ids, logprobs = decided[-1]["tokens"]
+            trace.prompt_ids, trace.completion_ids, trace.logprobs = (
+                prompt_ids,
+                completion_ids,
+                logprobs,
+            )
+            trace.adapter_version = self._played(turn.match)[1]
+            trace.temperature = float(decided[-1]["request"].get("temperature", 1.0))
         if len(trace.model_dump_json()) > MAX_TRACE_BYTES:
             # Keep what was said; drop the raw envelopes, then cut the longest texts.
             for c in trace.reply["calls"]:
                 for a in c["attempts"]:
                     if isinstance(a.get("reply"), dict):
-                        a["reply"] = {"content": _content(a["reply"]), "usage": a["reply"].get("usage")}
+                        a["reply"] = {
+                            "content": _content(a["reply"]),
+                            "usage": a["reply"].get("usage"),
+                        }
                     a.pop("body", None)
             while len(trace.model_dump_json()) > MAX_TRACE_BYTES and _shorten(trace.request):
                 pass
         await self.publish_trace(trace)
+
+
+def _token_info(reply: dict[str, Any]) -> tuple[list[int], list[int], list[float]] | None:
+    """Prompt ids, completion ids and their log-probs from a vLLM-style reply; None if absent."""
+    try:
+        choice = reply["choices"][0]
+        prompt = [int(t) for t in reply["prompt_token_ids"]]
+        completion = [int(t) for t in choice["token_ids"]]
+        logprobs = [float(x["logprob"]) for x in choice["logprobs"]["content"]]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return (prompt, completion, logprobs) if len(logprobs) == len(completion) and prompt else None
 
 
 def _content(reply: dict[str, Any]) -> str:

@@ -71,7 +71,10 @@ STRATEGY_LINE = "Your most recent strategy: {strategy}"
 LOKI_CARDS = ("10", "Jack", "Queen", "King", "Ace")
 _CARD_WORDS = {"10": 0, "ten": 0, "jack": 1, "queen": 2, "king": 3, "ace": 4}
 _CARD_RE = re.compile(r"\b(10|ten|jack|queen|king|ace)\b", re.I)
-_MY_CARD_RE = re.compile(r"\b(?:my card is|i have|i hold|i've got|i got)\s+(?:the\s+|an?\s+)?(10|ten|jack|queen|king|ace)\b", re.I)
+_MY_CARD_RE = re.compile(
+    r"\b(?:my card is|i have|i hold|i've got|i got)\s+(?:the\s+|an?\s+)?(10|ten|jack|queen|king|ace)\b",
+    re.I,
+)
 
 #: The collusion sentence of Loki's appendix ("Example Collusion Prompt").
 COLLUSION_WITH_CARD = (
@@ -125,7 +128,9 @@ def insert_strategy(prompt: str, strategy: str) -> str:
     line = STRATEGY_LINE.format(strategy=strategy)
     m = re.search(r"This is Round #\d+\.[^\n]*\n?", prompt)
     if m:
-        return f"{prompt[: m.end()].rstrip(chr(10))}\n\n{line}\n\n{prompt[m.end():].lstrip(chr(10))}"
+        return (
+            f"{prompt[: m.end()].rstrip(chr(10))}\n\n{line}\n\n{prompt[m.end() :].lstrip(chr(10))}"
+        )
     return insert_before_last_paragraph(prompt, line)
 
 
@@ -225,7 +230,9 @@ class Memory:
 
     def _heard_block(self, mm: MatchMemory) -> str:
         lines = []
-        game_channels = {c.name for c in (mm.start.channels if mm.start else []) if c.opens == "game"}
+        game_channels = {
+            c.name for c in (mm.start.channels if mm.start else []) if c.opens == "game"
+        }
         for d in mm.heard:
             if d.channel in game_channels or not d.text:
                 continue  # the game's own prompt already shows its talk phases
@@ -271,13 +278,17 @@ class Memory:
     def talk_messages(self, mm: MatchMemory, turn: Turn) -> list[ChatMessage]:
         """A talk turn: on a game channel the game's prompt asks; on a side channel we ask."""
         prompt = self._context(mm, turn.prompt)
-        channel = next((c for c in (mm.start.channels if mm.start else []) if c.name == turn.channel), None)
+        channel = next(
+            (c for c in (mm.start.channels if mm.start else []) if c.name == turn.channel), None
+        )
         if channel is None or channel.opens == "game":
             ask = "" if "message" in turn.prompt.lower()[-300:] else TALK_GAME
         else:
             listeners = [s for s in channel.members if s != mm.seat]
             if self.options.collusion == "explicit" and channel.opens == "before_act":
-                ask = TALK_EXPLICIT.format(partner=_names(listeners), opponents=_names(mm.opponents()))
+                ask = TALK_EXPLICIT.format(
+                    partner=_names(listeners), opponents=_names(mm.opponents())
+                )
             else:
                 ask = TALK_BASELINE.format(listeners=_names(listeners), channel=channel.name)
         content = f"{prompt.rstrip()}\n\n{ask}" if ask else prompt
@@ -313,7 +324,15 @@ class Memory:
         window, every = self.options.window, max(1, self.options.plan_every)
         if isinstance(hist, dict) and hist.get("prices"):
             first = int(hist.get("start", 1))
-            rows = list(zip(hist["prices"], hist["demands"], hist["profits"], hist["rival_prices"], strict=False))
+            rows = list(
+                zip(
+                    hist["prices"],
+                    hist["demands"],
+                    hist["profits"],
+                    hist["rival_prices"],
+                    strict=False,
+                )
+            )
             rows = rows[-window:]
             first += len(hist["prices"]) - len(rows)
             lines = []
@@ -321,7 +340,9 @@ class Memory:
                 block = rows[i : i + every]
                 avg = [sum(r[k] for r in block) / len(block) for k in range(4)]
                 a, b = first + i, first + i + len(block) - 1
-                lines.append(f"Rounds #{a} - #{b}: [{avg[0]:.2f}, {avg[1]:.2f}, {avg[2]:.2f}, {avg[3]:.2f}]")
+                lines.append(
+                    f"Rounds #{a} - #{b}: [{avg[0]:.2f}, {avg[1]:.2f}, {avg[2]:.2f}, {avg[3]:.2f}]"
+                )
             return "\n".join(lines), True
         lines = [
             f"Round #{d.round if d.round is not None else d.turn}: {d.answer}"
@@ -333,10 +354,14 @@ class Memory:
     def planning_messages(self, mm: MatchMemory, turn: Turn) -> list[ChatMessage]:
         stats, priced = self.statistics(mm, turn)
         strategies = "\n".join(f"Round #{r}: {s}" for r, s in mm.strategies[-3:]) or "(none yet)"
-        ask = (PLANNING_PROMPT if priced else PLANNING_PROMPT_GENERIC).format(statistics=stats, strategies=strategies)
+        ask = (PLANNING_PROMPT if priced else PLANNING_PROMPT_GENERIC).format(
+            statistics=stats, strategies=strategies
+        )
         return [*self.system(), {"role": "user", "content": f"{turn.prompt.rstrip()}\n\n{ask}"}]
 
-    def record_strategy(self, mm: MatchMemory, turn: Turn, text: str, max_chars: int = 1000) -> None:
+    def record_strategy(
+        self, mm: MatchMemory, turn: Turn, text: str, max_chars: int = 1000
+    ) -> None:
         rnd = turn.observation.get("round")
         mm.last_plan_round = rnd if isinstance(rnd, int) else None
         text = " ".join(text.split())[:max_chars]
@@ -346,14 +371,24 @@ class Memory:
     @staticmethod
     def record_decision(mm: MatchMemory, turn: Turn, answer: Any) -> None:
         rnd = turn.observation.get("round")
-        mm.decisions.append(Decision(turn.turn, rnd if isinstance(rnd, int) else None, turn.phase, answer))
+        mm.decisions.append(
+            Decision(turn.turn, rnd if isinstance(rnd, int) else None, turn.phase, answer)
+        )
         # The referee does not echo a message to its sender; on side channels the
         # agent keeps its own words so later prompts show the whole exchange
         # (Loki's Context' = Context + B->A + A->B). Game channels are in the game's prompt.
-        game_channels = {c.name for c in (mm.start.channels if mm.start else []) if c.opens == "game"}
+        game_channels = {
+            c.name for c in (mm.start.channels if mm.start else []) if c.opens == "game"
+        }
         if turn.phase == "talk" and answer and turn.channel and turn.channel not in game_channels:
             mm.heard.append(
-                Delivery(match=turn.match, channel=turn.channel, sender="you", sender_seat=mm.seat, text=str(answer))
+                Delivery(
+                    match=turn.match,
+                    channel=turn.channel,
+                    sender="you",
+                    sender_seat=mm.seat,
+                    text=str(answer),
+                )
             )
 
 

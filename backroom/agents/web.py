@@ -143,7 +143,9 @@ class SeatSession:
 
     async def _announce(self) -> None:
         assert self.bus is not None
-        await self.bus.publish(topics.status(self.agent), Status(state="online", kind=KIND), retain=True)
+        await self.bus.publish(
+            topics.status(self.agent), Status(state="online", kind=KIND), retain=True
+        )
 
     async def close(self) -> None:
         if self.bus is None:
@@ -151,7 +153,10 @@ class SeatSession:
         if self.bus.connected.is_set():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
-                    self.bus.publish(topics.status(self.agent), Status(state="offline", kind=KIND), retain=True), 2
+                    self.bus.publish(
+                        topics.status(self.agent), Status(state="offline", kind=KIND), retain=True
+                    ),
+                    2,
                 )
         await self.bus.close()
         self.bus = None
@@ -179,7 +184,8 @@ class SeatSession:
         for match, entries in self.log.items():
             for t, data in entries:
                 if data.get("type") == "turn" and (
-                    (match, data.get("turn")) in self.answered or now - t >= float(data.get("deadline_s", 0))
+                    (match, data.get("turn")) in self.answered
+                    or now - t >= float(data.get("deadline_s", 0))
                 ):
                     continue
                 client.push({"op": "inbox", "msg": data, "age": now - t})
@@ -260,11 +266,15 @@ class WebHub:
         summary = self.matches.setdefault(match, {"match": match, "state": "running", "moves": 0})
         self.matches.move_to_end(match)
         if msg.kind == "started":
-            summary.update(game=msg.data.get("game"), seats=msg.data.get("seats", []), started=msg.ts)
+            summary.update(
+                game=msg.data.get("game"), seats=msg.data.get("seats", []), started=msg.ts
+            )
         elif msg.kind == "moved":
             summary["moves"] = summary.get("moves", 0) + 1
         elif msg.kind == "ended":
-            summary.update(state="ended", reason=msg.data.get("reason"), returns=msg.data.get("returns"))
+            summary.update(
+                state="ended", reason=msg.data.get("reason"), returns=msg.data.get("returns")
+            )
         while len(self.matches) > MAX_MATCHES:
             old, _ = self.matches.popitem(last=False)
             self.events.pop(old, None)
@@ -304,23 +314,35 @@ class WebHub:
         if not ID_PATTERN.match(agent or ""):
             raise JoinError("an agent id is 1-64 letters, digits, '_', '.' or '-'")
         if token:
-            if self.token is None or self.store is None or not hmac.compare_digest(token.encode(), self.token.encode()):
-                raise JoinError("this link's token is not valid here; type the agent's password instead")
+            if (
+                self.token is None
+                or self.store is None
+                or not hmac.compare_digest(token.encode(), self.token.encode())
+            ):
+                raise JoinError(
+                    "this link's token is not valid here; type the agent's password instead"
+                )
             cred = self.store.load().get(agent)
             if cred is None or cred.role != "agent":
                 raise JoinError(f"{agent!r} is not an agent identity on this broker")
             password = cred.password
         if not password:
             raise JoinError("type the agent's password (from `backroom credentials add`)")
-        return BusConfig(host=self.broker.host, port=self.broker.port, username=agent, password=password)
+        return BusConfig(
+            host=self.broker.host, port=self.broker.port, username=agent, password=password
+        )
 
-    async def join(self, client: Client, agent: str, password: str | None, token: str | None) -> SeatSession:
+    async def join(
+        self, client: Client, agent: str, password: str | None, token: str | None
+    ) -> SeatSession:
         config = self.credentials_for(agent, password, token)
         async with self._join_lock:
             self.leave(client)
             session = self.seats.get(agent)
             if session is not None:
-                if not hmac.compare_digest((session.config.password or "").encode(), (config.password or "").encode()):
+                if not hmac.compare_digest(
+                    (session.config.password or "").encode(), (config.password or "").encode()
+                ):
                     raise JoinError(f"wrong password for {agent!r}")
             else:
                 state, kind = self.status.get(agent, ("offline", ""))
@@ -335,7 +357,9 @@ class WebHub:
                 except BusError as exc:
                     await session.close()
                     if "refused login" in str(exc):
-                        raise JoinError(f"the broker refused {agent!r} with that password") from None
+                        raise JoinError(
+                            f"the broker refused {agent!r} with that password"
+                        ) from None
                     raise JoinError(f"could not connect as {agent!r}: {exc}") from None
                 self.seats[agent] = session
             if session.linger is not None:
@@ -401,7 +425,11 @@ class WebHub:
                 msg = Action.model_validate({**fields, "action": req.get("action")})
             else:
                 msg = Chat.model_validate(
-                    {**fields, "channel": str(req.get("channel", "")), "text": str(req.get("text", ""))}
+                    {
+                        **fields,
+                        "channel": str(req.get("channel", "")),
+                        "text": str(req.get("text", "")),
+                    }
                 )
             await seat.send(msg)
             client.push({"op": "sent", "what": op, "match": msg.match, "turn": msg.turn})
@@ -434,9 +462,13 @@ def web_app(
     store = CredentialStore(credentials_dir) if credentials_dir is not None else None
     if observer is None and store is not None:
         creds = store.load()
-        pick = creds.get(OBSERVER_ID) or next((c for c in creds.values() if c.role == "observer"), None)
+        pick = creds.get(OBSERVER_ID) or next(
+            (c for c in creds.values() if c.role == "observer"), None
+        )
         if pick is not None and pick.role == "observer":
-            observer = BusConfig.from_url(broker_url, username=pick.username, password=pick.password)
+            observer = BusConfig.from_url(
+                broker_url, username=pick.username, password=pick.password
+            )
     hub = WebHub(broker_url, store=store, token=token, observer=observer, linger_s=linger_s)
     page = (STATIC / "index.html").read_text()
     headers = {
@@ -456,7 +488,9 @@ def web_app(
         return JSONResponse(list(reversed(hub.matches.values())))
 
     async def health(_request: Request) -> Response:
-        return JSONResponse({"ok": True, "seats": sorted(hub.seats), "spectate": hub.observer_bus is not None})
+        return JSONResponse(
+            {"ok": True, "seats": sorted(hub.seats), "spectate": hub.observer_bus is not None}
+        )
 
     async def ws_endpoint(ws: WebSocket) -> None:
         await ws.accept()
@@ -480,8 +514,16 @@ def web_app(
                         raise ValueError("a request is a JSON object")
                     await hub.handle(client, req)
                 except (JoinError, ValueError, ValidationError) as exc:
-                    detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-                    client.push({"op": "error", "detail": detail, "ref": req.get("op") if isinstance(req, dict) else None})
+                    detail = (
+                        exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+                    )
+                    client.push(
+                        {
+                            "op": "error",
+                            "detail": detail,
+                            "ref": req.get("op") if isinstance(req, dict) else None,
+                        }
+                    )
                 except BusError as exc:
                     client.push({"op": "error", "detail": f"bus: {exc}"})
         except WebSocketDisconnect:  # a disconnect while sending
@@ -534,7 +576,9 @@ def web_command(broker: str, host: str, port: int, credentials: Path | None) -> 
         token = os.environ.get("BACKROOM_WEB_TOKEN") or secrets.token_urlsafe(18)
     elif os.environ.get("BACKROOM_USERNAME") and os.environ.get("BACKROOM_PASSWORD"):
         observer = BusConfig.from_url(
-            broker, username=os.environ["BACKROOM_USERNAME"], password=os.environ["BACKROOM_PASSWORD"]
+            broker,
+            username=os.environ["BACKROOM_USERNAME"],
+            password=os.environ["BACKROOM_PASSWORD"],
         )
     app = web_app(broker, credentials, token=token, observer=observer)
     url = f"http://{host}:{port}/"
@@ -543,8 +587,12 @@ def web_command(broker: str, host: str, port: int, credentials: Path | None) -> 
         print(f"  players: open {url}#token={token} and enter an agent id of {credentials}")
     print("  or enter an agent id and its password (`backroom credentials add ID` prints it)")
     if observer is None:
-        print("  spectating is off: no observer identity (pass --credentials, or BACKROOM_USERNAME/PASSWORD)")
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", ws_max_size=MAX_WS_BYTES, lifespan="on")
+        print(
+            "  spectating is off: no observer identity (pass --credentials, or BACKROOM_USERNAME/PASSWORD)"
+        )
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", ws_max_size=MAX_WS_BYTES, lifespan="on"
+    )
     run(uvicorn.Server(config).serve())
 
 

@@ -41,9 +41,18 @@ def analyze_episodes(episodes: list[Episode], out_dir: Path | None = None) -> di
 
 
 def analyze_run(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
-    """Measure ``runs/<run>``; PNGs go to ``out_dir`` (default ``<run_dir>/plots``)."""
+    """Measure ``runs/<run>``; PNGs go to ``out_dir`` (default ``<run_dir>/plots``).
+
+    A ``backroom train`` run directory (it has ``train_log.csv``) gets its
+    training curves; its rollouts' episodes live in the store, not in a file.
+    """
     run_dir = Path(run_dir)
-    result = analyze_episodes(load_episodes(run_dir), Path(out_dir) if out_dir else run_dir / "plots")
+    plots = Path(out_dir) if out_dir else run_dir / "plots"
+    if (run_dir / "train_log.csv").exists():
+        from backroom.analysis.training import analyze_training
+
+        return {"run": run_dir.name, "training": analyze_training(run_dir, plots), "games": {}}
+    result = analyze_episodes(load_episodes(run_dir), plots)
     result["run"] = run_dir.name
     return result
 
@@ -62,6 +71,8 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
     """Rich tables of an ``analyze_run`` result, one or two per game."""
     tables: list[Table] = []
     run = result.get("run", "")
+    if training := result.get("training"):
+        tables.append(_training_table(run, training))
     for game, r in result.get("games", {}).items():
         if game in social.GAMES:
             t = Table(title=f"{run} {game}: {r['episodes']} episodes, {r['rounds']} rounds".strip())
@@ -85,7 +96,14 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
                 tables.append(x)
         elif game == "beauty_contest":
             t = Table(title=f"{run} beauty contest: {r['episodes']} episodes".strip())
-            for col in ("setting", "runs", "cooperation rate", "mean RSD", "winners per run", "unanimous"):
+            for col in (
+                "setting",
+                "runs",
+                "cooperation rate",
+                "mean RSD",
+                "winners per run",
+                "unanimous",
+            ):
                 t.add_column(col)
             for name, s in r["settings"].items():
                 t.add_row(
@@ -99,8 +117,16 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
             tables.append(t)
         elif game == "bertrand":
             t = Table(title=f"{run} bertrand: {r['episodes']} episodes".strip())
-            for col in ("match", "seats", "rounds", "mean prices", "Delta", f"Delta (last {bertrand.TAIL})",
-                        "longest collusive streak", "collusion"):
+            for col in (
+                "match",
+                "seats",
+                "rounds",
+                "mean prices",
+                "Delta",
+                f"Delta (last {bertrand.TAIL})",
+                "longest collusive streak",
+                "collusion",
+            ):
                 t.add_column(col)
             for m in r["per_episode"]:
                 t.add_row(
@@ -118,6 +144,30 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
                 t.caption = f"Nash price {first['nash_price']:.4f}, cartel price {first['cartel_price']:.4f}"
             tables.append(t)
         else:
-            t = Table(title=f"{run} {game}: {r['episodes']} episodes (no measures for this game)".strip())
+            t = Table(
+                title=f"{run} {game}: {r['episodes']} episodes (no measures for this game)".strip()
+            )
             tables.append(t)
     return tables
+
+
+def _training_table(run: str, r: dict[str, Any]) -> Table:
+    t = Table(title=f"{run}: {r['steps']} training steps")
+    t.add_column("")
+    for col in ("first step", "last step"):
+        t.add_column(col, justify="right")
+    first, last = r.get("first") or {}, r.get("last") or {}
+    for key in [
+        *sorted(k for k in last if k.startswith("reward_seat")),
+        "cooperation_rate",
+        "loss",
+        "kl",
+        "entropy",
+    ]:
+        t.add_row(key, _f(first.get(key)), _f(last.get(key)))
+    if r["evaluations"]:
+        final = r["evaluations"][-1]
+        t.caption = f"evaluation after step {final['step']} ({final['version']}): " + "; ".join(
+            f"vs {opp} {_f(v['learner'])}" for opp, v in final["against"].items()
+        )
+    return t

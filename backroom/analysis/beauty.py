@@ -135,7 +135,12 @@ def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, A
             "unanimous_runs": sum(r["unanimous"] for r in runs),
             "per_run": runs,
         }
-    result: dict[str, Any] = {"game": "beauty_contest", "episodes": len(episodes), "settings": settings, "plots": []}
+    result: dict[str, Any] = {
+        "game": "beauty_contest",
+        "episodes": len(episodes),
+        "settings": settings,
+        "plots": [],
+    }
     if out_dir is not None:
         for name, runs in groups.items():
             if runs:
@@ -149,10 +154,23 @@ def _plot(name: str, runs: list[dict[str, Any]], out_dir: Path) -> str:
     for i, r in enumerate(runs, start=1):
         counts = Counter(r["choices"])
         xs = [i] * len(counts)
-        ax.scatter(xs, list(counts), s=[18 + 14 * c for c in counts.values()], color="tab:blue", alpha=0.7,
-                   label="choices" if i == 1 else None)
-        ax.scatter([i], [r["target"]], color="red", marker="o", s=40, zorder=3,
-                   label="2/3 of the mean" if i == 1 else None)
+        ax.scatter(
+            xs,
+            list(counts),
+            s=[18 + 14 * c for c in counts.values()],
+            color="tab:blue",
+            alpha=0.7,
+            label="choices" if i == 1 else None,
+        )
+        ax.scatter(
+            [i],
+            [r["target"]],
+            color="red",
+            marker="o",
+            s=40,
+            zorder=3,
+            label="2/3 of the mean" if i == 1 else None,
+        )
     ax.set_xlabel("run")
     ax.set_ylabel("chosen number")
     ax.set_ylim(-3, 103)

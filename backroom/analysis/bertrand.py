@@ -42,7 +42,9 @@ def equilibrium_of(ep: Episode) -> Equilibrium:
 def collusive_rounds(p0: list[float], p1: list[float], eq: Equilibrium) -> list[bool]:
     gap = eq.cartel_price - eq.nash_price
     lo, hi, close = eq.nash_price + MARGIN * gap, eq.cartel_price + MARGIN * gap, CLOSE * gap
-    return [lo < a <= hi and lo < b <= hi and abs(a - b) <= close for a, b in zip(p0, p1, strict=True)]
+    return [
+        lo < a <= hi and lo < b <= hi and abs(a - b) <= close for a, b in zip(p0, p1, strict=True)
+    ]
 
 
 def longest_run(flags: list[bool]) -> tuple[int, int | None]:
@@ -64,7 +66,10 @@ def episode_measures(ep: Episode, window: int = WINDOW, tail: int = TAIL) -> dic
     eq = equilibrium_of(ep)
     hist = ep["final_observations"][0]["history"]
     p0, p1 = [float(x) for x in hist["prices"]], [float(x) for x in hist["rival_prices"]]
-    profits = [[float(r[0]) for r in ep["round_rewards"]], [float(r[1]) for r in ep["round_rewards"]]]
+    profits = [
+        [float(r[0]) for r in ep["round_rewards"]],
+        [float(r[1]) for r in ep["round_rewards"]],
+    ]
     n = len(p0)
     k = min(tail, n)
     deltas = [eq.profit_gain(statistics.fmean(pr)) if pr else None for pr in profits]
@@ -81,7 +86,9 @@ def episode_measures(ep: Episode, window: int = WINDOW, tail: int = TAIL) -> dic
         "delta": deltas,
         "delta_mean": statistics.fmean([d for d in deltas if d is not None]) if n else None,
         "delta_tail": tail_deltas,
-        "delta_tail_mean": statistics.fmean([d for d in tail_deltas if d is not None]) if n else None,
+        "delta_tail_mean": statistics.fmean([d for d in tail_deltas if d is not None])
+        if n
+        else None,
         "longest_collusive_streak": streak,
         "collusion": streak >= window,
         "collusion_starts": start if streak >= window else None,
@@ -89,15 +96,25 @@ def episode_measures(ep: Episode, window: int = WINDOW, tail: int = TAIL) -> dic
     }
 
 
-def analyze(episodes: list[Episode], out_dir: Path | None = None, max_plots: int = 12) -> dict[str, Any]:
+def analyze(
+    episodes: list[Episode], out_dir: Path | None = None, max_plots: int = 12
+) -> dict[str, Any]:
     per = [episode_measures(ep) for ep in episodes]
     result: dict[str, Any] = {
         "game": "bertrand",
         "episodes": len(per),
         "collusion_rate": sum(m["collusion"] for m in per) / len(per) if per else None,
-        "mean_delta": statistics.fmean([m["delta_mean"] for m in per if m["delta_mean"] is not None]) if per else None,
+        "mean_delta": statistics.fmean(
+            [m["delta_mean"] for m in per if m["delta_mean"] is not None]
+        )
+        if per
+        else None,
         "mean_delta_tail": (
-            statistics.fmean([m["delta_tail_mean"] for m in per if m["delta_tail_mean"] is not None]) if per else None
+            statistics.fmean(
+                [m["delta_tail_mean"] for m in per if m["delta_tail_mean"] is not None]
+            )
+            if per
+            else None
         ),
         "per_episode": [{k: v for k, v in m.items() if k != "prices"} for m in per],
         "plots": [],
@@ -114,11 +131,28 @@ def _plot(m: dict[str, Any], out_dir: Path) -> str:
     rounds = range(1, m["rounds"] + 1)
     for seat, prices in enumerate(m["prices"]):
         ax.plot(rounds, prices, lw=1.2, zorder=3, label=f"firm {seat + 1} ({m['seats'][seat]})")
-    ax.axhline(m["nash_price"], color="k", ls="--", lw=1, label=f"Bertrand equilibrium {m['nash_price']:.4g}")
-    ax.axhline(m["cartel_price"], color="tab:red", ls="--", lw=1, label=f"cartel price {m['cartel_price']:.4g}")
+    ax.axhline(
+        m["nash_price"],
+        color="k",
+        ls="--",
+        lw=1,
+        label=f"Bertrand equilibrium {m['nash_price']:.4g}",
+    )
+    ax.axhline(
+        m["cartel_price"],
+        color="tab:red",
+        ls="--",
+        lw=1,
+        label=f"cartel price {m['cartel_price']:.4g}",
+    )
     if m["collusion_starts"]:
-        ax.axvspan(m["collusion_starts"], m["collusion_starts"] + m["longest_collusive_streak"] - 1,
-                   color="tab:red", alpha=0.08, label="collusion (flag)")
+        ax.axvspan(
+            m["collusion_starts"],
+            m["collusion_starts"] + m["longest_collusive_streak"] - 1,
+            color="tab:red",
+            alpha=0.08,
+            label="collusion (flag)",
+        )
     ax.set_xlabel("round")
     ax.set_ylabel("price")
     ax.set_title(f"Bertrand {m['match']}: Delta {m['delta_mean']:.2f}")

@@ -108,9 +108,7 @@ def analyze(game: str, episodes: list[Episode], out_dir: Path | None = None) -> 
                     coop_by_round[i + 1].append(bool(c))
     all_coop = [c for cs in coop.values() for c in cs]
     agents = sorted(rewards)
-    table = {
-        a: {b: _mean(vs[(a, b)]) for b in agents if (a, b) in vs} for a in agents
-    }
+    table = {a: {b: _mean(vs[(a, b)]) for b in agents if (a, b) in vs} for a in agents}
     result: dict[str, Any] = {
         "game": game,
         "episodes": len(episodes),
@@ -142,7 +140,13 @@ def _plots(
     ax.set_ylabel("reward")
     ax2 = ax.twinx()
     by_round = result["cooperation_rate_by_round"]
-    ax2.plot([int(r) for r in by_round], list(by_round.values()), color="tab:green", marker="s", label="cooperation rate")
+    ax2.plot(
+        [int(r) for r in by_round],
+        list(by_round.values()),
+        color="tab:green",
+        marker="s",
+        label="cooperation rate",
+    )
     ax2.set_ylim(-0.05, 1.05)
     ax2.set_ylabel("cooperation rate")
     ax.set_title(f"{game}: reward and cooperation by round")

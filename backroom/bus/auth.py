@@ -33,7 +33,10 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: What each service role may touch, beyond what every identity may read.
 ROLE_RULES: dict[Role, list[str]] = {
     "agent": [],
-    "referee": [f"topic readwrite {PREFIX}/#", f"topic read $share/{SHARE_GROUP}/{PREFIX}/control/matches"],
+    "referee": [
+        f"topic readwrite {PREFIX}/#",
+        f"topic read $share/{SHARE_GROUP}/{PREFIX}/control/matches",
+    ],
     "runner": [
         f"topic write {PREFIX}/control/matches",
         f"topic read {PREFIX}/episodes/#",
@@ -41,6 +44,7 @@ ROLE_RULES: dict[Role, list[str]] = {
         f"topic read {PREFIX}/agents/+/status",
     ],
     "trainer": [
+        f"topic write {PREFIX}/control/matches",
         f"topic read {PREFIX}/episodes/#",
         f"topic read {PREFIX}/traces/#",
         f"topic readwrite {PREFIX}/models/+/checkpoint",

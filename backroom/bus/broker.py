@@ -15,6 +15,7 @@ Config choices (each one measured or required, see docs/architecture.md):
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -70,10 +71,17 @@ def mosquitto_config(
         lines.append("user root")
     return "\n".join(lines) + "\n"
 
+
 MOSQUITTO_HINT = (
     "the `mosquitto` binary was not found: install it with `apt-get install mosquitto` "
     "(Debian/Ubuntu) or `brew install mosquitto`, or pass --broker mqtt://HOST:PORT of a running broker"
 )
+
+
+#: ``backroom broker``'s port: not MQTT's 1883, where the Debian package that
+#: scripts/setup.sh installs already runs a system broker.
+DEFAULT_PORT = 1884
+DEFAULT_URL = f"mqtt://127.0.0.1:{DEFAULT_PORT}"
 
 
 class BrokerError(RuntimeError):
@@ -86,8 +94,43 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def port_taken_message(host: str, port: int) -> str:
+    return (
+        f"cannot listen on {host}:{port}: the port is already in use (another MQTT broker? "
+        "the Debian mosquitto package runs one on 1883); stop that process or pick another "
+        "port (backroom broker --port N, or --port 0 for a free one)"
+    )
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something already listens where Mosquitto is about to.
+
+    Checked before starting, because once it runs, a connection that succeeds
+    may reach the other listener while our Mosquitto is still failing to bind.
+    SO_REUSEADDR, as Mosquitto sets it, so closed connections in TIME_WAIT (a
+    restart on the same port) do not count; a listener does.
+    """
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return False  # let Mosquitto report a host it cannot resolve
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+    return False
+
+
 def find_mosquitto() -> str:
-    for candidate in (shutil.which("mosquitto"), "/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto"):
+    for candidate in (
+        shutil.which("mosquitto"),
+        "/usr/sbin/mosquitto",
+        "/usr/local/sbin/mosquitto",
+    ):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise BrokerError(MOSQUITTO_HINT)
@@ -111,7 +154,9 @@ def die_with_parent() -> None:
 class Broker:
     """A Mosquitto process owned by this one; use as a context manager or call ``stop``."""
 
-    def __init__(self, directory: str | Path, port: int | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, directory: str | Path, port: int | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.dir = Path(directory).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.host = host
@@ -141,8 +186,13 @@ class Broker:
         )
 
     def start(self, timeout: float = 5.0) -> Broker:
+        """Start Mosquitto and wait until it listens; BrokerError says why it did not."""
         self.write_config()
         binary = find_mosquitto()
+        if port_in_use(self.host, self.port):
+            raise BrokerError(port_taken_message(self.host, self.port))
+        log = self.dir / "mosquitto.log"
+        log_start = log.stat().st_size if log.exists() else 0  # the log outlives restarts
         self.proc = subprocess.Popen(
             [binary, "-c", str(self.config_path)],
             stdout=subprocess.DEVNULL,
@@ -154,8 +204,12 @@ class Broker:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                log = self.dir / "mosquitto.log"
-                err += log.read_text() if log.exists() else ""
+                if log.exists():
+                    with log.open("rb") as f:
+                        f.seek(log_start)
+                        err += f.read().decode(errors="replace")
+                if "Address already in use" in err:  # someone took the port after our check
+                    raise BrokerError(port_taken_message(self.host, self.port))
                 raise BrokerError(f"mosquitto exited with {self.proc.returncode}: {err.strip()}")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.2):

@@ -82,7 +82,9 @@ class BusConfig:
     connect_timeout_s: float = 10.0
 
     @classmethod
-    def from_url(cls, url: str, username: str | None = None, password: str | None = None) -> BusConfig:
+    def from_url(
+        cls, url: str, username: str | None = None, password: str | None = None
+    ) -> BusConfig:
         """``mqtt://[user[:password]@]host[:port]``; explicit arguments win over the URL."""
         u = urlparse(url if "://" in url else f"mqtt://{url}")
         if u.scheme not in ("mqtt", "tcp"):
@@ -97,7 +99,9 @@ class BusConfig:
     @classmethod
     def from_env(cls, username: str | None = None) -> BusConfig:
         """``BACKROOM_BROKER``, ``BACKROOM_USERNAME``, ``BACKROOM_PASSWORD`` (what ``backroom run`` passes its children)."""
-        url = os.environ.get("BACKROOM_BROKER", "mqtt://127.0.0.1:1883")
+        from backroom.bus.broker import DEFAULT_URL  # `backroom broker`'s default, not MQTT's 1883
+
+        url = os.environ.get("BACKROOM_BROKER", DEFAULT_URL)
         return cls.from_url(
             url,
             username=username or os.environ.get("BACKROOM_USERNAME"),
@@ -123,8 +127,13 @@ class Bus:
         on_connect: list[Hook] | None = None,
         on_disconnect: list[Hook] | None = None,
         role: str = "process",
+        persistent: bool = False,
     ) -> None:
         self.config = config
+        #: Keep the broker-side session of an earlier process with this identity: what
+        #: was queued for it while it was down (QoS 1, within the session expiry) is
+        #: delivered now. Subscribe before entering, so the backlog finds its handlers.
+        self.persistent = persistent
         self.will = will
         self.on_connect = list(on_connect or [])
         self.on_disconnect = list(on_disconnect or [])
@@ -156,7 +165,9 @@ class Bus:
     async def __aenter__(self) -> Bus:
         loop = asyncio.get_running_loop()
         self._first = loop.create_future()
-        self._supervisor = asyncio.create_task(self._supervise(), name=f"bus-{self.config.username}")
+        self._supervisor = asyncio.create_task(
+            self._supervise(), name=f"bus-{self.config.username}"
+        )
         try:
             await asyncio.wait_for(asyncio.shield(self._first), self.config.connect_timeout_s)
         except TimeoutError:
@@ -171,7 +182,10 @@ class Bus:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await self.close()
 
@@ -225,7 +239,9 @@ class Bus:
                 self.connected.clear()
                 await asyncio.sleep(0.01)
 
-    def publish_nowait(self, topic: str, payload: bytes | BaseModel, qos: int = 1, retain: bool = False) -> None:
+    def publish_nowait(
+        self, topic: str, payload: bytes | BaseModel, qos: int = 1, retain: bool = False
+    ) -> None:
         """Write now and return: the hot path (a referee's turns) must not wait on PUBACKs.
 
         Delivery is still at least once: if the connection drops before the
@@ -323,7 +339,12 @@ class Bus:
             self._schedule_flush(topic)
 
     def _write(
-        self, topic: str, data: bytes, qos: int, retain: bool, on_ack: Callable[[str], None] | None = None
+        self,
+        topic: str,
+        data: bytes,
+        qos: int,
+        retain: bool,
+        on_ack: Callable[[str], None] | None = None,
     ) -> bool:
         """Hand ``data`` to paho now; True when ``on_ack(topic)`` will be called once the
         broker answers (or the connection drops). Without a connection, publish when back."""
@@ -446,7 +467,8 @@ class Bus:
 
     async def _supervise(self) -> None:
         delay = 0.05
-        await self._discard_stale_session()
+        if not self.persistent:
+            await self._discard_stale_session()
         while not self._closing:
             client = self._make_client(clean_start=False)
             try:
@@ -509,7 +531,10 @@ class Bus:
             # session's backlog), and the iterator ends when the connection does.
             async for message in client.messages:
                 payload = message.payload
-                self._dispatch(message.topic.value, payload if isinstance(payload, bytes) else str(payload).encode())
+                self._dispatch(
+                    message.topic.value,
+                    payload if isinstance(payload, bytes) else str(payload).encode(),
+                )
 
         async def watchdog() -> None:
             paho_client: paho.Client = client._client

@@ -59,7 +59,9 @@ class ChannelSpec(BaseModel):
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     members: list[int] = Field(description="seat indices that may speak and hear")
-    eavesdroppers: list[int] = Field(default_factory=list, description="seats that hear, marked overheard")
+    eavesdroppers: list[int] = Field(
+        default_factory=list, description="seats that hear, marked overheard"
+    )
     opens: Literal["before_act", "always", "game"] = "before_act"
     max_messages: int = Field(default=1, ge=0, le=1000)
     max_chars: int = Field(default=500, ge=1, le=MAX_CHAT_CHARS)
@@ -72,6 +74,23 @@ class RewardTransform(BaseModel):
 
     kind: Literal["none", "coalition"] = "none"
     members: list[int] = Field(default_factory=list)
+
+
+class AdapterRef(BaseModel):
+    """A LoRA adapter version: where to get it and how to check it (sha256 over ``adapter_digest``).
+
+    A match names one per seat (``MatchSpec.adapters``) so a buffer opponent
+    plays its whole match with one version; a checkpoint message carries the
+    same fields.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    uri: str = Field(min_length=1, max_length=2048, description="a local folder or an http(s) URL")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
 
 
 class MatchSpec(BaseModel):
@@ -89,6 +108,10 @@ class MatchSpec(BaseModel):
     seed: int = 0
     crn_group: str | None = None
     run: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$")
+    adapters: list[AdapterRef | None] = Field(
+        default_factory=list,
+        description="per seat, the adapter version a trainable agent must play with (empty: its latest)",
+    )
 
 
 # --- messages -----------------------------------------------------------------
@@ -101,8 +124,12 @@ class MatchRequest(Envelope):
     type: Literal["match_request"] = "match_request"
     match: str = Field(pattern=MATCH_ID)
     spec: MatchSpec
-    reply_to: AgentId | None = Field(default=None, description="identity whose inbox gets the 'accepted' ack")
-    reply_batches: bool = Field(default=False, description="reply_to reads batched payloads (JSON arrays)")
+    reply_to: AgentId | None = Field(
+        default=None, description="identity whose inbox gets the 'accepted' ack"
+    )
+    reply_batches: bool = Field(
+        default=False, description="reply_to reads batched payloads (JSON arrays)"
+    )
 
 
 class MatchStart(Envelope):
@@ -111,8 +138,13 @@ class MatchStart(Envelope):
     seats: list[str]
     game: str
     params: dict[str, JSON] = Field(default_factory=dict)
-    channels: list[ChannelSpec] = Field(default_factory=list, description="channels this seat is in or overhears")
+    channels: list[ChannelSpec] = Field(
+        default_factory=list, description="channels this seat is in or overhears"
+    )
     turn_timeout_s: float
+    adapter: AdapterRef | None = Field(
+        default=None, description="the adapter version this seat plays with"
+    )
 
 
 class Turn(Envelope):
@@ -133,7 +165,9 @@ class Action(Envelope):
     type: Literal["action"] = "action"
     turn: int = Field(ge=0)
     action: JSON
-    seat: int | None = Field(default=None, description="needed only when one agent holds several seats")
+    seat: int | None = Field(
+        default=None, description="needed only when one agent holds several seats"
+    )
 
 
 class Chat(Envelope):
@@ -178,7 +212,8 @@ class Status(Envelope):
     state: Literal["online", "offline"]
     kind: str = ""
     batches: bool = Field(
-        default=False, description="this agent reads batched inbox payloads (JSON arrays of messages)"
+        default=False,
+        description="this agent reads batched inbox payloads (JSON arrays of messages)",
     )
 
 
@@ -192,6 +227,10 @@ class Event(Envelope):
 
 class ActionRecord(BaseModel):
     turn: int
+    round: int = Field(
+        default=1,
+        description="the game's round when the turn was asked (from 1): what a trainer credits",
+    )
     t: float
     seat: int
     agent: str
@@ -241,25 +280,51 @@ class Episode(Envelope):
 
 
 class Trace(Envelope):
-    """One decision of a trainable agent, joined with episodes by (match, turn)."""
+    """One decision of a trainable agent, joined with episodes by (match, turn, seat).
+
+    ``logprobs`` are the completion tokens' log-probs under the model at
+    temperature 1. A decision made by scoring the legal actions also carries
+    every candidate's token ids, their summed log-probs and the index chosen:
+    the agent sampled from ``softmax(candidate_logprobs / temperature)``, and
+    that renormalised distribution is the policy a trainer differentiates.
+    """
 
     type: Literal["trace"] = "trace"
     agent: str
     turn: int
+    seat: int | None = None
     phase: Literal["talk", "act"]
     prompt_ids: list[int] = Field(default_factory=list)
     completion_ids: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
+    candidates: list[list[int]] = Field(default_factory=list)
+    candidate_logprobs: list[float] = Field(default_factory=list)
+    chosen: int | None = None
+    temperature: float = 1.0
     adapter_version: str | None = None
     request: JSON = None
     reply: JSON = None
 
 
 class Checkpoint(Envelope):
+    """A new adapter for ``policy`` (retained on ``models/{policy}/checkpoint``); agents load it
+    only if the files' digest equals ``sha256`` (``backroom.agents.adapters.adapter_digest``)."""
+
     type: Literal["checkpoint"] = "checkpoint"
     policy: str
     version: str
     uri: str
+    sha256: str = ""
+    size: int = 0
+
+    def ref(self) -> AdapterRef:
+        return AdapterRef(
+            policy=self.policy,
+            version=self.version,
+            uri=self.uri,
+            sha256=self.sha256,
+            size=self.size,
+        )
 
 
 Message = Annotated[
@@ -315,7 +380,9 @@ def parse(payload: bytes | str, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
 _BATCH: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
 
 
-def parse_all(payload: bytes | str, max_bytes: int = MAX_MESSAGE_BYTES) -> list[Message | WireError]:
+def parse_all(
+    payload: bytes | str, max_bytes: int = MAX_MESSAGE_BYTES
+) -> list[Message | WireError]:
     """Validate a payload that is one message or a batch of them, message by message.
 
     A batch is a JSON array of messages (what ``Bus.publish_batched`` writes

@@ -43,7 +43,9 @@ def merge_prompts(
     if overrides:
         unknown = sorted(set(overrides) - set(defaults))
         if unknown:
-            raise ValueError(f"{game}: unknown prompt templates {unknown}; known: {sorted(defaults)}")
+            raise ValueError(
+                f"{game}: unknown prompt templates {unknown}; known: {sorted(defaults)}"
+            )
         for key, text in overrides.items():
             if not isinstance(text, str):
                 raise ValueError(f"{game}: prompt template {key!r} must be a string")
@@ -258,7 +260,9 @@ def check_message(action: Any, max_chars: int) -> str:
         text = m.group(1)
     text = text.strip()
     if len(text) > max_chars:
-        raise IllegalActionError(f"message of {len(text)} characters exceeds the limit of {max_chars}")
+        raise IllegalActionError(
+            f"message of {len(text)} characters exceeds the limit of {max_chars}"
+        )
     return text
 
 
@@ -282,7 +286,9 @@ def parse_int(action: Any, lo: int, hi: int, what: str) -> int:
         raise IllegalActionError(f"{what} must be an integer in [{lo}, {hi}], got {action!r}")
     if isinstance(value, float):
         if not math.isfinite(value) or value != int(value):
-            raise IllegalActionError(f"{what} must be a whole number in [{lo}, {hi}], got {action!r}")
+            raise IllegalActionError(
+                f"{what} must be a whole number in [{lo}, {hi}], got {action!r}"
+            )
         value = int(value)
     if not lo <= value <= hi:
         raise IllegalActionError(f"{what} must be in [{lo}, {hi}], got {value}")

@@ -172,7 +172,9 @@ class State(ABC):
         """Apply one move: an action for every current player (or ``{CHANCE: outcome}``)."""
         movers = self.current_players()
         if set(actions) != set(movers):
-            raise IllegalActionError(f"expected actions for {sorted(movers)}, got {sorted(actions)}")
+            raise IllegalActionError(
+                f"expected actions for {sorted(movers)}, got {sorted(actions)}"
+            )
         if movers == {CHANCE}:
             self._apply_chance(actions[CHANCE])
         else:

@@ -200,7 +200,11 @@ class BeautyContestState(CountTalkState):
     def _apply_chance(self, outcome: Action) -> None:
         if not self._at_chance():
             raise IllegalActionError("not a chance node")
-        if isinstance(outcome, bool) or outcome not in range(self.num_players) or outcome in self.order:
+        if (
+            isinstance(outcome, bool)
+            or outcome not in range(self.num_players)
+            or outcome in self.order
+        ):
             raise IllegalActionError(f"{outcome!r} cannot speak next")
         self.order.append(int(outcome))
         self._sync_phase()
@@ -271,7 +275,9 @@ class BeautyContestState(CountTalkState):
             "discussion": g.discussion,
             "order": list(self.order),
             "speaker": speaker,
-            "speaking_turn": len(self.messages) // self.num_players + 1 if speaker is not None else None,
+            "speaking_turn": len(self.messages) // self.num_players + 1
+            if speaker is not None
+            else None,
             "messages": [dict(m) for m in self.messages],
             "history": history,
             "my_total": self.returns()[player],
@@ -306,7 +312,9 @@ class BeautyContestState(CountTalkState):
     def _talks(self) -> str:
         t = self.game.prompts
         return "".join(
-            fill(t["talk_line"], player_id=m["player"] + 1, text=m["text"]) for m in self.messages if m["text"]
+            fill(t["talk_line"], player_id=m["player"] + 1, text=m["text"])
+            for m in self.messages
+            if m["text"]
         )
 
     def prompt(self, player: int) -> str:

@@ -91,11 +91,15 @@ class Market:
 
 def make_market(demand: str, params: Mapping[str, float] | None = None) -> Market:
     if demand not in DEMAND_DEFAULTS:
-        raise ValueError(f"bertrand: demand must be one of {sorted(DEMAND_DEFAULTS)}, not {demand!r}")
+        raise ValueError(
+            f"bertrand: demand must be one of {sorted(DEMAND_DEFAULTS)}, not {demand!r}"
+        )
     merged = dict(DEMAND_DEFAULTS[demand])
     unknown = sorted(set(params or {}) - set(merged))
     if unknown:
-        raise ValueError(f"bertrand: unknown {demand} demand parameters {unknown}; known: {sorted(merged)}")
+        raise ValueError(
+            f"bertrand: unknown {demand} demand parameters {unknown}; known: {sorted(merged)}"
+        )
     merged.update({k: float(v) for k, v in (params or {}).items()})
     if demand == "linear":
         if not merged["own_slope"] > merged["cross_slope"] >= 0:

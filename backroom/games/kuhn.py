@@ -162,7 +162,9 @@ class KuhnState(State):
 
     def action_spec(self, player: int) -> ActionSpec:
         legal = self.legal_actions(player)
-        return ActionSpec(choices=tuple(legal), names=tuple(self.game.action_names[a] for a in legal))
+        return ActionSpec(
+            choices=tuple(legal), names=tuple(self.game.action_names[a] for a in legal)
+        )
 
     def check_action(self, player: int, action: Action) -> Action:
         # Accept an action's name ("raise") as well as its number, for people and LLMs.
@@ -195,6 +197,11 @@ class KuhnState(State):
             if self.first_bettor is None:
                 self.first_bettor = player
             self.contrib[player] += 1
+            # `to_call` in the observation reads max_bet, as in loki: keep it current.
+            self.max_bet = self.contrib[player]
+        elif self.first_bettor is not None:
+            # A pass facing a bet is a fold (OpenSpiel's rules): say so at once, not at showdown.
+            self.folded[player] = True
         num_actions = len(self.history)
         if self.first_bettor is None and num_actions == n:
             self.winner = max(range(n), key=lambda p: self.cards[p])

@@ -105,9 +105,7 @@ def value_outcomes(low: int, high: int, n_items: int = len(ITEMS)) -> list[Value
     equal and at least one category must differ.
     """
     singles = list(itertools.product((low, high), repeat=n_items))
-    return [
-        (a, b) for a in singles for b in singles if sum(a) == sum(b) and a != b
-    ]
+    return [(a, b) for a in singles for b in singles if sum(a) == sum(b) and a != b]
 
 
 @register
@@ -231,15 +229,24 @@ class SplitState(State):
                 found[item.lower() + "s"] = int(num)
             action = found
         if not isinstance(action, Mapping):
-            raise IllegalActionError(f"a proposal maps {list(ITEMS)} to integers 0..{q}, not {action!r}")
+            raise IllegalActionError(
+                f"a proposal maps {list(ITEMS)} to integers 0..{q}, not {action!r}"
+            )
         extra = sorted(set(action) - set(ITEMS))
         missing = [k for k in ITEMS if k not in action]
         if extra or missing:
-            raise IllegalActionError(f"a proposal needs exactly {list(ITEMS)}; extra {extra}, missing {missing}")
+            raise IllegalActionError(
+                f"a proposal needs exactly {list(ITEMS)}; extra {extra}, missing {missing}"
+            )
         out: dict[str, int] = {}
         for k in ITEMS:
             v = action[k]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or not 0 <= v <= q:
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or v != int(v)
+                or not 0 <= v <= q
+            ):
                 raise IllegalActionError(f"{k} must be an integer in [0, {q}], got {v!r}")
             out[k] = int(v)
         return out
@@ -257,7 +264,9 @@ class SplitState(State):
             [split_allocation(q, props[p][i], props[1 - p][i]) for i in range(len(ITEMS))]
             for p in (0, 1)
         ]
-        rewards = [sum(a * v for a, v in zip(alloc[p], self.values[p], strict=True)) for p in (0, 1)]
+        rewards = [
+            sum(a * v for a, v in zip(alloc[p], self.values[p], strict=True)) for p in (0, 1)
+        ]
         self.round_rewards.append(rewards)
         self.history.append(
             {
@@ -283,8 +292,12 @@ class SplitState(State):
             "names": self.game.names,
             "items": list(ITEMS),
             "quantities": {k: self.game.quantity for k in ITEMS},
-            "my_values": dict(zip(ITEMS, self.values[player], strict=True)) if self.values else None,
-            "other_values": dict(zip(ITEMS, self.values[other], strict=True)) if self.values else None,
+            "my_values": dict(zip(ITEMS, self.values[player], strict=True))
+            if self.values
+            else None,
+            "other_values": dict(zip(ITEMS, self.values[other], strict=True))
+            if self.values
+            else None,
             # Everything here is public, so the history is kept by seat.
             "history": copy.deepcopy(self.history),
             **totals_fields(totals, player),

@@ -278,7 +278,9 @@ class TrustAndSplitState(CountTalkState):
         lines = []
         for m in messages:
             if not m["text"]:
-                lines.append(fill(t["silence"], speaker="You" if m["seat"] == player else other_name))
+                lines.append(
+                    fill(t["silence"], speaker="You" if m["seat"] == player else other_name)
+                )
             elif m["seat"] == player:
                 lines.append(fill(t["you_said"], text=m["text"]))
             else:
@@ -305,7 +307,12 @@ class TrustAndSplitState(CountTalkState):
             parts.append(fill(t["you_proposed"], my_proposal=h["proposals"][player]))
             relation = "upper" if is_upper(h["hands"][other], h["hands"][player]) else "lower"
             parts.append(
-                fill(t["previous_round"], relation=relation, other_proposal=h["proposals"][other], **names)
+                fill(
+                    t["previous_round"],
+                    relation=relation,
+                    other_proposal=h["proposals"][other],
+                    **names,
+                )
             )
         if self.is_terminal():
             totals = totals_fields(self.returns(), player, _num)

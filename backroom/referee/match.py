@@ -13,10 +13,14 @@ that does not answer in time gets the configured default.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+from pydantic import BaseModel
 
 from backroom import metrics
 from backroom.bus import topics
@@ -36,9 +40,6 @@ from backroom.bus.wire import (
 )
 from backroom.games import IllegalActionError, State, make_game
 from backroom.referee.transforms import apply_transform
-
-if TYPE_CHECKING:
-    from backroom.referee.service import Referee
 
 #: Name of the implicit all-seats channel used for a game's own talk phases.
 TABLE = "table"
@@ -63,8 +64,47 @@ class Pending:
     sent_at: float = field(default_factory=time.perf_counter)
 
 
+class Observer(Protocol):
+    """A latency histogram (a prometheus child)."""
+
+    def observe(self, amount: float) -> None: ...
+
+
+class MatchReferee(Protocol):
+    """What a ``Match`` needs from the referee that runs it.
+
+    ``backroom.referee.service.Referee`` is the one on the bus; a test can pass
+    any object with these members and play a match without a broker.
+    """
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def log(self) -> logging.Logger: ...
+    @property
+    def offline(self) -> Container[str]: ...  # agents whose status says offline
+    @property
+    def offline_grace_s(self) -> float: ...
+    @property
+    def public_due(self) -> dict[str, Match]: ...  # matches whose public events wait for a flush
+
+    def send(self, topic: str, msg: BaseModel, batch: bool = False) -> None: ...
+    def send_to(self, agent: str, msg: BaseModel) -> None: ...
+    def public_pending(self, match: Match) -> None: ...
+    def latency(self, agent: str, phase: str) -> Observer: ...
+    def reject(
+        self,
+        agent: str,
+        reason: str,
+        detail: str,
+        match: str | None = None,
+        ref_seq: int | None = None,
+    ) -> None: ...
+    async def finished(self, match: Match, record: EpisodeRecord) -> None: ...
+
+
 class Match:
-    def __init__(self, referee: Referee, match_id: str, spec: MatchSpec) -> None:
+    def __init__(self, referee: MatchReferee, match_id: str, spec: MatchSpec) -> None:
         self.referee = referee
         self.id = match_id
         self.spec = spec
@@ -78,10 +118,15 @@ class Match:
         for c in spec.channels:
             bad = [s for s in c.members + c.eavesdroppers if not 0 <= s < self.game.num_players]
             if bad:
-                raise ValueError(f"channel {c.name!r} names seats {bad} outside 0..{self.game.num_players - 1}")
+                raise ValueError(
+                    f"channel {c.name!r} names seats {bad} outside 0..{self.game.num_players - 1}"
+                )
         if TABLE not in self.channels and not any(c.opens == "game" for c in spec.channels):
             self.channels[TABLE] = ChannelSpec(
-                name=TABLE, members=list(range(self.game.num_players)), opens="game", max_messages=1000
+                name=TABLE,
+                members=list(range(self.game.num_players)),
+                opens="game",
+                max_messages=1000,
             )
         self.state: State = self.game.new_initial_state(spec.seed)
         self.rng = random.Random(spec.seed ^ 0x5EED)
@@ -89,7 +134,9 @@ class Match:
         self.seq = 0
         self.pending: dict[int, Pending] = {}  # seats the open turn still waits on
         self.answers: dict[int, Any] = {}  # what the open turn got so far
-        self.turn_over: asyncio.Future[None] | None = None  # set when the open turn has nothing left to wait for
+        self.turn_over: asyncio.Future[None] | None = (
+            None  # set when the open turn has nothing left to wait for
+        )
         self.free_chat_used: dict[tuple[str, int], int] = {}
         self.actions: list[ActionRecord] = []
         self.deliveries: list[DeliveryRecord] = []
@@ -113,7 +160,10 @@ class Match:
             if self.timeouts:
                 reason, detail = "timeout", f"{len(self.timeouts)} turn(s) timed out"
         except Forfeit as f:
-            reason, detail = "forfeit", f"seat {f.seat} ({self.spec.seats[f.seat]}) forfeited by timeout"
+            reason, detail = (
+                "forfeit",
+                f"seat {f.seat} ({self.spec.seats[f.seat]}) forfeited by timeout",
+            )
         except Voided as v:
             reason, detail = "voided", str(v)
         except Exception as exc:  # a bug in a game engine must not take the referee down
@@ -124,7 +174,9 @@ class Match:
     def start(self) -> None:
         metrics.MATCHES_STARTED.labels(game=self.spec.game).inc()
         for seat, agent in enumerate(self.spec.seats):
-            mine = [c for c in self.channels.values() if seat in c.members or seat in c.eavesdroppers]
+            mine = [
+                c for c in self.channels.values() if seat in c.members or seat in c.eavesdroppers
+            ]
             self.send(
                 agent,
                 MatchStart(
@@ -134,6 +186,7 @@ class Match:
                     params=self.game.params(),
                     channels=mine,
                     turn_timeout_s=self.spec.turn_timeout_s,
+                    adapter=self.spec.adapters[seat] if seat < len(self.spec.adapters) else None,
                 ),
             )
         self.public("started", {"game": self.spec.game, "seats": list(self.spec.seats)})
@@ -192,7 +245,9 @@ class Match:
         reconnects comes back within the grace.
         """
         if any(self.spec.seats[seat] == agent for seat in self.pending):
-            asyncio.get_running_loop().call_later(self.referee.offline_grace_s, self._give_up, agent, self.turn_no)
+            asyncio.get_running_loop().call_later(
+                self.referee.offline_grace_s, self._give_up, agent, self.turn_no
+            )
 
     def _give_up(self, agent: str, turn_no: int) -> None:
         if agent not in self.referee.offline or turn_no != self.turn_no:
@@ -242,14 +297,24 @@ class Match:
             self.pending.clear()
         if self.voided:
             raise Voided(self.voided)
-        return {seat: self.answers[seat] if seat in self.answers else self.on_timeout(seat, phase) for seat in seats}
+        return {
+            seat: self.answers[seat] if seat in self.answers else self.on_timeout(seat, phase)
+            for seat in seats
+        }
 
     def send_turn(self, seat: int) -> None:
         p = self.pending[seat]
         state = self.state
-        legal = state.action_spec(seat).to_json() if p.phase == "act" else {
-            "schema": {"type": "string", "maxLength": self.channels[p.channel or TABLE].max_chars}
-        }
+        legal = (
+            state.action_spec(seat).to_json()
+            if p.phase == "act"
+            else {
+                "schema": {
+                    "type": "string",
+                    "maxLength": self.channels[p.channel or TABLE].max_chars,
+                }
+            }
+        )
         self.send(
             self.spec.seats[seat],
             Turn(
@@ -304,7 +369,9 @@ class Match:
             if p.phase != "talk":
                 return self.reject(agent, msg, "wrong_phase", "this turn wants an action, not chat")
             if msg.channel != p.channel:
-                return self.reject(agent, msg, "wrong_channel", f"this talk turn is on {p.channel!r}")
+                return self.reject(
+                    agent, msg, "wrong_channel", f"this talk turn is on {p.channel!r}"
+                )
             limit = self.channels[p.channel or TABLE].max_chars
             if len(msg.text) > limit:
                 return self.reject(agent, msg, "too_long", f"{len(msg.text)} characters > {limit}")
@@ -331,14 +398,25 @@ class Match:
     def free_chat(self, agent: str, seat: int, msg: Chat) -> None:
         channel = self.channels.get(msg.channel)
         if channel is None or seat not in channel.members:
-            return self.reject(agent, msg, "not_a_member", f"you are not a member of channel {msg.channel!r}")
+            return self.reject(
+                agent, msg, "not_a_member", f"you are not a member of channel {msg.channel!r}"
+            )
         if channel.opens != "always":
-            return self.reject(agent, msg, "channel_closed", f"channel {msg.channel!r} opens only in talk turns")
+            return self.reject(
+                agent, msg, "channel_closed", f"channel {msg.channel!r} opens only in talk turns"
+            )
         used = self.free_chat_used.get((channel.name, seat), 0)
         if used >= channel.max_messages:
-            return self.reject(agent, msg, "quota", f"{channel.max_messages} messages per match on {channel.name!r}")
+            return self.reject(
+                agent,
+                msg,
+                "quota",
+                f"{channel.max_messages} messages per match on {channel.name!r}",
+            )
         if len(msg.text) > channel.max_chars:
-            return self.reject(agent, msg, "too_long", f"{len(msg.text)} characters > {channel.max_chars}")
+            return self.reject(
+                agent, msg, "too_long", f"{len(msg.text)} characters > {channel.max_chars}"
+            )
         self.free_chat_used[(channel.name, seat)] = used + 1
         self.deliver(seat, channel, msg.text)
 
@@ -357,10 +435,23 @@ class Match:
         for to_seat, overheard in readers:
             self.send(
                 self.spec.seats[to_seat],
-                Delivery(channel=channel.name, sender=sender, sender_seat=seat, text=text, overheard=overheard),
+                Delivery(
+                    channel=channel.name,
+                    sender=sender,
+                    sender_seat=seat,
+                    text=text,
+                    overheard=overheard,
+                ),
             )
             self.deliveries.append(
-                DeliveryRecord(t=now, channel=channel.name, from_seat=seat, to_seat=to_seat, text=text, overheard=overheard)
+                DeliveryRecord(
+                    t=now,
+                    channel=channel.name,
+                    from_seat=seat,
+                    to_seat=to_seat,
+                    text=text,
+                    overheard=overheard,
+                )
             )
         if channel.name == TABLE:
             self.public("talk", {"seat": seat, "text": text})
@@ -369,6 +460,7 @@ class Match:
         self.actions.append(
             ActionRecord(
                 turn=self.turn_no,
+                round=self.state.current_round(),
                 t=time.time(),
                 seat=seat,
                 agent=self.spec.seats[seat],
@@ -402,7 +494,11 @@ class Match:
     async def finish(self, reason: str, detail: str) -> None:
         state = self.state
         terminal = state.is_terminal()
-        raw = list(state.returns()) if terminal and reason in ("normal", "timeout") else [0.0] * len(self.spec.seats)
+        raw = (
+            list(state.returns())
+            if terminal and reason in ("normal", "timeout")
+            else [0.0] * len(self.spec.seats)
+        )
         returns = apply_transform(self.spec.transform, raw)
         finals = [state.observation(s) for s in range(len(self.spec.seats))] if terminal else []
         record = EpisodeRecord(
@@ -442,4 +538,3 @@ class Match:
             )
         self.public("ended", {"reason": reason, "returns": returns})
         self.flush_public()
-

@@ -63,7 +63,9 @@ class Referee:
         public_interval_s: float = 0.25,
     ) -> None:
         self.config = config
-        self.id = referee_id or f"{config.username or 'referee'}@{socket.gethostname()}:{os.getpid()}"
+        self.id = (
+            referee_id or f"{config.username or 'referee'}@{socket.gethostname()}:{os.getpid()}"
+        )
         self.log = logging.getLogger("backroom.referee")
         self.episodes = EpisodeLog(runs_dir)
         self.max_matches = max_matches
@@ -117,7 +119,9 @@ class Referee:
     async def _announce(self) -> None:
         assert self.bus is not None
         name = self.config.username or "referee"
-        await self.bus.publish(topics.status(name), Status(state="online", kind="referee"), retain=True)
+        await self.bus.publish(
+            topics.status(name), Status(state="online", kind="referee"), retain=True
+        )
 
     async def _on_disconnect(self) -> None:
         # Messages sent while the broker was away may be lost both ways, so a
@@ -180,12 +184,22 @@ class Referee:
             return self.reject(agent, msg.reason, msg.detail)
         self._counter("in", msg.type).inc()
         if not isinstance(msg, Action | Chat):
-            return self.reject(agent, "unexpected_type", f"agents send action or chat, not {msg.type!r}")
+            return self.reject(
+                agent, "unexpected_type", f"agents send action or chat, not {msg.type!r}"
+            )
         match = self.matches.get(msg.match or "")
         if match is None:
             if msg.match in self.finished_ids:
-                return self.reject(agent, "late", f"match {msg.match} has finished", msg.match, msg.seq)
-            return self.reject(agent, "unknown_match", f"no match {msg.match!r} is running here", msg.match, msg.seq)
+                return self.reject(
+                    agent, "late", f"match {msg.match} has finished", msg.match, msg.seq
+                )
+            return self.reject(
+                agent,
+                "unknown_match",
+                f"no match {msg.match!r} is running here",
+                msg.match,
+                msg.seq,
+            )
         match.on_message(agent, msg)
 
     def _on_status(self, topic: str, payload: bytes) -> None:
@@ -254,7 +268,9 @@ class Referee:
             if now - match.public_sent_at >= self.public_interval_s:
                 match.flush_public()
         if self.public_due:
-            self._public_timer = asyncio.get_running_loop().call_later(self.public_interval_s / 4, self._flush_public)
+            self._public_timer = asyncio.get_running_loop().call_later(
+                self.public_interval_s / 4, self._flush_public
+            )
 
     def send_to(self, agent: str, msg: BaseModel) -> None:
         self.send(topics.inbox(agent), msg, batch=agent in self.batching)
@@ -263,7 +279,9 @@ class Referee:
         # Label lookups cost microseconds each; the hot path caches the children.
         child = self._counters.get((direction, kind))
         if child is None:
-            child = self._counters[(direction, kind)] = metrics.MESSAGES.labels(direction=direction, type=kind)
+            child = self._counters[(direction, kind)] = metrics.MESSAGES.labels(
+                direction=direction, type=kind
+            )
         return child
 
     def latency(self, agent: str, phase: str) -> Any:
@@ -274,7 +292,12 @@ class Referee:
         return child
 
     def reject(
-        self, agent: str, reason: str, detail: str, match: str | None = None, ref_seq: int | None = None
+        self,
+        agent: str,
+        reason: str,
+        detail: str,
+        match: str | None = None,
+        ref_seq: int | None = None,
     ) -> None:
         metrics.INVALID_INPUTS.labels(reason=reason).inc()
         self.send_to(agent, Error(match=match, reason=reason, detail=detail, ref_seq=ref_seq))
@@ -285,7 +308,9 @@ class Referee:
         metrics.MATCHES_FINISHED.labels(game=record.game, outcome=record.reason).inc()
         assert self.bus is not None
         self._counter("out", "episode").inc()
-        self.bus.publish_batched(topics.episodes(record.game), dump_episode(record.match, record_json))
+        self.bus.publish_batched(
+            topics.episodes(record.game), dump_episode(record.match, record_json)
+        )
 
     def _publish_refusal(self, msg: MatchRequest, why: str) -> None:
         """A request the referee cannot run still gets an episode, so the runner never waits forever."""
@@ -316,7 +341,9 @@ class Referee:
             metrics.MATCHES_FINISHED.labels(game=record.game, outcome="error").inc()
             assert self.bus is not None
             self._counter("out", "episode").inc()
-            await self.bus.publish(topics.episodes(record.game), Episode(match=record.match, record=record))
+            await self.bus.publish(
+                topics.episodes(record.game), Episode(match=record.match, record=record)
+            )
 
         self._spawn(publish())
 
@@ -332,4 +359,3 @@ class Referee:
         if self.bus is not None and self.bus.closing:
             return  # a publish cut short by our own shutdown
         self.log.error("referee task failed: %r", task.exception())
-

@@ -18,7 +18,11 @@ from pathlib import Path
 from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import mosquitto_config
 
-SERVICES: list[tuple[str, Role]] = [("referee", "referee"), ("runner", "runner"), ("trainer", "trainer")]
+SERVICES: list[tuple[str, Role]] = [
+    ("referee", "referee"),
+    ("runner", "runner"),
+    ("trainer", "trainer"),
+]
 
 
 def compose_init(

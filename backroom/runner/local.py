@@ -26,7 +26,10 @@ from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import Broker, die_with_parent, reload_broker
 from backroom.bus.client import BUSY_MATCHES, Bus, BusConfig
 from backroom.bus.wire import EpisodeRecord, MatchRequest, Status, WireError, parse, parse_all
-from backroom.runner.config import RunConfig
+from backroom.runner.config import EXTERNAL, RunConfig
+
+#: Seconds into the wait for processes to come online before the runner says who is missing.
+SLOW_START_S = 10.0
 
 
 class RunError(RuntimeError):
@@ -75,6 +78,8 @@ class Stack:
     url: str = ""
     credentials: CredentialStore | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: Identities this run added to a broker it did not start: they outlive the run.
+    created: list[str] = field(default_factory=list)
 
     def start_broker(
         self,
@@ -103,6 +108,8 @@ class Stack:
         assert self.credentials is not None
         known = username in self.credentials.load()
         cred = self.credentials.add(username, role=role)
+        if not known and self.broker is None:
+            self.created.append(username)
         if not known:
             # A broker we started, or one whose pid file sits beside the
             # credentials (`backroom broker --dir`), rereads them now.
@@ -171,8 +178,9 @@ def start_processes(
 
     Agents of kind ``external`` are not started: they are someone else's
     process (a notebook, another machine) and the run waits for them to come
-    online. With ``metrics_port`` P, the referees and agents serve metrics on
-    P+1, P+2, ... in the order they are started.
+    online (``run_matches`` says so at once). With ``metrics_port`` P, the
+    referees and agents serve metrics on P+1, P+2, ... in the order they are
+    started.
     """
     waiting = []
     ports = iter(range(metrics_port + 1, metrics_port + 10_000)) if metrics_port else None
@@ -186,7 +194,7 @@ def start_processes(
             cfg = stack.identity(name, role="referee")
             stack.spawn(name, ["referee", "--runs-dir", str(runs_dir), *metrics_args()], _env(cfg))
             waiting.append(name)
-    local = [a for a in config.agents if a.kind != "external"]
+    local = [a for a in config.agents if a.kind != EXTERNAL]
     for a in config.agents:
         stack.identity(a.id)  # external agents get their identity too, to be handed out
     if config.agent_processes == "single" and local:
@@ -196,7 +204,15 @@ def start_processes(
         stack.spawn("agents", ["agent-host", "--spec-json", spec, *metrics_args()], env)
     else:
         for a in local:
-            args = ["agent", a.kind, "--id", a.id, "--options-json", json.dumps(a.options), *metrics_args()]
+            args = [
+                "agent",
+                a.kind,
+                "--id",
+                a.id,
+                "--options-json",
+                json.dumps(a.options),
+                *metrics_args(),
+            ]
             stack.spawn(a.id, args, _env(stack.identity(a.id)))
     waiting += [a.id for a in config.agents]
     return waiting
@@ -212,12 +228,19 @@ async def run_matches(
     ack_timeout_s: float = 2.0,
     traces_path: Path | None = None,
     clock: PlayClock | None = None,
+    on_notice: Callable[[str], None] | None = None,
+    external: list[str] | None = None,
 ) -> list[EpisodeRecord]:
     """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
 
     With ``traces_path``, every trace a trainable agent publishes for one of
     these matches (prompt and completion tokens, log-probs, the raw request and
     reply of an API model) is appended there as JSON lines.
+
+    ``on_notice`` hears, while the run waits, whom it waits for: at once for
+    ``external`` (identities whose process someone else starts; default: the
+    config's ``external`` agents), and after ``SLOW_START_S`` for any process
+    still missing, so a wait for a process nobody starts is never silent.
     """
     online: set[str] = set()
     ready = asyncio.Event()
@@ -299,7 +322,23 @@ async def run_matches(
         if not wait_for:
             ready.set()
         deadline = time.monotonic() + ready_timeout_s
+        slow_at = time.monotonic() + SLOW_START_S
+        notice = on_notice or (lambda _msg: None)
+        others = (
+            [a.id for a in config.agents if a.kind == EXTERNAL] if external is None else external
+        )
+        if [w for w in wait_for if w in others]:
+            with contextlib.suppress(TimeoutError):  # the retained "online" of one already up
+                await asyncio.wait_for(ready.wait(), 0.2)
+        if awaited := [w for w in wait_for if w in others and w not in online]:
+            notice(_waiting_notice(awaited, bus_config, stack, ready_timeout_s))
         while not ready.is_set():
+            if slow_at and time.monotonic() > slow_at:
+                slow_at = 0.0
+                left = round(deadline - time.monotonic())
+                notice(
+                    f"still waiting for {', '.join(sorted(set(wait_for) - online))} ({left}s left)"
+                )
             if stack is not None and (dead := stack.dead()):
                 raise RunError(
                     f"process {dead[0]} exited before the run started:\n{stack.log_tail(dead[0])}"
@@ -332,6 +371,18 @@ async def run_matches(
     return [episodes[m] for m in match_ids]
 
 
+def _waiting_notice(
+    who: list[str], bus_config: BusConfig, stack: Stack | None, timeout_s: float
+) -> str:
+    """Whom the run waits for and how they join: their process is not the runner's to start."""
+    url = f"mqtt://{bus_config.host}:{bus_config.port}"
+    text = f"waiting up to {timeout_s:.0f}s for {', '.join(who)} to connect to {url}"
+    if stack is not None and stack.credentials is not None:
+        name, whose = (who[0], "its") if len(who) == 1 else ("NAME", "each one's")
+        text += f"; `backroom credentials add {name} --dir {stack.credentials.dir}` prints {whose} password"
+    return text
+
+
 async def run_local(
     config: RunConfig,
     runs_dir: str | Path = "runs",
@@ -340,28 +391,55 @@ async def run_local(
     on_episode: Callable[[EpisodeRecord, int], None] | None = None,
     spawn: bool = True,
     metrics_port: int = 0,
+    on_notice: Callable[[str], None] | None = None,
+    ready_timeout_s: float = 60.0,
 ) -> RunResult:
     """Start broker (if no URL), referee(s) and agents as processes; run the config; stop them.
 
     ``spawn=False`` starts nothing: the referee and agents are already running
     (docker compose, other machines) and the run waits for them to be online.
+    ``on_notice`` hears whom the run waits for and, when a run on someone
+    else's broker fails, which identities it added there (they stay: a process
+    may be using them, and ``backroom credentials remove`` takes them away).
     """
     runs, run_dir = _prepare_dirs(runs_dir, config.run)
     stack = Stack(run_dir)
+    external: list[str] | None = None  # None: the config's `external` agents
     try:
         stack.start_broker(broker_url, credentials_dir, identities(config))
         if spawn:
             waiting = start_processes(stack, config, runs, metrics_port)
         else:
             waiting = ["referee"] + [a.id for a in config.agents]
+            external = waiting
         bus_config = stack.identity("runner", role="runner")
         t0 = time.perf_counter()
         clock = PlayClock()
         episodes = await run_matches(
-            config, bus_config, waiting, stack, on_episode, traces_path=run_dir / "traces.jsonl", clock=clock
+            config,
+            bus_config,
+            waiting,
+            stack,
+            on_episode,
+            ready_timeout_s=ready_timeout_s,
+            traces_path=run_dir / "traces.jsonl",
+            clock=clock,
+            on_notice=on_notice,
+            external=external,
         )
         seconds = time.perf_counter() - t0
         return RunResult(config, episodes, seconds, run_dir, stack.url, clock.ended - clock.started)
+    except BaseException as exc:
+        if stack.created and stack.credentials is not None:
+            added = (
+                f"this run added {', '.join(stack.created)} to {stack.credentials.path}; "
+                f"`backroom credentials remove NAME --dir {stack.credentials.dir}` removes one"
+            )
+            if isinstance(exc, RunError):
+                raise RunError(f"{exc}\n{added}") from None
+            if on_notice is not None:
+                on_notice(added)
+        raise
     finally:
         stack.stop()
 

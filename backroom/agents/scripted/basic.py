@@ -57,7 +57,9 @@ def load_policy(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"cannot read policy file {path}: {exc.strerror}") from None
     data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
     if not isinstance(data, dict) or not isinstance(data.get("policy"), dict):
-        raise ValueError(f"{path}: a policy file needs a 'policy' mapping of info state -> action probabilities")
+        raise ValueError(
+            f"{path}: a policy file needs a 'policy' mapping of info state -> action probabilities"
+        )
     return data
 
 
@@ -71,7 +73,9 @@ class TableAgent(ScriptedAgent):
     shows up instead of silently skewing results.
     """
 
-    def __init__(self, agent_id: str, policy: str | dict[str, Any] | None = None, **options: Any) -> None:
+    def __init__(
+        self, agent_id: str, policy: str | dict[str, Any] | None = None, **options: Any
+    ) -> None:
         super().__init__(agent_id, **options)
         if policy is None:
             raise TypeError("table agent needs policy=PATH (a JSON or YAML policy file)")

@@ -13,7 +13,9 @@ from backroom.agents.base import JSON, ScriptedAgent, register_agent
 from backroom.bus.wire import Turn
 from backroom.games.trust_and_split import BEATS, HANDS
 
-_CLAIM = re.compile(r"\b(?:my hand is|i have|i hold|i've got|i got)\s+(?:an?\s+)?(rock|paper|scissors)\b", re.I)
+_CLAIM = re.compile(
+    r"\b(?:my hand is|i have|i hold|i've got|i got)\s+(?:an?\s+)?(rock|paper|scissors)\b", re.I
+)
 _HAND = re.compile(r"\b(rock|paper|scissors)\b", re.I)
 _LOSES_TO = {loser: winner for winner, loser in BEATS.items()}
 

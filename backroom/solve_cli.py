@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from backroom.games import registered_games
 from backroom.solvers.cfr import ALGOS, policy_document, solve_game
 from backroom.solvers.tree import DEFAULT_MAX_NODES
 
@@ -99,7 +100,7 @@ def kuhn(
 
 @solve_app.command("game")
 def game(
-    name: Annotated[str, typer.Argument(help="a registered game")],
+    name: Annotated[str, typer.Argument(help=f"one of: {', '.join(registered_games())}")],
     param: Annotated[
         list[str] | None, typer.Option("--param", "-p", help="key=value (JSON value)")
     ] = None,

@@ -1,0 +1,146 @@
+"""The trainer's one door to MQTT: a persistent session that feeds the store, requests, checkpoints.
+
+The session survives the process (clean start 0, a long session expiry, the
+old session never discarded), and its subscriptions are made before the
+connection, so what referees and agents published while the trainer was down
+(episodes, traces; QoS 1) is delivered when it comes back and lands in the
+store. Each message is committed to the store inside the receive callback,
+before paho acknowledges it: a crash loses nothing, and a redelivery is
+deduplicated by the store's keys.
+
+A trace counts only for the agent its topic names (``traces/{agent}``; the
+broker's ACL lets only that agent write there), whatever its payload claims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+
+from backroom import metrics
+from backroom.bus import topics
+from backroom.bus.client import Bus, BusConfig
+from backroom.bus.wire import (
+    AdapterRef,
+    Checkpoint,
+    Episode,
+    MatchRequest,
+    Status,
+    Trace,
+    WireError,
+    parse,
+    parse_all,
+)
+from backroom.trainer.store import Request, Store
+
+log = logging.getLogger("backroom.trainer")
+
+#: Long enough to outlive a trainer restart (or a step on a slow machine).
+SESSION_EXPIRY_S = 24 * 3600
+
+
+class TrainerBus:
+    """``async with TrainerBus(config, store, game) as bus``: stores what arrives, sends what is asked."""
+
+    def __init__(self, config: BusConfig, store: Store, game: str) -> None:
+        config.session_expiry_s = max(config.session_expiry_s, SESSION_EXPIRY_S)
+        self.store = store
+        self.game = game
+        self.me = config.username or "trainer"
+        self.bus = Bus(config, role="trainer", persistent=True)
+        self.online: set[str] = set()
+        self._arrived = asyncio.Event()
+
+    async def __aenter__(self) -> TrainerBus:
+        await self.bus.subscribe(topics.episodes(self.game), self._on_episode)
+        await self.bus.subscribe(topics.ALL_TRACES, self._on_trace)
+        await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
+        await self.bus.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.bus.close()
+
+    # --- what arrives ------------------------------------------------------------
+
+    def _on_episode(self, _topic: str, payload: bytes) -> None:
+        for msg in parse_all(payload):
+            if isinstance(msg, Episode) and self.store.add_episode(msg.record):
+                self._arrived.set()
+
+    def _on_trace(self, topic: str, payload: bytes) -> None:
+        agent = topic.rsplit("/", 1)[-1]
+        for msg in parse_all(payload):
+            if isinstance(msg, Trace):
+                if self.store.add_trace(agent, msg):
+                    self._arrived.set()
+                else:
+                    metrics.TRAIN_DROPPED.labels(reason="trace_rejected").inc()
+            elif isinstance(msg, WireError):
+                self.store.count("trace_malformed")
+
+    def _on_status(self, topic: str, payload: bytes) -> None:
+        agent = topics.agent_of(topic)
+        try:
+            msg = parse(payload)
+        except WireError:
+            return
+        if agent and isinstance(msg, Status):
+            (self.online.add if msg.state == "online" else self.online.discard)(agent)
+            self._arrived.set()
+
+    # --- what the trainer sends ----------------------------------------------------
+
+    async def request(self, requests: Sequence[Request]) -> None:
+        """Ask the referees (shared subscription) to play these matches; acks come to our inbox."""
+        for r in requests:
+            await self.bus.publish(
+                topics.CONTROL_MATCHES, MatchRequest(match=r.match, spec=r.spec, reply_to=self.me)
+            )
+
+    async def announce(self, ref: AdapterRef) -> None:
+        """Publish the new adapter as the retained checkpoint of its policy."""
+        msg = Checkpoint(
+            policy=ref.policy, version=ref.version, uri=ref.uri, sha256=ref.sha256, size=ref.size
+        )
+        await self.bus.publish(topics.checkpoint(ref.policy), msg, retain=True)
+
+    # --- waiting ---------------------------------------------------------------------
+
+    async def _until(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), min(left, 1.0))
+        return True
+
+    async def wait_online(self, agents: Sequence[str], timeout_s: float) -> list[str]:
+        """Wait until every agent's retained status says online; return those still missing."""
+        await self._until(lambda: all(a in self.online for a in agents), timeout_s)
+        return sorted(set(agents) - self.online)
+
+    async def wait_episodes(self, matches: Sequence[str], timeout_s: float) -> list[str]:
+        """Wait until the store holds an episode for every match; return the missing ones."""
+        wanted = list(matches)
+        await self._until(lambda: not self.store.missing_episodes(wanted), timeout_s)
+        return self.store.missing_episodes(wanted)
+
+    async def wait_traces(self, matches: Sequence[str], timeout_s: float) -> int:
+        """Traces travel on the agents' connections and may trail their episode: wait a little
+        for the trained seats' traces; return how many are still missing (``join`` drops them)."""
+        wanted = list(matches)
+        await self._until(lambda: not self.store.missing_traces(wanted), timeout_s)
+        return len(self.store.missing_traces(wanted))

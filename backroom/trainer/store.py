@@ -1,0 +1,501 @@
+"""The trainer's record of a run: requests, episodes, traces, steps and counters in one SQLite file.
+
+Why SQLite in WAL mode: transactions for free (a step's log row and the
+marking of its episodes happen together or not at all), one file per run
+directory, and readers (analysis, a second process) do not block the writer.
+A row is durable when ``commit()`` returns, and the MQTT receive callback
+commits before it returns: paho acknowledges a QoS 1 message only after
+``on_message`` returns, so the broker's PUBACK goes out only once the row is
+on disk. A SIGKILLed trainer loses nothing, and the broker's redelivery of a
+message it never saw acknowledged is deduplicated by the primary keys.
+
+``synchronous=FULL``, not NORMAL: in WAL mode NORMAL survives a killed process
+(the WAL frames are already in the OS page cache) but not a power cut or a
+kernel crash, which may roll back the last commits. Once the broker has our
+PUBACK it forgets the message, so the store is the only copy left; FULL
+fsyncs the WAL at every commit so that "committed" means "on disk". The price
+is one fsync per message, small beside the match that produced it.
+
+Nothing here trusts a payload: a trace counts only for the agent its topic
+names, and only if the episode seats that agent where the trace says; what is
+missing is dropped and counted, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from backroom.bus.wire import EpisodeRecord, MatchSpec, Trace
+
+#: ``PRAGMA user_version`` of the schema below; a newer file is refused, not guessed at.
+SCHEMA_VERSION = 1
+
+#: How long a write waits for another connection's write lock (a second process on the file).
+BUSY_TIMEOUT_MS = 10_000
+
+KINDS = ("train", "eval")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    match     TEXT PRIMARY KEY,
+    step      INTEGER NOT NULL,
+    crn_group TEXT NOT NULL,
+    kind      TEXT NOT NULL CHECK (kind IN ('train', 'eval')),
+    spec      TEXT NOT NULL,
+    trainable TEXT NOT NULL,
+    label     TEXT NOT NULL,
+    created   REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS requests_step_kind ON requests (step, kind);
+
+CREATE TABLE IF NOT EXISTS episodes (
+    match     TEXT PRIMARY KEY REFERENCES requests (match),
+    record    TEXT NOT NULL,
+    received  REAL NOT NULL,
+    used_step INTEGER
+);
+CREATE INDEX IF NOT EXISTS episodes_used_step ON episodes (used_step);
+
+CREATE TABLE IF NOT EXISTS traces (
+    match    TEXT NOT NULL REFERENCES requests (match),
+    turn     INTEGER NOT NULL,
+    seat     INTEGER NOT NULL,
+    agent    TEXT NOT NULL,
+    phase    TEXT NOT NULL,
+    trace    TEXT NOT NULL,
+    received REAL NOT NULL,
+    PRIMARY KEY (match, turn, seat)
+);
+
+CREATE TABLE IF NOT EXISTS steps (
+    step    INTEGER PRIMARY KEY,
+    version TEXT NOT NULL,
+    metrics TEXT NOT NULL,
+    time    REAL NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT PRIMARY KEY,
+    n    INTEGER NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class Request:
+    """A match the trainer asked for; only requested matches are stored, so strays cannot feed it."""
+
+    match: str
+    step: int  # training step the match was requested for
+    group: str  # CRN group id
+    kind: str  # "train" or "eval"
+    spec: MatchSpec
+    trainable: tuple[int, ...]  # seats whose decisions are trained on (their traces are needed)
+    label: str = ""  # free text, e.g. "self-play", "buffer v3", "eval tit-for-tat"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One trained decision: the episode's view of it (round, phase) beside the agent's trace."""
+
+    match: str
+    seat: int
+    turn: int
+    round: int  # from the episode's ActionRecord.round (1-based)
+    phase: str
+    trace: Trace
+
+
+@dataclass(frozen=True)
+class Joined:
+    """An episode with the traced decisions of its trainable seats, ready for credit assignment."""
+
+    request: Request
+    record: EpisodeRecord
+    decisions: list[Decision]  # sorted by (turn, seat)
+
+
+class Store:
+    """``with Store(run_dir / "store.sqlite") as store``: one connection, one thread, WAL mode.
+
+    Every public method that writes commits before it returns, so a caller
+    (the MQTT callback) may acknowledge what it handed over as soon as the
+    call is back.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        # isolation_level=None: no implicit transactions; ``_tx`` says where each one begins and ends.
+        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            self._open()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _open(self) -> None:
+        db = self._db
+        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            # Durability and non-blocking readers are the point of this store: fail, don't degrade.
+            raise RuntimeError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
+        db.execute("PRAGMA synchronous = FULL")
+        db.execute("PRAGMA foreign_keys = ON")
+        with self._tx():
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.path}: schema version {version} is newer than this code's {SCHEMA_VERSION}"
+                )
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            if version < SCHEMA_VERSION:
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: BEGIN IMMEDIATE takes the write lock up front, so a second
+        process waits (busy timeout) at the start instead of failing to upgrade halfway."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # --- what the trainer asked for ---------------------------------------------------
+
+    def add_requests(self, requests: Sequence[Request]) -> None:
+        """Stored before they are sent (one transaction), so a restarted trainer resends, never forgets."""
+        now = time.time()
+        with self._tx() as db:
+            for r in requests:
+                if r.kind not in KINDS:
+                    raise ValueError(f"request {r.match}: kind {r.kind!r} is not one of {KINDS}")
+                bad = [s for s in r.trainable if not 0 <= s < len(r.spec.seats)]
+                if bad:
+                    raise ValueError(
+                        f"request {r.match}: trainable seats {bad} outside {len(r.spec.seats)} seats"
+                    )
+                try:
+                    db.execute(
+                        "INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            r.match,
+                            r.step,
+                            r.group,
+                            r.kind,
+                            r.spec.model_dump_json(),
+                            json.dumps(list(r.trainable)),
+                            r.label,
+                            now,
+                        ),
+                    )
+                except sqlite3.IntegrityError:
+                    raise ValueError(f"match {r.match} was already requested") from None
+
+    def request(self, match: str) -> Request | None:
+        row = self._db.execute(
+            "SELECT match, step, crn_group, kind, spec, trainable, label FROM requests WHERE match = ?",
+            (match,),
+        ).fetchone()
+        return _request(row) if row else None
+
+    def requests(self, step: int | None = None, kind: str | None = None) -> list[Request]:
+        """In the order they were added: a resumed step replays its plan in the same order."""
+        rows = self._db.execute(
+            "SELECT match, step, crn_group, kind, spec, trainable, label FROM requests"
+            " WHERE (?1 IS NULL OR step = ?1) AND (?2 IS NULL OR kind = ?2) ORDER BY rowid",
+            (step, kind),
+        ).fetchall()
+        return [_request(row) for row in rows]
+
+    def outstanding(self, step: int | None = None) -> list[str]:
+        """Requested matches with no episode yet (in request order): what a restart must resend."""
+        rows = self._db.execute(
+            "SELECT r.match FROM requests r LEFT JOIN episodes e ON e.match = r.match"
+            " WHERE e.match IS NULL AND (?1 IS NULL OR r.step = ?1) ORDER BY r.rowid",
+            (step,),
+        ).fetchall()
+        return [row[0] for row in rows]
+
+    def missing_episodes(self, matches: Sequence[str]) -> list[str]:
+        """Those of ``matches`` (in their order) with no episode stored: what a waiter waits for."""
+        have = self._present("episodes", matches)
+        return [m for m in matches if m not in have]
+
+    def missing_traces(self, matches: Sequence[str]) -> list[tuple[str, int, int]]:
+        """(match, turn, seat) of each untimed-out action of a trainable seat with no trace stored yet.
+
+        Traces travel on the agents' own connections and may trail their
+        episode; a waiter polls this until it is empty or a grace period ends.
+        Matches without an episode are not looked at (nothing says which turns to expect).
+        """
+        out: list[tuple[str, int, int]] = []
+        for match in matches:
+            loaded = self._load(match)
+            if loaded is None:
+                continue
+            request, record, traces = loaded
+            for a in record.actions:
+                if (
+                    a.seat in request.trainable
+                    and not a.timed_out
+                    and (a.turn, a.seat) not in traces
+                ):
+                    out.append((match, a.turn, a.seat))
+        return out
+
+    def _present(self, table: str, matches: Sequence[str]) -> set[str]:
+        present: set[str] = set()
+        chunk = 500  # below SQLite's limit on bound parameters
+        for i in range(0, len(matches), chunk):
+            part = list(matches[i : i + chunk])
+            marks = ",".join("?" * len(part))
+            rows = self._db.execute(f"SELECT match FROM {table} WHERE match IN ({marks})", part)
+            present.update(row[0] for row in rows)
+        return present
+
+    # --- ingest (from the MQTT receive callback; each call commits before returning) ----------
+
+    def add_episode(self, record: EpisodeRecord) -> bool:
+        """True if stored; an unrequested or repeated episode is refused and counted, the stored row kept."""
+        with self._tx() as db:
+            if not self._requested(record.match):
+                self._count("episode_unrequested", 1)
+                return False
+            cur = db.execute(
+                "INSERT INTO episodes (match, record, received) VALUES (?, ?, ?)"
+                " ON CONFLICT (match) DO NOTHING",
+                (record.match, record.model_dump_json(), time.time()),
+            )
+            if cur.rowcount == 0:
+                self._count("episode_duplicate", 1)
+                return False
+            return True
+
+    def add_trace(self, topic_agent: str, trace: Trace) -> bool:
+        """True if stored under ``topic_agent`` (the sender, by the broker's ACL), whatever the payload says.
+
+        A payload naming another agent is a forgery and is dropped. Whether
+        the agent really sits at ``trace.seat`` is only known once the
+        episode is in, so ``join`` checks it.
+        """
+        with self._tx() as db:
+            if trace.agent != topic_agent:
+                self._count("trace_forged", 1)
+                return False
+            if trace.match is None or not self._requested(trace.match):
+                self._count("trace_unrequested", 1)
+                return False
+            if trace.seat is None:
+                self._count("trace_no_seat", 1)
+                return False
+            cur = db.execute(
+                "INSERT INTO traces VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (match, turn, seat) DO NOTHING",
+                (
+                    trace.match,
+                    trace.turn,
+                    trace.seat,
+                    topic_agent,
+                    trace.phase,
+                    trace.model_dump_json(),
+                    time.time(),
+                ),
+            )
+            if cur.rowcount == 0:
+                self._count("trace_duplicate", 1)
+                return False
+            return True
+
+    def _requested(self, match: str) -> bool:
+        return (
+            self._db.execute("SELECT 1 FROM requests WHERE match = ?", (match,)).fetchone()
+            is not None
+        )
+
+    # --- joining, for a training batch --------------------------------------------------
+
+    def join(self, matches: Sequence[str]) -> tuple[list[Joined], dict[str, int]]:
+        """Episodes with their trainable seats' traced decisions; what cannot be joined is counted.
+
+        A decision is kept only with a trace from the agent the episode seats
+        there: the trace's topic proves who sent it, the episode proves who
+        played. Nothing is guessed: no trace, no decision. Returns the
+        episodes in the order of ``matches`` and this call's counts (which
+        are also added to the persistent counters).
+        """
+        seen: set[str] = set()
+        for match in matches:
+            if match in seen:
+                raise ValueError(f"match {match} is listed twice: it would be trained on twice")
+            seen.add(match)
+        counts: dict[str, int] = {}
+
+        def drop(reason: str) -> None:
+            counts[reason] = counts.get(reason, 0) + 1
+
+        joined: list[Joined] = []
+        with self._tx():  # one snapshot for the reads, and the counters written with them
+            for match in matches:
+                loaded = self._load(match)
+                if loaded is None:
+                    drop("episode_missing")
+                    continue
+                request, record, traces = loaded
+                decisions: list[Decision] = []
+                for a in record.actions:
+                    if a.seat not in request.trainable:
+                        continue
+                    if a.timed_out:
+                        drop("decision_timed_out")
+                        continue
+                    found = traces.get((a.turn, a.seat))
+                    if found is None:
+                        drop("decision_missing_trace")
+                        continue
+                    agent, trace = found
+                    if not 0 <= a.seat < len(record.seats) or agent != record.seats[a.seat]:
+                        drop("trace_not_seated")
+                        continue
+                    if trace.phase != a.phase:
+                        drop("trace_phase_mismatch")
+                        continue
+                    decisions.append(Decision(match, a.seat, a.turn, a.round, a.phase, trace))
+                decisions.sort(key=lambda d: (d.turn, d.seat))
+                joined.append(Joined(request, record, decisions))
+            for reason, n in counts.items():
+                self._count(reason, n)
+        return joined, counts
+
+    def _load(
+        self, match: str
+    ) -> tuple[Request, EpisodeRecord, dict[tuple[int, int], tuple[str, Trace]]] | None:
+        row = self._db.execute(
+            "SELECT r.match, r.step, r.crn_group, r.kind, r.spec, r.trainable, r.label, e.record"
+            " FROM episodes e JOIN requests r ON r.match = e.match WHERE e.match = ?",
+            (match,),
+        ).fetchone()
+        if row is None:
+            return None
+        request = _request(row[:7])
+        record = EpisodeRecord.model_validate_json(row[7])
+        traces = {
+            (turn, seat): (agent, Trace.model_validate_json(text))
+            for turn, seat, agent, text in self._db.execute(
+                "SELECT turn, seat, agent, trace FROM traces WHERE match = ?", (match,)
+            )
+        }
+        return request, record, traces
+
+    def mark_used(self, matches: Sequence[str], step: int) -> None:
+        """Records that these episodes fed step ``step``; all or none, and never an episode twice."""
+        with self._tx():
+            self._mark_used(matches, step)
+
+    def _mark_used(self, matches: Sequence[str], step: int) -> None:
+        for match in matches:
+            cur = self._db.execute(
+                "UPDATE episodes SET used_step = ? WHERE match = ? AND used_step IS NULL",
+                (step, match),
+            )
+            if cur.rowcount == 1:
+                continue
+            used = self._db.execute(
+                "SELECT used_step FROM episodes WHERE match = ?", (match,)
+            ).fetchone()
+            if used is None:
+                raise ValueError(f"match {match} has no episode to mark used")
+            raise ValueError(f"episode {match} already fed step {used[0]}")
+
+    def used_in(self, match: str) -> int | None:
+        row = self._db.execute(
+            "SELECT used_step FROM episodes WHERE match = ?", (match,)
+        ).fetchone()
+        return None if row is None else row[0]
+
+    # --- training log -----------------------------------------------------------------
+
+    def log_step(
+        self, step: int, version: str, metrics: Mapping[str, float], matches: Sequence[str]
+    ) -> None:
+        """The step and the episodes it consumed in ONE transaction: a crash leaves both or neither,
+        so a resumed run neither repeats a logged step nor reuses its episodes."""
+        with self._tx() as db:
+            try:
+                db.execute(
+                    "INSERT INTO steps VALUES (?, ?, ?, ?)",
+                    (
+                        step,
+                        version,
+                        json.dumps({k: float(v) for k, v in metrics.items()}),
+                        time.time(),
+                    ),
+                )
+            except sqlite3.IntegrityError:
+                raise ValueError(f"step {step} is already logged") from None
+            self._mark_used(matches, step)
+
+    def last_step(self) -> tuple[int, str] | None:
+        row = self._db.execute(
+            "SELECT step, version FROM steps ORDER BY step DESC LIMIT 1"
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def steps(self) -> list[tuple[int, str, dict[str, float]]]:
+        rows = self._db.execute("SELECT step, version, metrics FROM steps ORDER BY step").fetchall()
+        return [(step, version, json.loads(metrics)) for step, version, metrics in rows]
+
+    # --- counters (persisted; survive restarts) -----------------------------------------
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._tx():
+            self._count(name, n)
+
+    def _count(self, name: str, n: int) -> None:
+        self._db.execute(
+            "INSERT INTO counters VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET n = n + excluded.n",
+            (name, n),
+        )
+
+    def counters(self) -> dict[str, int]:
+        return dict(self._db.execute("SELECT name, n FROM counters ORDER BY name").fetchall())
+
+
+def _request(row: Sequence[Any]) -> Request:
+    match, step, group, kind, spec, trainable, label = row
+    return Request(
+        match=match,
+        step=step,
+        group=group,
+        kind=kind,
+        spec=MatchSpec.model_validate_json(spec),
+        trainable=tuple(json.loads(trainable)),
+        label=label,
+    )

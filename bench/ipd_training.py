@@ -1,0 +1,171 @@
+"""The paper's IPD experiment on a CPU: naive multi-agent GRPO against Advantage Alignment.
+
+Runs ``backroom train`` on ``examples/ipd_grpo.yaml`` and ``examples/ipd_adalign.yaml``
+for several seeds (each its own broker, referee and agents), then draws both
+algorithms' curves side by side: the rollouts' cooperation rate by step (the
+paper's figure 2 in shape: GRPO should fall toward always-B) and the learner's
+mean return against always-A, always-B, tit-for-tat and itself (figure 3:
+Advantage Alignment should cooperate with itself and tit-for-tat and answer
+always-B with B). Prints a table with the numbers and the wall time.
+
+    .venv/bin/python bench/ipd_training.py --seeds 0 1 --steps 12 --rounds 5 --batch 8
+
+Scaled-down overrides are written into copies of the example configs under
+``--out``; what was scaled is printed and goes into ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = {
+    "grpo": ROOT / "examples" / "ipd_grpo.yaml",
+    "adalign": ROOT / "examples" / "ipd_adalign.yaml",
+}
+
+
+def scaled(path: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    config = yaml.safe_load(path.read_text())
+    config["seed"] = seed
+    config["steps"] = args.steps
+    config["params"] = {**config.get("params", {}), "rounds": args.rounds}
+    config["hyper"] = {**config.get("hyper", {}), "batch_size": args.batch, "lr": args.lr}
+    config["evaluation"] = {
+        **config["evaluation"],
+        "every": args.eval_every,
+        "matches": args.eval_matches,
+    }
+    config["run"] = f"{config['run']}-s{seed}"
+    return dict(config)
+
+
+def train(config: dict[str, Any], out: Path) -> float:
+    cfg = out / f"{config['run']}.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    t0 = time.perf_counter()
+    with (out / f"{config['run']}.log").open("wb") as log:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "backroom",
+                "train",
+                str(cfg),
+                "--run-dir",
+                str(out / config["run"]),
+            ],
+            check=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+    return time.perf_counter() - t0
+
+
+def curves(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from backroom.analysis.training import read_training
+
+    return read_training(run_dir)
+
+
+def plot(results: dict[str, dict[int, Path]], out: Path) -> list[str]:
+    from backroom.analysis.plotting import figure, save
+
+    paths = []
+    fig = figure(8, 4)
+    ax = fig.add_subplot()
+    for algorithm, runs in results.items():
+        for seed, run_dir in runs.items():
+            rows, _ = curves(run_dir)
+            ax.plot(
+                [r["step"] for r in rows],
+                [r["cooperation_rate"] for r in rows],
+                label=f"{algorithm} seed {seed}",
+                linestyle="-" if algorithm == "adalign" else "--",
+            )
+    ax.set_xlabel("training step")
+    ax.set_ylabel("cooperation rate (share of A) in self-play rollouts")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="best")
+    paths.append(save(fig, out, "ipd_cooperation_by_step"))
+    fig = figure(9, 4)
+    for i, algorithm in enumerate(results):
+        ax = fig.add_subplot(1, len(results), i + 1)
+        for seed, run_dir in results[algorithm].items():
+            _, evals = curves(run_dir)
+            for opp in sorted({o for e in evals for o in e["against"]}):
+                pts = [
+                    (e["step"], e["against"][opp]["learner"]) for e in evals if opp in e["against"]
+                ]
+                ax.plot(*zip(*pts, strict=True), marker="o", label=f"vs {opp} (seed {seed})")
+        ax.set_title(algorithm)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("learner's mean return per match")
+        ax.legend(loc="best", fontsize=7)
+    paths.append(save(fig, out, "ipd_evaluation_by_step"))
+    return paths
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--batch", type=int, default=8, help="matches per step")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--eval-every", type=int, default=4)
+    p.add_argument("--eval-matches", type=int, default=2)
+    p.add_argument("--algorithms", nargs="+", default=["grpo", "adalign"], choices=sorted(EXAMPLES))
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "ipd-training")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"scaled from the paper: rounds {args.rounds} (10), batch {args.batch} matches (128), lr {args.lr} "
+        f"(3e-6), steps {args.steps}, SmolLM2-135M (2-12B models); seeds {args.seeds}"
+    )
+    results: dict[str, dict[int, Path]] = {a: {} for a in args.algorithms}
+    summary: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": []}
+    for seed in args.seeds:
+        for algorithm in args.algorithms:
+            config = scaled(EXAMPLES[algorithm], args, seed)
+            seconds = train(config, args.out)
+            run_dir = args.out / config["run"]
+            results[algorithm][seed] = run_dir
+            rows, evals = curves(run_dir)
+            final = evals[-1]["against"] if evals else {}
+            entry = {
+                "algorithm": algorithm,
+                "seed": seed,
+                "seconds": round(seconds, 1),
+                "cooperation_first": rows[0]["cooperation_rate"],
+                "cooperation_last": rows[-1]["cooperation_rate"],
+                "eval": {opp: round(v["learner"], 3) for opp, v in final.items()},
+                "eval_cooperation": {opp: v.get("cooperation_rate") for opp, v in final.items()},
+            }
+            summary["runs"].append(entry)
+            print(json.dumps(entry), flush=True)
+    summary["plots"] = plot(results, args.out)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(
+        f"{'algorithm':9} {'seed':>4} {'coop first':>10} {'coop last':>9} {'minutes':>7}  eval (learner's return)"
+    )
+    for e in summary["runs"]:
+        print(
+            f"{e['algorithm']:9} {e['seed']:>4} {e['cooperation_first']:>10.2f} {e['cooperation_last']:>9.2f} "
+            f"{e['seconds'] / 60:>7.1f}  {e['eval']}"
+        )
+    print("plots:", *summary["plots"], sep="\n  ")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Adapter versions without a broker: the digest, fetching and checking, the bounded cache.
+
+The cache runs on a real backend (the tiny random Qwen2 of ``test_local_agent``)
+with real peft adapters; downloads come from a real HTTP server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from backroom.agents.adapters import (
+    ADAPTER_FILES,
+    AdapterCache,
+    AdapterRejected,
+    adapter_digest,
+    fetch_adapter,
+)
+from backroom.agents.backend import Backend, shared_backend
+from backroom.bus.wire import AdapterRef
+
+from .test_local_agent import perturbed_adapter, serve_folder, smol, tiny_qwen  # noqa: F401
+
+# --- digest ------------------------------------------------------------------------------
+
+
+def write_adapter(folder: Path, config: bytes, weights: bytes) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_bytes(config)
+    (folder / "adapter_model.safetensors").write_bytes(weights)
+    return folder
+
+
+def ref_for(folder: Path, uri: str | None = None, version: str = "v1") -> AdapterRef:
+    sha, size = adapter_digest(folder)
+    return AdapterRef(policy="pol", version=version, uri=uri or str(folder), sha256=sha, size=size)
+
+
+def test_digest_is_the_documented_framing(tmp_path: Path) -> None:
+    config, weights = b'{"r": 4}', bytes(range(256)) * 5
+    folder = write_adapter(tmp_path / "a", config, weights)
+    (folder / "README.md").write_text("not part of the policy")
+    h = hashlib.sha256()
+    for name, data in (("adapter_config.json", config), ("adapter_model.safetensors", weights)):
+        h.update(name.encode() + b"\0" + len(data).to_bytes(8, "big") + data)
+    assert adapter_digest(folder) == (h.hexdigest(), len(config) + len(weights))
+    # moving bytes from one file to the other changes the digest (lengths are framed)
+    moved = write_adapter(tmp_path / "b", config + weights[:1], weights[1:])
+    assert adapter_digest(moved)[0] != adapter_digest(folder)[0]
+    assert adapter_digest(moved)[1] == adapter_digest(folder)[1]
+
+
+@pytest.mark.parametrize("missing", ADAPTER_FILES)
+def test_digest_refuses_a_folder_without_the_adapter_files(tmp_path: Path, missing: str) -> None:
+    folder = write_adapter(tmp_path / "a", b"{}", b"w")
+    (folder / missing).unlink()
+    with pytest.raises(AdapterRejected, match=missing) as err:
+        adapter_digest(folder)
+    assert err.value.reason == "missing_files"
+
+
+# --- fetch -------------------------------------------------------------------------------
+
+
+def test_fetch_checks_a_local_folder_in_place(tmp_path: Path) -> None:
+    folder = write_adapter(tmp_path / "a", b"{}", b"weights")
+    ref = ref_for(folder)
+    cache = tmp_path / "cache"
+    assert fetch_adapter(ref, cache) == folder
+    assert fetch_adapter(ref.model_copy(update={"uri": folder.as_uri()}), cache) == folder
+    assert not cache.exists()  # nothing copied
+    with pytest.raises(AdapterRejected) as err:
+        fetch_adapter(ref.model_copy(update={"sha256": "0" * 64}), cache)
+    assert err.value.reason == "hash_mismatch"
+    with pytest.raises(AdapterRejected) as err:
+        fetch_adapter(ref, cache, max_bytes=ref.size - 1)
+    assert err.value.reason == "too_large"
+    with pytest.raises(AdapterRejected) as err:
+        fetch_adapter(ref.model_copy(update={"size": ref.size + 1}), cache)
+    assert err.value.reason == "hash_mismatch"
+    with pytest.raises(AdapterRejected) as err:
+        fetch_adapter(ref.model_copy(update={"uri": str(tmp_path / "nowhere")}), cache)
+    assert err.value.reason == "missing_files"
+    with pytest.raises(AdapterRejected) as err:
+        fetch_adapter(ref.model_copy(update={"uri": "s3://bucket/a"}), cache)
+    assert err.value.reason == "fetch_failed"
+
+
+def test_fetch_downloads_checks_and_caches_over_http(tmp_path: Path) -> None:
+    folder = write_adapter(tmp_path / "a", json.dumps({"r": 4}).encode(), b"w" * 100_000)
+    cache = tmp_path / "cache"
+    with serve_folder(folder) as url:
+        ref = ref_for(folder, url)
+        got = fetch_adapter(ref, cache)
+    assert got == cache / "pol" / f"v1-{ref.sha256[:12]}"
+    assert adapter_digest(got) == (ref.sha256, ref.size)
+    # the server is gone: the checked copy is used again
+    assert fetch_adapter(ref, cache) == got
+    # a damaged cache entry is not trusted: it is fetched anew
+    (got / "adapter_model.safetensors").write_bytes(b"x")
+    with serve_folder(folder) as url:
+        assert fetch_adapter(ref.model_copy(update={"uri": url}), cache) == got
+    assert adapter_digest(got) == (ref.sha256, ref.size)
+    assert [p.name for p in (cache / "pol").iterdir()] == [got.name]  # no temporary folders left
+
+
+def test_fetch_refuses_what_a_server_gets_wrong(tmp_path: Path) -> None:
+    good = write_adapter(tmp_path / "good", b"{}", b"w" * 50_000)
+    tampered = write_adapter(tmp_path / "tampered", b"{}", b"v" * 50_000)
+    longer = write_adapter(tmp_path / "longer", b"{}", b"w" * 500_000)
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    shutil.copy(good / "adapter_config.json", partial)
+    cache = tmp_path / "cache"
+    ref = ref_for(good)
+    for folder, reason in (
+        (tampered, "hash_mismatch"),
+        (longer, "hash_mismatch"),
+        (partial, "missing_files"),
+    ):
+        with serve_folder(folder) as url, pytest.raises(AdapterRejected) as err:
+            fetch_adapter(ref.model_copy(update={"uri": url}), cache)
+        assert err.value.reason == reason, folder.name
+    with serve_folder(good) as url:
+        pass  # the port is closed again
+    with pytest.raises(AdapterRejected) as err:
+        fetch_adapter(ref.model_copy(update={"uri": url}), cache, timeout_s=5)
+    assert err.value.reason == "fetch_failed"
+    assert list((cache / "pol").iterdir()) == []  # nothing unchecked stays behind
+
+
+# --- the cache ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def backend(tiny_qwen: tuple[Path, Path]) -> Backend:  # noqa: F811
+    return shared_backend(str(tiny_qwen[0]), device="cpu")
+
+
+@pytest.fixture
+def versions(tiny_qwen: tuple[Path, Path], tmp_path: Path) -> dict[str, Path]:  # noqa: F811
+    """Four adapter versions; names are unique to the test so the shared backend never mixes them up."""
+    adapter = tiny_qwen[1]
+    return {
+        f"{tmp_path.name}-{k}": perturbed_adapter(adapter, tmp_path / k, seed=i)
+        for i, k in enumerate("abcd")
+    }
+
+
+class Sources:
+    """Folders handed to the cache, counting how often each one is asked for (one per load)."""
+
+    def __init__(self, versions: dict[str, Path]) -> None:
+        self.versions = versions
+        self.calls: dict[str, int] = {}
+
+    def __call__(self, name: str) -> Path:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return self.versions[name]
+
+
+async def test_cache_evicts_the_least_recently_used_unpinned_version(
+    backend: Backend, versions: dict[str, Path]
+) -> None:
+    a, b, c, d = versions
+    src = Sources(versions)
+    cache = AdapterCache(backend, max_loaded=2)
+    await cache.acquire("m1", a, lambda: src(a))
+    await cache.acquire("m2", b, lambda: src(b))
+    assert cache.loaded == [a, b] and {a, b} <= set(backend.adapters)
+    cache.unpin("m1")
+    cache.unpin("m2")
+    await cache.acquire("m3", a, lambda: src(a))  # a is used again: b is now the older one
+    assert src.calls[a] == 1  # still loaded, not fetched again
+    await cache.acquire("m4", c, lambda: src(c))
+    assert cache.loaded == [a, c] and b not in backend.adapters
+    cache.unpin("m3")
+    await cache.acquire("m5", d, lambda: src(d))  # c is pinned by m4: a goes although more recent
+    assert cache.loaded == [c, d] and a not in backend.adapters
+    assert cache.pins == {"m4": c, "m5": d}
+    assert cache.high_water == 2
+    await cache.close()
+    assert all(backend.adapter_users.get(n, 0) == 0 for n in versions)
+
+
+async def test_cache_shares_loads_and_waits_for_a_free_slot(
+    backend: Backend, versions: dict[str, Path]
+) -> None:
+    a, b, c, _ = versions
+    src = Sources(versions)
+    cache = AdapterCache(backend, max_loaded=2)
+    # two matches asking for one version at once: one load, two pins
+    await asyncio.gather(
+        cache.acquire("m1", a, lambda: src(a)), cache.acquire("m2", a, lambda: src(a))
+    )
+    assert src.calls[a] == 1 and backend.adapter_users[a] == 1
+    await cache.acquire("m3", b, lambda: src(b))
+    # every slot is pinned: a third version waits until a match lets go
+    waiting = asyncio.create_task(cache.acquire("m4", c, lambda: src(c)))
+    await asyncio.sleep(0.3)
+    assert not waiting.done() and cache.loaded == [a, b]
+    cache.unpin("m1")  # m2 still plays a
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    cache.unpin("m3")
+    assert await asyncio.wait_for(waiting, 30) == c
+    assert cache.loaded == [a, c] and b not in backend.adapters
+    assert cache.high_water == 2
+    await cache.close()
+
+
+async def test_cache_keeps_the_old_pin_when_a_load_fails(
+    backend: Backend, versions: dict[str, Path]
+) -> None:
+    a, b, _, _ = versions
+    src = Sources(versions)
+    cache = AdapterCache(backend, max_loaded=2)
+    await cache.acquire("current", a, lambda: src(a))
+
+    def refused() -> Path:
+        raise AdapterRejected("hash_mismatch", "test")
+
+    with pytest.raises(AdapterRejected):
+        await cache.acquire("current", b, refused)
+    assert cache.pins == {"current": a} and cache.loaded == [a]
+    # the failed load took no slot: the next one goes through and moves the pin
+    await cache.acquire("current", b, lambda: src(b))
+    assert cache.pins == {"current": b} and cache.loaded == [a, b]
+    await cache.close()
+    assert cache.loaded == [] and all(backend.adapter_users.get(n, 0) == 0 for n in versions)

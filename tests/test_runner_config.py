@@ -1,0 +1,108 @@
+"""A config that cannot run is refused at load, at the field to fix, with what is allowed.
+
+Before, ``game: ipdd`` or ``roundz: 10`` loaded fine, started the whole stack
+and ended every match in ``error``; an unknown agent kind surfaced as a
+spawned process that "exited before the run started".
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from backroom.agents.base import agent_kinds
+from backroom.games import make_game, registered_games
+from backroom.runner.config import ConfigError, RunConfig, parse_config
+
+AGENTS = [{"id": "tft", "kind": "tit-for-tat"}, {"id": "grim", "kind": "grim-trigger"}]
+
+
+def config(**fields: Any) -> dict[str, Any]:
+    return {"run": "t", "game": "ipd", "params": {"rounds": 3}, "agents": AGENTS, **fields}
+
+
+def refusal(data: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, source="bad.yaml")
+    return str(info.value)
+
+
+def test_a_good_config_still_loads() -> None:
+    parsed = parse_config(config())
+    assert parsed.game == "ipd" and parsed.params == {"rounds": 3}
+
+
+def test_unknown_game_names_the_field_and_lists_the_games() -> None:
+    message = refusal(config(game="ipdd", params={}))
+    assert message.startswith("bad.yaml: game: unknown game 'ipdd'; known: ")
+    assert "Value error" not in message  # our words, not pydantic's prefix
+    for game in registered_games():
+        assert game in message
+
+
+def test_unknown_parameter_names_it_and_lists_the_engines_parameters() -> None:
+    message = refusal(config(params={"roundz": 10}))
+    assert "params.roundz: ipd has no parameter 'roundz'; its parameters: " in message
+    # the list is the engine's own constructor, so it cannot drift from what the referee takes
+    engine = type(make_game("ipd"))
+    for name in inspect.signature(engine).parameters:
+        assert name in message
+
+
+def test_a_value_the_engine_refuses_is_reported_at_that_parameter() -> None:
+    message = refusal(config(params={"rounds": -1}))
+    assert "params.rounds: ipd: rounds must be a positive integer" in message
+    message = refusal(config(game="kuhn", params={"variant": "lokii"}, agents=AGENTS))
+    assert "params.variant: kuhn variant must be 'classic' or 'loki'" in message
+
+
+def test_unknown_agent_kind_names_the_entry_and_lists_the_kinds() -> None:
+    message = refusal(config(agents=[AGENTS[0], {"id": "eve", "kind": "randon"}]))
+    assert "agents.1.kind: unknown agent kind 'randon'; known: " in message
+    for kind in [*agent_kinds(), "external"]:
+        assert kind in message
+
+
+def test_bad_kind_and_bad_parameter_are_reported_together() -> None:
+    message = refusal(config(params={"roundz": 10}, agents=[AGENTS[0], {"id": "eve", "kind": "x"}]))
+    assert "params.roundz" in message and "agents.1.kind" in message
+
+
+def test_external_is_a_kind_the_runner_waits_for() -> None:
+    parsed = parse_config(config(agents=[AGENTS[0], {"id": "dora", "kind": "external"}]))
+    assert [a.kind for a in parsed.agents] == ["tit-for-tat", "external"]
+
+
+def test_seats_the_game_does_not_have_are_refused() -> None:
+    loki = {"game": "kuhn", "params": {"variant": "loki"}}
+    assert "seats: 2 seats are filled, but kuhn with these params seats 3 players" in refusal(
+        config(**loki)
+    )
+    assert "round_robin: round_robin plays pairs" in refusal(config(**loki, round_robin=True))
+
+
+def test_channel_members_must_be_seated() -> None:
+    message = refusal(config(channels=[{"name": "c", "members": ["tft", "zed"]}]))
+    assert "channels.0.members: 'zed' is neither a seat index nor a seated agent" in message
+    message = refusal(config(channels=[{"name": "c", "members": [0], "eavesdroppers": [2]}]))
+    assert "channels.0.eavesdroppers: seats [2] are outside 0..1" in message
+    # in a round robin every pair is a seating: a member named by id is missing from some
+    message = refusal(
+        config(
+            round_robin=True,
+            matches=6,
+            agents=[*AGENTS, {"id": "x", "kind": "random"}],
+            transform={"kind": "coalition", "members": ["tft", "grim"]},
+        )
+    )
+    assert "transform.members: 'grim' is neither a seat index" in message
+
+
+def test_the_model_itself_refuses_not_only_the_loader() -> None:
+    """Configs built in code (benchmarks, notebooks) are checked the same way."""
+    with pytest.raises(ValidationError) as info:
+        RunConfig.model_validate(config(params={"roundz": 10}))
+    assert [e["loc"] for e in info.value.errors()] == [("params", "roundz")]

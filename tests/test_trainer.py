@@ -1,0 +1,293 @@
+"""The trainer end to end over a real broker, with a tiny randomly initialised Qwen2.
+
+Rollouts go through the referee to ``local`` agents; the trainer stores
+episodes and traces, takes LoRA steps, saves and announces checkpoints; the
+agents swap, and the next step's traces carry the new version.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from backroom.agents.adapters import adapter_digest
+from backroom.agents.base import Agent
+from backroom.agents.local import LocalAgent
+from backroom.analysis import analyze_run
+from backroom.bus import topics
+from backroom.bus.broker import Broker
+from backroom.bus.client import Bus
+from backroom.bus.wire import Checkpoint, parse
+from backroom.trainer.config import TrainConfig, parse_train_config
+from backroom.trainer.loop import train
+from backroom.trainer.store import Store
+
+from .conftest import agents, eventually, identity, stack
+
+
+def test_training_examples_load_with_the_papers_settings() -> None:
+    from backroom.trainer.config import PRESETS, load_train_config
+
+    root = Path(__file__).resolve().parent.parent / "examples"
+    for name, algorithm in (("ipd_grpo.yaml", "grpo"), ("ipd_adalign.yaml", "adalign")):
+        config = load_train_config(root / name)
+        assert config.algorithm == algorithm and config.game == "ipd" and config.hp is not None
+        paper = PRESETS["ipd"]
+        for key in (
+            "reward_norm",
+            "entropy_coef",
+            "kl_coef",
+            "discount",
+            "beta",
+            "aa_gamma",
+            "group_size",
+        ):
+            assert getattr(config.hp, key) == paper[key], key
+    assert load_train_config(root / "kuhn_dpo.yaml").algorithm == "dpo"
+
+
+def test_train_config_errors_name_the_field(tmp_path: Path) -> None:
+    import pytest
+
+    from backroom.runner.config import ConfigError
+
+    base = {"game": "ipd", "algorithm": "grpo", "preset": "ipd"}
+    for bad, field in (
+        ({"hyper": {"lr": -1}}, "lr"),
+        ({"algorithm": "ppo"}, "algorithm"),
+        ({"game": "ipdd"}, "game"),
+        ({"hyper": {"batch_size": 7, "group_size": 2}}, "batch_size"),
+        ({"preset": None}, "hyper"),
+    ):
+        with pytest.raises(ConfigError, match=field):
+            parse_train_config({**base, **bad})
+
+
+def tiny_config(model: Path, **overrides: Any) -> TrainConfig:
+    data: dict[str, Any] = {
+        "run": "t",
+        "game": "ipd",
+        "params": {"rounds": 3},
+        "algorithm": "adalign",
+        "preset": "ipd",
+        "hyper": {"lr": 1e-2, "batch_size": 4, "group_size": 2, "rho": 0.5},
+        "steps": 2,
+        "policy": "pol",
+        "model": {"path": str(model), "device": "cpu"},
+        "lora": {"rank": 4, "alpha": 8},
+        "players": ["p0", "p1"],
+        "evaluation": {
+            "every": 2,
+            "matches": 2,
+            "baselines": [{"id": "tft", "kind": "tit-for-tat"}],
+        },
+        "turn_timeout_s": 30,
+        "episode_timeout_s": 120,
+    }
+    data.update(overrides)
+    return parse_train_config(data)
+
+
+async def test_training_steps_end_to_end(
+    broker: Broker, tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    # adapters travel over the trainer's HTTP server, as to agents on other machines
+    config = tiny_config(tiny_qwen_model, serve_adapters="127.0.0.1:0")
+    learners = [
+        LocalAgent(p, model=str(tiny_qwen_model), device="cpu", policy="pol", seed=i)
+        for i, p in enumerate(config.players)
+    ]
+    players: list[Agent] = [*learners, *agents(("tft", "tit-for-tat"))]
+    run_dir = tmp_path / "run"
+    rows: list[dict[str, Any]] = []
+    steps_before = REGISTRY.get_sample_value("backroom_train_steps_total") or 0.0
+    async with stack(broker, tmp_path / "runs", players):
+        result = await train(
+            config,
+            run_dir,
+            identity(broker, "trainer-t", "trainer"),
+            on_step=lambda _s, row: rows.append(row),
+        )
+        # agents following the policy verified and loaded the last announced adapter
+        await eventually(lambda: all(a.version == result.version for a in learners), 30)
+    assert result.version == "v2" and [r["step"] for r in rows] == [0, 1]
+    with Store(run_dir / "store.sqlite") as store:
+        assert [(s, v) for s, v, _ in store.steps()] == [(0, "v1"), (1, "v2")]
+        for step in (0, 1):
+            requests = store.requests(step=step, kind="train")
+            assert (
+                len(requests) == 4 and len({r.spec.seed for r in requests}) == 2
+            )  # 2 CRN groups of k=2
+            joined, dropped = store.join([r.match for r in requests])
+            assert sum(dropped.values()) == 0, dropped
+            for ep in joined:
+                assert ep.record.reason == "normal"
+                assert (
+                    store.used_in(ep.record.match) == step
+                )  # each episode fed exactly its own step
+                trained = [d for d in ep.decisions]
+                # 3 rounds, one act decision per round per trained seat
+                assert len(trained) == 3 * len(ep.request.trainable)
+                # the step's rollouts played the adapter trained by the step before
+                assert {d.trace.adapter_version for d in trained} == {f"v{step}"}
+                for d in trained:
+                    assert d.trace.candidates and d.trace.chosen is not None
+    for v in ("v0", "v1", "v2"):
+        assert (run_dir / "adapters" / v / "adapter_model.safetensors").exists()
+    # the retained checkpoint names the last adapter, and its hash is the files' hash
+    seen: list[Checkpoint] = []
+    async with Bus(identity(broker, "watcher", "observer")) as bus:
+        await bus.subscribe(topics.checkpoint("pol"), lambda _t, p: seen.append(parse(p)))  # type: ignore[arg-type]
+        await eventually(lambda: bool(seen), 10)
+    sha, size = adapter_digest(run_dir / "adapters" / "v2")
+    assert seen[-1].version == "v2" and seen[-1].sha256 == sha and seen[-1].size == size
+    assert seen[-1].uri.startswith("http://127.0.0.1:") and seen[-1].uri.endswith("/adapters/v2")
+    log = list(csv.DictReader((run_dir / "train_log.csv").open()))
+    assert [r["version"] for r in log] == ["v1", "v2"]
+    assert all(float(r["grad_norm"]) > 0 and float(r["decisions"]) > 0 for r in log)
+    # Prometheus: the steps, the last loss, and the evaluation against each opponent
+    assert REGISTRY.get_sample_value("backroom_train_steps_total") == steps_before + 2
+    assert REGISTRY.get_sample_value("backroom_train_value", {"stat": "loss"}) == float(
+        log[-1]["loss"]
+    )
+    assert REGISTRY.get_sample_value("backroom_train_eval_reward", {"baseline": "tft"}) is not None
+    # `backroom analyze RUN_DIR` draws the training curves
+    analysis = analyze_run(run_dir)
+    assert analysis["training"]["steps"] == 2 and len(analysis["training"]["plots"]) == 3
+    assert all(Path(p).stat().st_size > 0 for p in analysis["training"]["plots"])
+    evals = [json.loads(line) for line in (run_dir / "evaluations.jsonl").read_text().splitlines()]
+    assert evals[-1]["version"] == "v2" and set(evals[-1]["against"]) == {"tft", "self"}
+    assert all(v["matches"] == 2 for v in evals[-1]["against"].values())
+
+
+async def test_trainer_killed_mid_run_resumes_without_loss_or_double_count(
+    broker: Broker, tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    """SIGKILL the trainer process while a step's rollouts are in flight, then ``--resume``.
+
+    How "no episode lost, none counted twice" is checked: every match the
+    trainer requested has exactly one stored episode, each train episode fed
+    exactly the step it was requested for (the store refuses a second use),
+    the steps are 0..2 without gap or repeat, and the episodes that finished
+    while the trainer was dead reached it through its persistent MQTT session.
+    """
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = tiny_config(
+        tiny_qwen_model, steps=3, evaluation={"every": 100, "matches": 1, "baselines": []}
+    )
+    cfg_path = tmp_path / "train.yaml"
+    cfg_path.write_text(yaml.safe_dump(config.model_dump(exclude={"hp"}, mode="json")))
+    learners: list[Agent] = [
+        LocalAgent(p, model=str(tiny_qwen_model), device="cpu", policy="pol", seed=i)
+        for i, p in enumerate(config.players)
+    ]
+    identity(broker, "trainer-t", "trainer")
+    run_dir = tmp_path / "run"
+    args = [
+        sys.executable,
+        "-m",
+        "backroom",
+        "train",
+        str(cfg_path),
+        "--run-dir",
+        str(run_dir),
+        "--no-spawn",
+        "--broker",
+        f"mqtt://{broker.host}:{broker.port}",
+        "--credentials",
+        str(broker.credentials.dir),
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    runs = tmp_path / "runs"
+
+    def refereed(matches: set[str]) -> set[str]:
+        path = runs / "t" / "episodes.jsonl"
+        done = (
+            {json.loads(line)["match"] for line in path.read_text().splitlines()}
+            if path.exists()
+            else set()
+        )
+        return done & matches
+
+    def step_requests(step: int) -> set[str]:
+        if not (run_dir / "store.sqlite").exists():
+            return set()
+        with Store(run_dir / "store.sqlite") as s:
+            return {r.match for r in s.requests(step=step, kind="train")}
+
+    async with stack(broker, runs, learners):
+        log = (tmp_path / "first.log").open("wb")
+        first = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            # step 0 logged and step 1's rollouts sent: kill the trainer in the middle of them
+            await eventually(lambda: len(step_requests(1)) == 4, 240)
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            log.close()
+        pending = step_requests(1)
+        with Store(run_dir / "store.sqlite") as s:
+            assert s.last_step() == (0, "v1")
+            arrived_before = set(pending) - set(s.missing_episodes(sorted(pending)))
+        # the referee finishes step 1's matches while no trainer is connected
+        await eventually(lambda: refereed(pending) == pending, 120)
+        second = await asyncio.create_subprocess_exec(
+            *args, "--resume", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        out, _ = await asyncio.wait_for(second.communicate(), 300)
+        assert second.returncode == 0, out.decode()[-3000:]
+    with Store(run_dir / "store.sqlite") as store:
+        assert [(s, v) for s, v, _ in store.steps()] == [(0, "v1"), (1, "v2"), (2, "v3")]
+        requested = store.requests(kind="train")
+        assert len(requested) == 12 and len({r.match for r in requested}) == 12
+        assert store.missing_episodes([r.match for r in requested]) == []  # none lost
+        for r in requested:
+            assert store.used_in(r.match) == r.step  # each used once, by its own step
+        for step, _, row in store.steps():
+            assert row["matches"] == 4, (step, row)
+    # what finished while the trainer was dead came through its persistent session
+    assert pending - arrived_before, "the kill came too late to test the session backlog"
+
+
+def test_adapter_server_serves_adapter_files_only(tmp_path: Path, tiny_qwen_model: Path) -> None:
+    """What agents elsewhere fetch: the two adapter files of a version, verified; nothing else."""
+    import httpx
+
+    from backroom.agents.adapters import fetch_adapter
+    from backroom.bus.wire import AdapterRef
+    from backroom.trainer.learner import Learner, LoraSettings
+    from backroom.trainer.serving import AdapterServer
+
+    adapters = tmp_path / "adapters"
+    Learner(str(tiny_qwen_model), device="cpu", lora=LoraSettings(rank=4, alpha=8)).save(
+        adapters / "v0"
+    )
+    (adapters / "v0" / "README.md").write_text("not served")
+    (tmp_path / "secret").write_text("not served")
+    sha, size = adapter_digest(adapters / "v0")
+    with AdapterServer(adapters) as server:
+        ref = AdapterRef(policy="p", version="v0", uri=server.url_for("v0"), sha256=sha, size=size)
+        got = fetch_adapter(ref, tmp_path / "cache")
+        assert adapter_digest(got) == (sha, size) and got != adapters / "v0"
+        base = server.public_url
+        for path in (
+            "/adapters/v0/README.md",
+            "/adapters/v0/",
+            "/adapters/",
+            "/adapters/v9/adapter_config.json",
+            "/adapters/../secret",
+            "/adapters/v0/../../secret",
+            "/secret",
+        ):
+            assert httpx.get(base + path).status_code == 404, path
