@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # a whole benchmark run: CI runs it with the slow set
 def test_bus_overhead_quick_run_prints_both_ratios_and_the_cpu_bound(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bus_overhead.py"), "--quick"],

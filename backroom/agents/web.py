@@ -44,7 +44,6 @@ import logging
 import os
 import re
 import secrets
-import signal
 import time
 from collections import OrderedDict, deque
 from pathlib import Path
@@ -52,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from backroom.bus import topics
 from backroom.bus.auth import ID_PATTERN, CredentialStore
+from backroom.bus.broker import reload_broker
 from backroom.bus.client import Bus, BusConfig, BusError, Will
 from backroom.bus.wire import (
     MATCH_ID,
@@ -228,11 +228,24 @@ class WebHub:
     # --- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.observer is not None:
-            self.observer_bus = Bus(self.observer, role="web")
-            await self.observer_bus.subscribe(topics.ALL_PUBLIC, self._on_public)
-            await self.observer_bus.subscribe(topics.ALL_STATUS, self._on_status)
-            await self.observer_bus.__aenter__()
+        if self.observer is None:
+            return
+        # A broker rereads its password file some moments after the SIGHUP that
+        # ``web_command`` sent for a new observer identity: a refused first login
+        # is retried for a few seconds before it counts.
+        for attempt in range(20):
+            bus = Bus(self.observer, role="web")
+            await bus.subscribe(topics.ALL_PUBLIC, self._on_public)
+            await bus.subscribe(topics.ALL_STATUS, self._on_status)
+            try:
+                await bus.__aenter__()
+            except BusError as exc:
+                if "refused login" not in str(exc) or attempt == 19:
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1))
+                continue
+            self.observer_bus = bus
+            return
 
     async def stop(self) -> None:
         for session in list(self.seats.values()):
@@ -571,7 +584,9 @@ def web_command(broker: str, host: str, port: int, credentials: Path | None) -> 
     token: str | None = None
     if credentials is not None:
         cred = CredentialStore(credentials).add(OBSERVER_ID, role="observer")
-        _reload_broker(credentials)
+        # the observer connects later, once the page is served; the bus retries until
+        # the broker has reread its files
+        reload_broker(credentials)
         observer = BusConfig.from_url(broker, username=cred.username, password=cred.password)
         token = os.environ.get("BACKROOM_WEB_TOKEN") or secrets.token_urlsafe(18)
     elif os.environ.get("BACKROOM_USERNAME") and os.environ.get("BACKROOM_PASSWORD"):
@@ -594,15 +609,3 @@ def web_command(broker: str, host: str, port: int, credentials: Path | None) -> 
         app, host=host, port=port, log_level="warning", ws_max_size=MAX_WS_BYTES, lifespan="on"
     )
     run(uvicorn.Server(config).serve())
-
-
-def _reload_broker(directory: Path) -> None:
-    """Tell a broker running from ``directory`` to reread its password and ACL files."""
-    from backroom.bus.broker import read_pid
-
-    pid = read_pid(Path(directory))
-    if pid is None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGHUP)
-    time.sleep(0.2)

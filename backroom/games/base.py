@@ -183,7 +183,8 @@ class State(ABC):
         self._resolve_chance()
 
     def clone(self) -> State:
-        return copy.deepcopy(self)
+        """An independent copy of the play so far; the ``Game`` (rules, parameters) is shared."""
+        return copy.deepcopy(self, memo={id(self.game): self.game})
 
     @property
     def num_players(self) -> int:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 
@@ -61,6 +61,16 @@ class SolveResult:
 
     def policy(self) -> dict[str, dict[str, float]]:
         return self.tree.policy_dict(self.average)
+
+
+class BackwardBlock(NamedTuple):
+    """One depth level of a player's slots, for the backward (value) pass; local indices."""
+
+    lo: int  #: first slot of the level
+    hi: int  #: one past its last slot
+    plocal: IntArray | None  #: each slot's parent, relative to ``plo`` (None at depth 1: the root)
+    plo: int  #: first slot of the parent level
+    psize: int  #: slots in the parent level
 
 
 class _Plan:
@@ -89,8 +99,8 @@ class _Plan:
         self.sv = np.zeros(size)
         # forward blocks: (x view, parents (global), sigma view); level 1's parent is the root (x = 1)
         self.fwd: list[tuple[FloatArray, IntArray | None, FloatArray]] = []
-        # backward blocks, deepest first: (lo, hi, parents local, parent lo, parent size) in local indices
-        self.bwd: list[tuple[int, int, IntArray | None, int, int]] = []
+        # backward blocks, deepest first
+        self.bwd: list[BackwardBlock] = []
         blocks = [(d, lo, bhi) for q, d, lo, bhi in tree.blocks if q == p and d > 0]
         prev = {0: (root, root + 1)}
         for d, lo, bhi in blocks:
@@ -102,7 +112,9 @@ class _Plan:
             )
             # Level 1 feeds only the root, whose value no regret needs: no scatter there.
             self.bwd.append(
-                (lo - root, bhi - root, None if d == 1 else par - plo, plo - root, phi - plo)
+                BackwardBlock(
+                    lo - root, bhi - root, None if d == 1 else par - plo, plo - root, phi - plo
+                )
             )
         self.bwd.reverse()
 
@@ -221,7 +233,7 @@ class CFRSolver:
                 v[slots] = np.add.reduceat(w, starts)
         sig = plan.sigma_all_v
         sv = plan.sv
-        for lo, hi, plocal, plo, psize in plan.bwd:
+        for lo, hi, plocal, plo, psize in plan.bwd:  # BackwardBlock
             np.multiply(sig[lo:hi], v[lo:hi], out=sv[lo:hi])
             if plocal is not None:
                 v[plo : plo + psize] += np.bincount(plocal, sv[lo:hi], minlength=psize)

@@ -100,12 +100,25 @@ class TrainerBus:
 
     # --- what the trainer sends ----------------------------------------------------
 
-    async def request(self, requests: Sequence[Request]) -> None:
-        """Ask the referees (shared subscription) to play these matches; acks come to our inbox."""
+    async def request(
+        self, requests: Sequence[Request], window: int | None = None, timeout_s: float = 600.0
+    ) -> None:
+        """Ask the referees (shared subscription) to play these matches; acks come to our inbox.
+
+        With ``window``, at most that many of them are in flight (sent, no
+        episode yet): a step of 128 matches does not queue 128 decisions on an
+        agent that batches 32 well, and a stalled stack stops being fed.
+        """
+        sent: list[str] = []
         for r in requests:
+            if window is not None:
+                await self._until(
+                    lambda: len(self.store.missing_episodes(sent)) < window, timeout_s
+                )
             await self.bus.publish(
                 topics.CONTROL_MATCHES, MatchRequest(match=r.match, spec=r.spec, reply_to=self.me)
             )
+            sent.append(r.match)
 
     async def announce(self, ref: AdapterRef) -> None:
         """Publish the new adapter as the retained checkpoint of its policy."""

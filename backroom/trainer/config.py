@@ -165,6 +165,10 @@ class TrainConfig(BaseModel):
         if self.algorithm == "dpo":
             return self
         base = dict(PRESETS[self.preset]) if self.preset else {}
+        if self.algorithm != "adalign":
+            # the paper's GRPO runs use no agent buffer ("it made no noticeable
+            # difference"); ``hyper: {rho: ...}`` turns it on all the same
+            base["rho"] = 0.0
         try:
             self.hp = Hyperparameters.model_validate({**base, **self.hyper})
         except ValidationError as exc:

@@ -10,7 +10,7 @@ One step, top to bottom (``train``):
 6. log the step and mark its episodes used in ONE transaction, then announce
    the checkpoint; every ``evaluation.every`` steps, play the baselines.
 
-A run directory holds ``store.sqlite``, ``adapters/v{n}/``, ``optimizer.pt``,
+A run directory holds ``store.sqlite``, ``adapters/v{n}/``, ``optimizer/v{n}.pt``,
 ``train_log.csv`` and ``evaluations.jsonl``. ``resume=True`` continues after
 the last logged step: its adapter and optimizer state are loaded, and the
 step's requests, if they were already sent, are reused (episodes that arrived
@@ -121,22 +121,64 @@ def build_samples(
 
 
 class TrainLog:
-    """``train_log.csv``: one row per step, the columns fixed by the first row."""
+    """``train_log.csv``: one row per step, the columns fixed by the first row.
+
+    The store, not this file, is the record of which steps happened: a trainer
+    killed between logging a step in the store and appending its row here gets
+    the row back from the store on resume (``catch_up``).
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    def _header(self) -> list[str] | None:
+        if not self.path.exists():
+            return None
+        with self.path.open(newline="") as f:
+            return next(csv.reader(f), None)
+
+    def logged_steps(self) -> set[int]:
+        if not self.path.exists():
+            return set()
+        with self.path.open(newline="") as f:
+            return {int(r["step"]) for r in csv.DictReader(f) if (r.get("step") or "").isdigit()}
+
     def append(self, row: dict[str, Any]) -> None:
-        new = not self.path.exists()
+        header = self._header()
         with self.path.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(row))
-            if new:
+            w = csv.DictWriter(f, fieldnames=header or list(row), restval="", extrasaction="ignore")
+            if header is None:
                 w.writeheader()
             w.writerow(row)
 
+    def catch_up(self, steps: Sequence[tuple[int, str, dict[str, float]]]) -> int:
+        """Append the rows of steps the store logged and this file lacks; how many."""
+        have = self.logged_steps()
+        missing = [(step, version, m) for step, version, m in steps if step not in have]
+        for step, version, m in missing:
+            self.append({**m, "step": step, "version": version})
+        return len(missing)
+
+
+def evaluation_due(config: TrainConfig, step: int) -> bool:
+    return (step + 1) % config.evaluation.every == 0 or step + 1 == config.steps
+
+
+def evaluated_steps(run_dir: Path) -> set[int]:
+    path = run_dir / "evaluations.jsonl"
+    if not path.exists():
+        return set()
+    steps = set()
+    for line in path.read_text().splitlines():
+        try:
+            steps.add(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line from a kill: that evaluation is run again
+    return steps
+
 
 async def _rollouts(
-    tb: TrainerBus, store: Store, planned: list[Request], timeout_s: float
+    tb: TrainerBus, store: Store, planned: list[Request], timeout_s: float, window: int
 ) -> list[str]:
     """Send (or, on resume, re-send what has no episode yet) and wait; return the missing matches."""
     matches = [r.match for r in planned]
@@ -145,7 +187,7 @@ async def _rollouts(
     if fresh:
         store.add_requests(fresh)  # stored before sent: a crash after this resends, never forgets
     outstanding = set(store.missing_episodes(matches))
-    await tb.request([r for r in planned if r.match in outstanding])
+    await tb.request([r for r in planned if r.match in outstanding], window, timeout_s)
     missing = await tb.wait_episodes(matches, timeout_s)
     await tb.wait_traces(matches, TRACE_GRACE_S)
     return missing
@@ -186,11 +228,23 @@ def build_learner(config: TrainConfig, adapter: Path | None) -> Learner:
     )
 
 
-def load_optimizer(learner: Learner, run_dir: Path) -> None:
-    if (run_dir / "optimizer.pt").exists():
+def optimizer_path(run_dir: Path, version: str) -> Path:
+    """Adam's state after the step that made ``version``.
+
+    One file per version, not one ``optimizer.pt`` overwritten each step: a
+    trainer killed between saving a step and logging it resumes from the last
+    *logged* version, and must find the moments of that version, not of the
+    step it never logged.
+    """
+    return run_dir / "optimizer" / f"{version}.pt"
+
+
+def load_optimizer(learner: Learner, run_dir: Path, version: str) -> None:
+    path = optimizer_path(run_dir, version)
+    if path.exists():
         import torch
 
-        learner.load_optimizer_state(torch.load(run_dir / "optimizer.pt", weights_only=True))
+        learner.load_optimizer_state(torch.load(path, weights_only=True))
 
 
 def follower(config: TrainConfig, run_dir: Path) -> int:
@@ -203,7 +257,7 @@ def follower(config: TrainConfig, run_dir: Path) -> int:
     last = logged[-1] if logged else None
     learner = build_learner(config, run_dir / "adapters" / last[1] if last else None)
     if last is not None:
-        load_optimizer(learner, run_dir)
+        load_optimizer(learner, run_dir, last[1])
     sync_parameters(learner)
     return follow(learner)
 
@@ -228,7 +282,7 @@ def open_run(
         )
     learner = build_learner(config, adapters / last[1] if last else None)
     if last is not None:
-        load_optimizer(learner, run_dir)
+        load_optimizer(learner, run_dir, last[1])
     buffer = AgentBuffer(config.buffer.every, config.buffer.size)
     if last is None:
         return Run(
@@ -251,9 +305,14 @@ def save_step(
 
     version = f"v{step + 1}"
     folder = run.learner.save(run_dir / "adapters" / version)
-    tmp = run_dir / "optimizer.pt.tmp"
+    target = optimizer_path(run_dir, version)
+    target.parent.mkdir(exist_ok=True)
+    tmp = target.with_suffix(".tmp")
     torch.save(run.learner.optimizer_state(), tmp)
-    tmp.replace(run_dir / "optimizer.pt")
+    tmp.replace(target)
+    # keep the last two: the logged version's and the one this step may not log
+    for old in sorted(target.parent.glob("v*.pt"), key=lambda p: int(p.stem[1:]))[:-2]:
+        old.unlink()
     return adapter_ref(config, folder, version, base_url)
 
 
@@ -287,12 +346,19 @@ async def train(
             await _announce(tb, config, run.current)
             if missing := await tb.wait_online(players, online_timeout_s):
                 raise TrainError(f"agents not online after {online_timeout_s:.0f}s: {missing}")
+            # a kill after the store logged a step may have cost its CSV row and evaluation
+            train_log.catch_up(store.steps())
+            last = run.first_step - 1
+            if last >= 0 and evaluation_due(config, last) and last not in evaluated_steps(run_dir):
+                evaluations.append(await _evaluate_and_log(tb, store, config, last, run, run_dir))
             for step in range(run.first_step, config.steps):
                 planned = store.requests(step=step, kind="train") or plan_step(
                     config, step, run.current, run.buffer.refs
                 )
                 t0 = time.perf_counter()
-                missing = await _rollouts(tb, store, planned, config.episode_timeout_s)
+                missing = await _rollouts(
+                    tb, store, planned, config.episode_timeout_s, config.concurrency
+                )
                 rollout_s = time.perf_counter() - t0
                 joined, dropped = store.join([r.match for r in planned])
                 for reason, n in dropped.items():
@@ -323,17 +389,25 @@ async def train(
                     step,
                     {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
                 )
-                if (step + 1) % config.evaluation.every == 0 or step + 1 == config.steps:
-                    result = await _evaluate(tb, store, config, step, run.current)
-                    evaluations.append(result)
-                    with (run_dir / "evaluations.jsonl").open("a") as f:
-                        f.write(json.dumps(result) + "\n")
+                if evaluation_due(config, step):
+                    evaluations.append(
+                        await _evaluate_and_log(tb, store, config, step, run, run_dir)
+                    )
         return TrainResult(run_dir, len(store.steps()), run.current.version, evaluations)
     finally:
         finish()  # data-parallel ranks stop with the leader
         store.close()
         if server is not None:
             server.__exit__(None, None, None)
+
+
+async def _evaluate_and_log(
+    tb: TrainerBus, store: Store, config: TrainConfig, step: int, run: Run, run_dir: Path
+) -> dict[str, Any]:
+    result = await _evaluate(tb, store, config, step, run.current)
+    with (run_dir / "evaluations.jsonl").open("a") as f:
+        f.write(json.dumps(result) + "\n")
+    return result
 
 
 async def _announce(tb: TrainerBus, config: TrainConfig, ref: AdapterRef) -> None:
@@ -401,7 +475,7 @@ async def _evaluate(
 ) -> dict[str, Any]:
     """Play the current adapter against every baseline; log mean returns (and IPD cooperation)."""
     planned = store.requests(step=step, kind="eval") or plan_evaluation(config, step, current)
-    missing = await _rollouts(tb, store, planned, config.episode_timeout_s)
+    missing = await _rollouts(tb, store, planned, config.episode_timeout_s, config.concurrency)
     joined, _ = store.join([r.match for r in planned])
     by_label: dict[str, list[Joined]] = {}
     for ep in joined:

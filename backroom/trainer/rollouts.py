@@ -33,14 +33,21 @@ class AgentBuffer:
 
 
 def _spec(
-    config: TrainConfig, seats: list[str], seed: int, group: str, adapters: list[AdapterRef | None]
+    config: TrainConfig,
+    seats: list[str],
+    seed: int,
+    group: str,
+    adapters: list[AdapterRef | None],
+    crn_index: int = 0,
 ) -> MatchSpec:
+    """``crn_index`` keeps a CRN group's members from sampling alike (same seed, own play)."""
     return MatchSpec(
         game=config.game,
         params=config.params,
         seats=seats,
         seed=seed,
         crn_group=group,
+        crn_index=crn_index,
         run=config.run,
         turn_timeout_s=config.turn_timeout_s,
         adapters=adapters,
@@ -53,15 +60,15 @@ def plan_step(
     """The rollouts of one step: ``batch_size / k`` CRN groups of ``k`` matches, one seed per group.
 
     A group plays self-play (the current adapter on every seat, every seat
-    trained) or, with probability rho (Advantage Alignment only, as in the
-    paper), the current adapter against one buffer adapter for the whole
+    trained) or, with probability rho (by default Advantage Alignment only, as
+    in the paper), the current adapter against one buffer adapter for the whole
     group; then only the current adapter's seat is trained, alternating
     between seats from group to group.
     """
     assert config.hp is not None
     hp = config.hp
     rng = random.Random(f"{config.seed}/rollouts/{step}")
-    rho = hp.rho if config.algorithm == "adalign" else 0.0
+    rho = hp.rho  # 0 for the GRPO variants unless the config asks (config.py)
     pool = list(buffer)
     groups = hp.batch_size // hp.group_size
     requests = []
@@ -86,7 +93,7 @@ def plan_step(
                     step=step,
                     group=group,
                     kind="train",
-                    spec=_spec(config, list(config.players), seed, group, adapters),
+                    spec=_spec(config, list(config.players), seed, group, adapters, i),
                     trainable=trainable,
                     label=label,
                 )
