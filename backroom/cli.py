@@ -18,9 +18,12 @@ import json
 import logging
 import os
 import signal
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -34,6 +37,10 @@ from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, 
 from backroom.bus.client import BusConfig, BusError, run
 from backroom.runner.config import ConfigError, RunConfig, load_config, parse_config
 from backroom.solve_cli import solve_app
+
+if TYPE_CHECKING:
+    from backroom.analysis.kuhn import Reference
+    from backroom.runner.local import RunResult
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 credentials_app = typer.Typer(
@@ -55,7 +62,13 @@ CredsOpt = Annotated[
 MetricsOpt = Annotated[
     int, typer.Option("--metrics-port", help="serve Prometheus metrics here (0: off)")
 ]
-RunsOpt = Annotated[Path, typer.Option("--runs-dir", help="where runs/<run>/episodes.jsonl go")]
+RunsOpt = Annotated[
+    Path,
+    typer.Option(
+        "--runs-dir",
+        help="each run writes a fresh RUNS_DIR/<run>/<UTC time>/; <run>/latest links it",
+    ),
+]
 
 
 #: What each optional part needs, by the extra that installs it (pyproject.toml).
@@ -125,22 +138,54 @@ def _bus_config(broker: str | None, username: str, creds: Path | None) -> BusCon
     return BusConfig.from_url(broker or DEFAULT_URL, username=username, password=password)
 
 
-def _serve(coro: Any) -> None:
-    """Run a service until SIGTERM/SIGINT, then let its context managers clean up."""
+#: How long a service may take to clean up after SIGTERM/SIGINT before it is ended anyway.
+SHUTDOWN_GRACE_S = 5.0
+
+
+def _serve(coro: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """Run a service until SIGTERM/SIGINT, then let its context managers clean up.
+
+    Cleaning up is bounded: a process stuck in a publish storm or a handler
+    that swallows cancellation must not linger holding its MQTT identity
+    (its will then tells the others it is gone). A thread, not the event
+    loop, keeps the deadline, so a busy loop cannot delay it; a second
+    signal ends the process at once.
+    """
 
     async def main() -> None:
         task = asyncio.ensure_future(coro)
         loop = asyncio.get_running_loop()
+        stopping: list[threading.Timer] = []
+
+        def stop() -> None:
+            if stopping:
+                os._exit(1)
+            task.cancel()
+            timer = threading.Timer(grace_s, _give_up, args=(grace_s,))
+            timer.daemon = True
+            timer.start()
+            stopping.append(timer)
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+            loop.add_signal_handler(sig, stop)
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        finally:
+            for timer in stopping:
+                timer.cancel()
 
     try:
         run(main())
     except BusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
+
+
+def _give_up(grace_s: float) -> None:
+    sys.stderr.write(f"backroom: still cleaning up {grace_s:.0f} s after the signal; exiting now\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 @app.command()
@@ -239,6 +284,22 @@ def compose_init_cmd(
         directory, [a for a in agents.split(",") if a], mount=mount, port=port
     ):
         typer.echo(path)
+
+
+@app.command()
+def health(
+    metrics_port: Annotated[int, typer.Option(help="the process's --metrics-port")] = 0,
+    bus: Annotated[bool, typer.Option(help="also require a message published on the bus")] = True,
+    url: Annotated[
+        str | None, typer.Option(help="check this HTTP URL instead (2xx: ready)")
+    ] = None,
+) -> None:
+    """Exit 0 when a process is ready (metrics answer, on the bus), else 1: for healthchecks."""
+    from backroom.health import check
+
+    ok, why = check(metrics_port or None, bus=bus, url=url)
+    typer.echo(why, err=not ok)
+    raise typer.Exit(0 if ok else 1)
 
 
 @app.command()
@@ -350,6 +411,7 @@ def _execute(
         for a in config.agents:
             _require_kind(a.kind)
     metrics.serve(metrics_port)
+    reference = _prefetch_reference(config)
     progress = Progress(
         TextColumn(f"[bold]{config.run}[/bold] {config.game}"),
         BarColumn(),
@@ -378,23 +440,12 @@ def _execute(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     summary = summarize(result)
-    table = Table(
-        title=f"{config.run}: {len(result.episodes)} matches of {config.game} in {result.seconds:.1f}s"
-    )
-    for col in ("agent", "matches", "mean chips", "mean reward", "timeouts"):
-        table.add_column(col, justify="right" if col != "agent" else "left")
-    for agent_id, row in summary["agents"].items():
-        table.add_row(
-            agent_id,
-            str(int(row["matches"])),
-            f"{row['raw']:+.3f}",
-            f"{row['reward']:+.3f}",
-            str(int(row["timeouts"])),
-        )
-    console.print(table)
+    console.print(results_table(result, summary))
     outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(summary["outcomes"].items()))
     console.print(f"outcomes: {outcomes}; {result.matches_per_second:.1f} matches/s while playing")
     console.print(f"episodes: {result.run_dir / 'episodes.jsonl'}")
+    for line in _story(result, reference):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     failed = [e for e in result.episodes if e.reason == "error"]
     if failed:  # a table of zeros must not pass for a run that played
         first = failed[0]
@@ -403,6 +454,80 @@ def _execute(
             Text.assemble(("error:", "red"), why, first.detail or "(no detail)"), soft_wrap=True
         )
         raise typer.Exit(1)
+
+
+def results_table(result: RunResult, summary: dict[str, Any]) -> Table:
+    """The table a run ends with: per agent, matches and means in the game's own unit.
+
+    "chips" is Kuhn's unit only: a Bertrand firm makes profit, the others score
+    points. An agent holding several seats of a match (the beauty contest's
+    four agents in 24 seats) played it once: ``matches`` counts matches, and a
+    ``seats`` column appears, since the means are per seat.
+    """
+    from backroom.analysis.story import return_unit
+
+    config = result.config
+    rows = summary["agents"]
+    several = any(row["seats"] != row["matches"] for row in rows.values())
+    table = Table(
+        title=f"{config.run}: {len(result.episodes)} matches of {config.game} in {result.seconds:.1f}s"
+    )
+    columns = ["agent", "matches", *(["seats"] if several else [])]
+    columns += [f"mean {return_unit(config.game)}", "mean reward", "timeouts"]
+    for col in columns:
+        table.add_column(col, justify="right" if col != "agent" else "left")
+    for agent_id, row in rows.items():
+        counts = [str(int(row["matches"])), *([str(int(row["seats"]))] if several else [])]
+        table.add_row(
+            agent_id,
+            *counts,
+            f"{row['raw']:+.3f}",
+            f"{row['reward']:+.3f}",
+            str(int(row["timeouts"])),
+        )
+    if several:
+        table.caption = "means are per seat held"
+    return table
+
+
+def _prefetch_reference(config: RunConfig) -> Future[Reference | None] | None:
+    """Start on the all-CFR values a Kuhn coalition's story line compares with.
+
+    The first time for a policy they need the game tree (about a second, then
+    cached on disk); computed in a thread while the matches play, they are
+    ready when the table is printed and the story adds no wait.
+    """
+    if config.game != "kuhn" or config.transform.kind != "coalition":
+        return None
+
+    def compute() -> Reference | None:
+        from backroom.analysis.kuhn import cfr_reference
+
+        return cfr_reference(config.params)
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cfr-reference")
+    future = pool.submit(compute)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _story(result: RunResult, reference: Future[Reference | None] | None) -> list[str]:
+    """The lines under the table: channels, the coalition against CFR, what to run next.
+
+    The directory named is ``result.run_dir``, the run's own, which ``backroom
+    analyze`` reads. A failed CFR lookup drops only the comparison: the run
+    itself has finished and its table is printed.
+    """
+    from backroom.analysis.story import story_lines
+
+    ref: Reference | None = None
+    if reference is not None:
+        try:
+            ref = reference.result()
+        except Exception as exc:
+            logging.getLogger(__name__).warning("no CFR values for the story: %s", exc)
+    records = [e.model_dump(mode="json") for e in result.episodes]
+    return story_lines(records, result.run_dir, reference=ref)
 
 
 @app.command("run")
@@ -446,22 +571,51 @@ def run_cmd(
     _execute(config, runs_dir, broker_url, credentials, metrics_port, spawn, ready_timeout)
 
 
+#: What ``backroom analyze`` reads in a run directory: a played run's episodes, a training run's log.
+ANALYZED_FILES = ("episodes.jsonl", "train_log.csv")
+
+
 @app.command()
 def analyze(
-    run_dir: Annotated[Path, typer.Argument(help="runs/<run> (or its episodes.jsonl)")],
+    run_dir: Annotated[
+        Path,
+        typer.Argument(
+            help="runs/<run> (its latest run), runs/<run>/<UTC time>, or an episodes.jsonl"
+        ),
+    ],
     out_dir: Annotated[
         Path | None, typer.Option(help="where PNG plots go (default RUN_DIR/plots)")
     ] = None,
 ) -> None:
-    """Measures of a finished run: tables here, PNG plots and analysis.json on disk."""
+    """Measures of one finished run: tables here, PNG plots and analysis.json on disk.
+
+    Given runs/<run>, it reads the run that runs/<run>/latest points to, and
+    says which: never the episodes of several runs together.
+    """
     from backroom.analysis import analyze_run, render_tables
+    from backroom.referee.episodes import resolve_run_dir
 
     if not run_dir.exists():
         raise typer.BadParameter(f"{run_dir} does not exist")
-    result = analyze_run(run_dir, out_dir)
+    try:
+        chosen = resolve_run_dir(run_dir)
+    except FileNotFoundError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if chosen.is_dir() and not any((chosen / f).exists() for f in ANALYZED_FILES):
+        raise typer.BadParameter(f"{chosen} holds no {' or '.join(ANALYZED_FILES)}")
+    latest = f" (the latest run of {run_dir})" if chosen != run_dir else ""
+    console.print(f"run: {chosen}{latest}", markup=False, highlight=False, soft_wrap=True)
+    result = analyze_run(chosen, out_dir)
     for table in render_tables(result):
         console.print(table)
-    target = (run_dir if run_dir.is_dir() else run_dir.parent) / "analysis.json"
+    if skipped := result.get("unreadable_lines"):
+        console.print(
+            f"skipped {skipped} unreadable lines in {result['episodes_file']}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    target = (chosen if chosen.is_dir() else chosen.parent) / "analysis.json"
     target.write_text(json.dumps(result, indent=1, default=str))
     plots = [
         *result.get("training", {}).get("plots", []),
@@ -481,12 +635,32 @@ def serve_model(
     host: str = "127.0.0.1",
     port: int = 8000,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto")] = "auto",
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BACKROOM_SERVE_KEY",
+            show_envvar=True,
+            help="Bearer key every request must carry (but GET /health); required beyond loopback",
+        ),
+    ] = None,
+    adapter_dir: Annotated[
+        Path | None,
+        typer.Option(help="the only folder /v1/load_lora_adapter loads from (none: no loads)"),
+    ] = None,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/models, /v1/load_lora_adapter) over a local model."""
+    from backroom.agents.serve import check_settings
+
+    try:  # before the extra's check and the model's load: a refusal costs nothing
+        check_settings(host, api_key, adapter_dir)
+    except ValueError as exc:
+        _fail(str(exc))
     require_extra("backroom serve-model", "local", SERVE_MODULES)
     from backroom.agents.serve import serve_model_command
 
-    serve_model_command(model, gguf_file, host, port, device)
+    serve_model_command(
+        model, gguf_file, host, port, device, api_key=api_key, adapter_dir=adapter_dir
+    )
 
 
 @app.command()
@@ -498,7 +672,7 @@ def web(
 ) -> None:
     """Play and watch matches in a browser, bridged to the bus with each seat's own identity."""
     require_extra("backroom web", "web", WEB_MODULES)
-    from backroom.agents.web import web_command
+    from backroom.human.web import web_command
 
     web_command(broker_url or DEFAULT_URL, host, port, credentials)
 

@@ -7,7 +7,56 @@ run cannot blow up the time-series count.
 
 from __future__ import annotations
 
+import os
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+#: Where /metrics listens unless ``BACKROOM_METRICS_HOST`` says otherwise: the
+#: endpoint has no authentication, so only this machine may read it by default
+#: (docker compose sets 0.0.0.0, so Prometheus reaches it on the service network).
+DEFAULT_METRICS_HOST = "127.0.0.1"
+METRICS_HOST_ENV = "BACKROOM_METRICS_HOST"
+
+#: Agent kinds a ``kind`` label may name: the kinds ``backroom.agents`` registers
+#: (a test keeps this list equal to the registry). Metrics cannot import the
+#: agents, and a label must never take a value an agent made up: a status with
+#: a new ``kind`` before every move would otherwise add a series per move.
+KNOWN_AGENT_KINDS = frozenset(
+    {
+        "always",
+        "cartel-pricer",
+        "cfr",
+        "grim-trigger",
+        "human",
+        "kuhn-colluder",
+        "level-k",
+        "llm",
+        "local",
+        "nash-pricer",
+        "random",
+        "split-cooperative",
+        "split-defect",
+        "table",
+        "tft-pricer",
+        "tit-for-tat",
+        "ts-greedy",
+        "ts-honest",
+        "undercutter",
+    }
+)
+#: What an agent that has not said its kind (no status seen) is labelled.
+UNKNOWN_KIND = "unknown"
+#: What any kind outside ``KNOWN_AGENT_KINDS`` is labelled.
+OTHER = "other"
+
+
+def kind_label(kind: str) -> str:
+    """``kind`` as a metric label, from a closed set: a known agent kind, ``unknown`` or ``other``."""
+    if kind in KNOWN_AGENT_KINDS or kind == UNKNOWN_KIND:
+        return kind
+    return OTHER
+
 
 MATCHES_STARTED = Counter("backroom_matches_started_total", "Matches a referee started", ["game"])
 MATCHES_FINISHED = Counter(
@@ -25,6 +74,19 @@ MESSAGES = Counter(
 INVALID_INPUTS = Counter(
     "backroom_invalid_inputs_total", "Agent messages rejected by the referee, by reason", ["reason"]
 )
+ERRORS_DROPPED = Counter(
+    "backroom_errors_dropped_total",
+    "Error replies the referee did not send: the agent's error budget was spent",
+)
+INPUTS_DROPPED = Counter(
+    "backroom_inputs_dropped_total",
+    "Outbox payloads the referee dropped unread: the sender's input budget was spent",
+)
+TRACES_REJECTED = Counter(
+    "backroom_traces_rejected_total",
+    "Traces the runner did not record, by reason (forged, not_seated)",
+    ["reason"],
+)
 TIMEOUTS = Counter("backroom_turn_timeouts_total", "Turns that timed out", ["game", "phase"])
 RECONNECTS = Counter("backroom_reconnects_total", "Reconnections to the broker", ["role"])
 BUS_MESSAGES = Counter(
@@ -41,6 +103,11 @@ AGENT_ERRORS = Counter(
 ADAPTER_REJECTED = Counter(
     "backroom_adapter_rejected_total", "Adapters an agent refused to load, by reason", ["reason"]
 )  # reason in backroom.agents.adapters.REJECT_REASONS
+LOCAL_BATCH_ROWS = Histogram(
+    "backroom_local_batch_rows",
+    "Prompts in one batch of the local model (the local agent and serve-model)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)  # observed by Backend.score_batch and Backend.generate_batch
 
 # The trainer (``backroom train``): one series per metric, or per bounded label.
 TRAIN_STEP_SECONDS = Histogram(
@@ -70,7 +137,15 @@ TRAIN_DROPPED = Counter(
 )
 
 
-def serve(port: int | None) -> None:
-    """Serve /metrics on ``port`` (0 or None: do not serve)."""
-    if port:
-        start_http_server(port)
+def serve(port: int | None, host: str | None = None) -> WSGIServer | None:
+    """Serve /metrics on ``host:port`` (port 0 or None: do not serve); return the server.
+
+    ``host`` defaults to ``$BACKROOM_METRICS_HOST``, else 127.0.0.1: the
+    endpoint answers anyone who can reach it, so it is not put on every
+    interface unless asked.
+    """
+    if not port:
+        return None
+    host = host or os.environ.get(METRICS_HOST_ENV) or DEFAULT_METRICS_HOST
+    server, _thread = start_http_server(port, addr=host)
+    return server

@@ -18,6 +18,7 @@ import typer
 
 from backroom.games import registered_games
 from backroom.solvers.cfr import ALGOS, policy_document, solve_game
+from backroom.solvers.policy_file import write_policy
 from backroom.solvers.tree import DEFAULT_MAX_NODES
 
 solve_app = typer.Typer(
@@ -76,8 +77,7 @@ def _run(
     typer.echo("values: " + ", ".join(f"p{i} {v:+.6f}" for i, v in enumerate(meta["values"])))
     typer.echo(f"NashConv: {meta['nash_conv']:.3g}")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1))
+        write_policy(out, doc)
         typer.echo(f"policy -> {out}")
 
 
@@ -119,12 +119,12 @@ def evaluate(
     policy: Annotated[Path, typer.Argument(help="a policy file (JSON or YAML)")],
 ) -> None:
     """Expected returns, best-response values and NashConv of a policy file."""
-    from backroom.agents.scripted.basic import load_policy
     from backroom.games.base import make_game
     from backroom.solvers.evaluate import best_response_values, expected_returns, nash_conv
+    from backroom.solvers.policy_file import read_policy
     from backroom.solvers.tree import build_tree
 
-    data = load_policy(policy)
+    data = read_policy(policy)
     tree = build_tree(make_game(data["game"], **data.get("params", {})))
     sigma = tree.sigma_from_policy(data["policy"])
     missing = sum(1 for i in tree.real_infosets() if tree.infoset_key[i] not in data["policy"])
@@ -152,11 +152,25 @@ def collusion(
         list[str] | None,
         typer.Option(help="LABEL=RUN_DIR: a Table 1 row measured from a run's Loki episodes"),
     ] = None,
+    cfr_policy: Annotated[
+        str | None,
+        typer.Option(
+            "--cfr-policy",
+            help="a Loki policy file (or shipped name, e.g. kuhn_loki_cfr) to use as the "
+            "three-player CFR baseline instead of solving it; picks the equilibrium",
+        ),
+    ] = None,
 ) -> None:
-    """Loki's CFR analyses: all-CFR vs team-CFR per deal, Figure 2 heatmap, Table 1."""
+    """Loki's CFR analyses: all-CFR vs team-CFR per deal, Figure 2 heatmaps, Table 1.
+
+    Readings, each against the all-CFR baseline: the team solve (colluders
+    share cards), the team strategy vs an unaware C, the team's best response,
+    the team strategy distilled to own cards, and the paper's construction
+    (Algorithm 3 on the colluders' individual CFR strategies).
+    """
     from backroom.games.base import make_game
     from backroom.referee.episodes import read_episodes
-    from backroom.solvers.collusion import analyse_collusion, write_report
+    from backroom.solvers.collusion import READINGS, analyse_collusion, why_different, write_report
 
     measured = {}
     for item in episodes or []:
@@ -165,7 +179,20 @@ def collusion(
             raise typer.BadParameter(f"--episodes wants LABEL=RUN_DIR, not {item!r}")
         measured[label] = [r for r in read_episodes(run_dir) if r.get("game") == "kuhn"]
     seats = tuple(int(s) for s in team.split(","))
-    report = analyse_collusion(make_game("kuhn", variant="loki"), iterations, team=seats, algo=algo)
+    baseline = None
+    if cfr_policy is not None:
+        from backroom.solvers.policy_file import read_policy
+
+        try:
+            doc = read_policy(cfr_policy)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        if doc.get("game") != "kuhn" or doc.get("params", {}).get("variant") != "loki":
+            raise typer.BadParameter(f"--cfr-policy {cfr_policy} is not a Loki Kuhn policy")
+        baseline = doc["policy"]
+    report = analyse_collusion(
+        make_game("kuhn", variant="loki"), iterations, team=seats, algo=algo, cfr_policy=baseline
+    )
     files = write_report(report, out_dir, measured)
     s = report.summary
     typer.echo(
@@ -176,9 +203,11 @@ def collusion(
     )
     for name, adv in s["average_advantage"].items():
         typer.echo(
-            f"average collusion advantage ({name} - cfr), coalition payoff (R_A+R_B)/2: {adv:+.4f}"
+            f"average collusion advantage ({name} - cfr), coalition payoff (R_A+R_B)/2: "
+            f"{adv:+.4f}  [{READINGS.get(name, name)}]"
         )
     typer.echo(f"paper: {s['paper_average_advantage']}")
+    typer.echo(why_different(report))
     typer.echo(files["table"].read_text())
     for key, path in files.items():
         typer.echo(f"{key}: {path}")

@@ -2,7 +2,8 @@
 
 1. Raw round trip: two plain aiomqtt clients (QoS 1, TCP_NODELAY) through the
    same Mosquitto: A (this process) publishes, B (an echo in its own process)
-   answers, A receives. This is the floor.
+   answers, A receives. This is the floor. (On topics the broker's ACL
+   allows them, see ``pair_topics``.)
 2. Referee-mediated move: the referee's own clock from sending a Kuhn ``Turn``
    (observation out) to accepting the ``Action`` (action back), read from the
    ``backroom_turn_latency_seconds`` histogram. The referee runs in this
@@ -19,6 +20,13 @@
    the CPU time every process spent per match (``/proc``, Linux), which says
    what bounds the rate: one referee process can use one core, and all
    processes together can use every core.
+4. The rate at scale, 100 in flight: refereed Kuhn moves per second with 100
+   matches in flight (the referee here, each agent in its own process, a
+   feeder here that starts a match whenever one ends) against raw aiomqtt
+   request/response round trips per second with 100 requests outstanding
+   through the same broker (the echo answers each as it comes). Blocks of
+   each alternate. Target: moves / round trips >= 0.5. (Printed between
+   parts 2 and 3; ``--only rate`` runs it alone.)
 
 Run: ``python bench/bus_overhead.py`` (add ``--quick`` for a short run). The
 machine is shared and noisy: read the ratios, not the absolute numbers.
@@ -29,6 +37,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
+import logging
 import os
 import random
 import socket
@@ -62,6 +72,11 @@ def identity(broker: Broker, name: str, role: str = "agent") -> BusConfig:
     return BusConfig(host=broker.host, port=broker.port, username=name, password=cred.password)
 
 
+#: aiomqtt warns on every publish while more than 10 await their PUBACK: 100 in flight is the point here.
+QUIET = logging.getLogger("bench.aiomqtt")
+QUIET.setLevel(logging.ERROR)
+
+
 def client(cfg: BusConfig) -> aiomqtt.Client:
     return aiomqtt.Client(
         cfg.host,
@@ -71,21 +86,53 @@ def client(cfg: BusConfig) -> aiomqtt.Client:
         identifier=cfg.username,
         protocol=aiomqtt.ProtocolVersion.V5,
         socket_options=NODELAY,
+        max_inflight_messages=1000,  # as the Bus: paho's default of 20 would throttle 100 in flight
+        logger=QUIET,
     )
 
 
-async def echo(cfg: BusConfig) -> None:
-    """The B side of the raw pair: answer every ping (run in its own process)."""
+def pair_topics(name: str) -> tuple[str, str]:
+    """The raw pair's ping and pong topics, as the broker's ACL allows them.
+
+    A (role trainer, ``{name}-a``) writes pings where a trainer announces
+    checkpoints; B (role agent, ``{name}-b``) reads them there and answers on
+    its traces, which a trainer reads. No other process of the bench reads
+    either topic.
+    """
+    return topics.checkpoint(name), topics.traces(f"{name}-b")
+
+
+async def echo(cfg: BusConfig, name: str, concurrent: bool) -> None:
+    """The B side of the raw pair: answer every ping (run in its own process).
+
+    ``concurrent``: answer each ping as it comes, without waiting for the
+    previous answer's PUBACK (for 100 in flight); else one after another.
+    """
+    answering: set[asyncio.Task[None]] = set()
+    ping, pong = pair_topics(name)
     async with client(cfg) as cb:
-        await cb.subscribe("backroom/v1/bench/ping", qos=1)
+        await cb.subscribe(ping, qos=1)
         async for msg in cb.messages:
-            await cb.publish("backroom/v1/bench/pong", msg.payload, qos=1)
+            answer = cb.publish(pong, msg.payload, qos=1)
+            if concurrent:
+                task = asyncio.create_task(answer)
+                answering.add(task)
+                task.add_done_callback(answering.discard)
+            else:
+                await answer
+
+
+#: A ping: the size of an agent's answer, with the request's number first.
+PING = b'{"turn":%d,"type":"action","v":1,"action":1}'
 
 
 @contextlib.asynccontextmanager
-async def raw_pair(broker: Broker) -> AsyncIterator[Callable[[int], Awaitable[list[float]]]]:
-    """The reference: yields ``ping(n)``, n timed aiomqtt round trips through the echo process."""
-    a, b = identity(broker, "bench-a", "referee"), identity(broker, "bench-b", "referee")
+async def echo_client(
+    broker: Broker, name: str, concurrent: bool
+) -> AsyncIterator[tuple[Callable[[bytes], Awaitable[None]], AsyncIterator[aiomqtt.Message]]]:
+    """Yields ``send(ping)`` and the answers of an echo process that has answered once."""
+    a, b = identity(broker, f"{name}-a", "trainer"), identity(broker, f"{name}-b", "agent")
+    ping, pong = pair_topics(name)
     await asyncio.sleep(0.1)
     proc = await asyncio.create_subprocess_exec(
         # The password goes by environment: a token may start with "-", which argparse takes for an option.
@@ -93,37 +140,95 @@ async def raw_pair(broker: Broker) -> AsyncIterator[Callable[[int], Awaitable[li
         __file__,
         "--echo",
         str(b.port),
-        b.username or "",
+        name,
+        *(["--echo-concurrent"] if concurrent else []),
         env={**os.environ, "BENCH_ECHO_PASSWORD": b.password or ""},
     )
     try:
         async with client(a) as ca:
-            await ca.subscribe("backroom/v1/bench/pong", qos=1)
-            payload = b'{"type":"action","v":1,"turn":1,"action":1}'
+            await ca.subscribe(pong, qos=1)
+
+            async def send(payload: bytes) -> None:
+                await ca.publish(ping, payload, qos=1)
+
             it = ca.messages.__aiter__()
             while True:  # until the echo process is up
                 if proc.returncode is not None:
                     raise RuntimeError(f"the echo process exited with {proc.returncode}")
-                await ca.publish("backroom/v1/bench/ping", payload, qos=1)
+                await send(PING % 0)
                 try:
                     await asyncio.wait_for(it.__anext__(), 0.2)
                     break
                 except TimeoutError:
                     continue
-
-            async def ping(n: int) -> list[float]:
-                samples = []
-                for _ in range(n):
-                    t = time.perf_counter()
-                    await ca.publish("backroom/v1/bench/ping", payload, qos=1)
-                    await it.__anext__()
-                    samples.append(time.perf_counter() - t)
-                return samples
-
-            yield ping
+            yield send, it
     finally:
         proc.terminate()
         await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def raw_pair(broker: Broker) -> AsyncIterator[Callable[[int], Awaitable[list[float]]]]:
+    """The reference: yields ``ping(n)``, n timed aiomqtt round trips through the echo process."""
+    async with echo_client(broker, "bench", concurrent=False) as (send, it):
+        payload = PING % 1
+
+        async def ping(n: int) -> list[float]:
+            samples = []
+            for _ in range(n):
+                t = time.perf_counter()
+                await send(payload)
+                await it.__anext__()
+                samples.append(time.perf_counter() - t)
+            return samples
+
+        yield ping
+
+
+@contextlib.asynccontextmanager
+async def raw_in_flight(broker: Broker) -> AsyncIterator[Callable[[int, float], Awaitable[float]]]:
+    """Yields ``rate(k, seconds)``: aiomqtt round trips per second with k requests always out."""
+    async with echo_client(broker, "bench-rate", concurrent=True) as (send, it):
+        waiting: dict[int, asyncio.Future[None]] = {}
+
+        async def answers() -> None:
+            async for msg in it:
+                payload = msg.payload
+                assert isinstance(payload, bytes)
+                fut = waiting.pop(int(payload[8 : payload.index(b",")]), None)
+                if fut is not None:
+                    fut.set_result(None)
+
+        reader = asyncio.create_task(answers())
+        ids = itertools.count(1)
+
+        async def rate(k: int, seconds: float) -> float:
+            done = 0
+            stop = False
+
+            async def requester() -> None:
+                nonlocal done
+                loop = asyncio.get_running_loop()
+                while not stop:
+                    i = next(ids)
+                    fut = waiting[i] = loop.create_future()
+                    await send(PING % i)
+                    await fut
+                    done += 1
+
+            tasks = [asyncio.create_task(requester()) for _ in range(k)]
+            await asyncio.sleep(seconds / 4)  # until all k are in flight
+            t0, n0 = time.perf_counter(), done
+            await asyncio.sleep(seconds)
+            t1, n1 = time.perf_counter(), done
+            stop = True
+            await asyncio.gather(*tasks)
+            return (n1 - n0) / (t1 - t0)
+
+        try:
+            yield rate
+        finally:
+            reader.cancel()
 
 
 def spec(seats: list[str], seed: int) -> MatchSpec:
@@ -137,11 +242,66 @@ def spec(seats: list[str], seed: int) -> MatchSpec:
     )
 
 
+class Refereed:
+    """The measured side, set up by ``refereed``: a referee here, three agents, a runner's bus here."""
+
+    def __init__(self, bus: Bus, names: list[str]) -> None:
+        self.bus = bus
+        self.names = names
+        self.started = 0
+        self.finished = 0
+        self.feeding = False  # start a match whenever one ends
+        self.episode = asyncio.Event()
+
+    def on_episode(self, _topic: str, payload: bytes) -> None:
+        # Episodes come batched: count them without parsing the records.
+        n = payload.count(b'"type":"episode"')
+        self.finished += n
+        self.episode.set()
+        if self.feeding:
+            for _ in range(n):
+                self.request()
+
+    def request(self) -> None:
+        self.started += 1
+        request = MatchRequest(match=f"rm{self.started}", spec=spec(self.names, self.started))
+        self.bus.publish(topics.CONTROL_MATCHES, request, batch=True)
+
+    async def play(self, n: int) -> list[float]:
+        """The mean referee turn latency of each of n matches, played one at a time."""
+        per_match = []
+        for _ in range(n):
+            before_sum, before_n = _hist_totals()
+            self.episode.clear()
+            self.request()
+            await self.episode.wait()
+            after_sum, after_n = _hist_totals()
+            if after_n > before_n:
+                per_match.append((after_sum - before_sum) / (after_n - before_n))
+        return per_match
+
+    async def moves_in_flight(self, k: int, seconds: float) -> float:
+        """Refereed moves per second with k matches always in flight."""
+        self.feeding = True
+        target = self.finished + k
+        for _ in range(k):
+            self.request()
+        while self.finished < target:  # one round played: all k in flight, at their own pace
+            self.episode.clear()
+            await self.episode.wait()
+        t0, (_, n0) = time.perf_counter(), _hist_totals()
+        await asyncio.sleep(seconds)
+        t1, (_, n1) = time.perf_counter(), _hist_totals()
+        self.feeding = False
+        while self.finished < self.started:
+            self.episode.clear()
+            await self.episode.wait()
+        return (n1 - n0) / (t1 - t0)
+
+
 @contextlib.asynccontextmanager
-async def refereed(
-    broker: Broker, runs: Path, in_process: bool
-) -> AsyncIterator[Callable[[int], Awaitable[list[float]]]]:
-    """The measured side: yields ``play(n)``, the mean referee turn latency of each of n matches, one at a time."""
+async def refereed(broker: Broker, runs: Path, in_process: bool) -> AsyncIterator[Refereed]:
+    """The referee in this process, each agent in its own (or here, ``in_process``)."""
     names = ["p0", "p1", "p2"]
     configs = [identity(broker, n) for n in names]
     runner_cfg = identity(broker, "runner", "runner")
@@ -170,31 +330,10 @@ async def refereed(
             ref.kind_of(n) != "random" for n in names
         ):  # online, so latency is labelled by kind
             await asyncio.sleep(0.05)
-        done = asyncio.Event()
-        played = 0
-
-        def on_episode(_t: str, _p: bytes) -> None:
-            done.set()
-
         async with Bus(runner_cfg) as bus:
-            await bus.subscribe(topics.ALL_EPISODES, on_episode)
-
-            async def play(n: int) -> list[float]:
-                nonlocal played
-                per_match = []
-                for _ in range(n):
-                    before_sum, before_n = _hist_totals()
-                    done.clear()
-                    played += 1
-                    request = MatchRequest(match=f"rm{played}", spec=spec(names, played))
-                    await bus.publish(topics.CONTROL_MATCHES, request)
-                    await done.wait()
-                    after_sum, after_n = _hist_totals()
-                    if after_n > before_n:
-                        per_match.append((after_sum - before_sum) / (after_n - before_n))
-                return per_match
-
-            yield play
+            side = Refereed(bus, names)
+            await bus.subscribe(topics.ALL_EPISODES, side.on_episode)
+            yield side
         for r in runners:
             await r.__aexit__(None, None, None)
         for p in procs:
@@ -296,25 +435,26 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--in-process", action="store_true", help="agents on the referee's event loop")
     ap.add_argument(
-        "--only", choices=["latency", "throughput"], help="run one half of the benchmark"
+        "--only", choices=["latency", "rate", "throughput"], help="run one part of the benchmark"
     )
-    ap.add_argument("--echo", nargs=2, metavar=("PORT", "USER"), help=argparse.SUPPRESS)
+    ap.add_argument("--echo", nargs=2, metavar=("PORT", "NAME"), help=argparse.SUPPRESS)
+    ap.add_argument("--echo-concurrent", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     install_uvloop()
     if args.echo:
-        port, user = args.echo
-        asyncio.run(
-            echo(
-                BusConfig(port=int(port), username=user, password=os.environ["BENCH_ECHO_PASSWORD"])
-            )
-        )
+        port, name = args.echo
+        password = os.environ["BENCH_ECHO_PASSWORD"]
+        cfg = BusConfig(port=int(port), username=f"{name}-b", password=password)
+        asyncio.run(echo(cfg, name, args.echo_concurrent))
         return
     n_rtt, n_matches = (600, 60) if args.quick else (4000, 300)
     with tempfile.TemporaryDirectory() as d:
         runs = Path(d)
-        if args.only != "throughput":
+        if args.only in (None, "latency"):
             latency_part(runs, n_rtt, n_matches, args.in_process)
-        if args.only != "latency":
+        if args.only in (None, "rate"):
+            rate_part(runs, args.in_process, blocks=3 if args.quick else 5)
+        if args.only in (None, "throughput"):
             throughput_part(runs, args.quick)
 
 
@@ -327,10 +467,10 @@ def latency_part(
         async def latency() -> tuple[list[float], list[float]]:
             raw: list[float] = []
             moves: list[float] = []
-            async with raw_pair(broker) as ping, refereed(broker, runs, in_process) as play:
+            async with raw_pair(broker) as ping, refereed(broker, runs, in_process) as side:
                 for _ in range(blocks):
                     raw += await ping(n_rtt // blocks)
-                    moves += await play(n_matches // blocks)
+                    moves += await side.play(n_matches // blocks)
             return raw, moves
 
         raw, moves = asyncio.run(latency())
@@ -341,6 +481,35 @@ def latency_part(
         f"referee-mediated Kuhn move        median {move_ms:.3f} ms  (n={len(moves)} matches; {where})"
     )
     print(f"ratio move / raw                  {move_ms / raw_ms:.2f}x   (target <= 1.5x)")
+    print()
+
+
+def rate_part(
+    runs: Path, in_process: bool, blocks: int, in_flight: int = 100, seconds: float = 2.0
+) -> None:
+    """Refereed moves and raw round trips per second, ``in_flight`` of each outstanding, alternating."""
+    with Broker(runs / "broker-rate") as broker:
+
+        async def rates() -> tuple[list[float], list[float]]:
+            raw: list[float] = []
+            moves: list[float] = []
+            async with raw_in_flight(broker) as rate, refereed(broker, runs, in_process) as side:
+                for _ in range(blocks):
+                    raw.append(await rate(in_flight, seconds))
+                    moves.append(await side.moves_in_flight(in_flight, seconds))
+            return raw, moves
+
+        raw, moves = asyncio.run(rates())
+    raw_r, move_r = statistics.median(raw), statistics.median(moves)
+    each = f"{blocks} blocks of {seconds:.0f} s"
+    print(f"raw aiomqtt round trips, {in_flight} in flight    {raw_r:8.0f} /s  (median of {each})")
+    print(
+        f"refereed Kuhn moves, {in_flight} matches in flight {move_r:8.0f} /s  (median of {each})"
+    )
+    print(
+        f"ratio moves / raw round trips at {in_flight} in flight  {move_r / raw_r:.2f}x"
+        "   (target >= 0.5x)"
+    )
     print()
 
 

@@ -73,6 +73,7 @@ async def play(agents: list[LocalAgent], match: str, seed: int, talk: bool) -> i
                 params=game.params(),
                 channels=channels,
                 turn_timeout_s=600,
+                seed=seed,
             )
         )
     decisions, turn_no = 0, 0
@@ -196,13 +197,12 @@ async def main() -> None:
         prompts_per_pass: list[float] = []
         decisions = 0
         for r in range(args.repeats):
-            # the same work for every mode (same seeds, same sampling draws), in rotating order
+            # the same work for every mode (same match seeds, hence the same sampling draws:
+            # agents sample from the match's seed and their seat), in rotating order
             order = list(MODES)[r % len(MODES) :] + list(MODES)[: r % len(MODES)]
             for mode in order:
                 backend.max_batch, backend.prefix_cache_size = MODES[mode]
                 backend.clear_prefix_cache()  # every run starts cold
-                for i, a in enumerate(agents):
-                    a.rng.seed(1000 * r + i)
                 batches, rows = backend.batches, backend.rows
                 rate, decisions = await run(agents, n, per_worker, args.talk, f"{mode}{n}r{r}")
                 results[mode].append(rate)

@@ -3,6 +3,7 @@
     .venv/bin/python bench/trainer_step.py                  # tiny Qwen2 and SmolLM2-135M, CPU
     .venv/bin/python bench/trainer_step.py --quick          # tiny model, few repeats (what a test runs)
     .venv/bin/python bench/trainer_step.py --device cuda    # bf16, plus a Qwen2.5-0.5B-size random model
+    .venv/bin/python bench/trainer_step.py --trl            # and TRL's GRPOTrainer loss step beside them
 
 For each model the same batch of decisions goes through:
 
@@ -29,7 +30,16 @@ second is a ratio of step times. The target is >= 0.8. The sides alternate
 in blocks (trainer, bare, rollout, trainer, bare, rollout, ...) and medians
 are reported, so the shared machine's drift touches them alike.
 
-3. Rollout decisions per second: the same decisions' prompts scored through
+3. TRL's ``GRPOTrainer`` (``--trl``): its own loss (``compute_loss``: per-token
+   log-probs of each decision's prompt + chosen completion, its default loss
+   type, entropies computed as it always does) on the SAME peft model and the
+   same decisions, 8 rows per forward, gradients accumulated, one Adam step.
+   TRL re-encodes every decision's whole prompt (no shared prefix, no
+   candidates under one mask) and scores only the chosen completion: compare
+   decisions per second, the figure a training run waits on. No generation:
+   rollouts come from the bus.
+
+4. Rollout decisions per second: the same decisions' prompts scored through
    ``Backend.score`` (the legal candidates ``<A>`` / ``<B>``), all calls
    concurrent, batched by the backend's queue as the ``local`` agent's are.
 
@@ -108,6 +118,7 @@ class Result:
     trainer: list[tuple[float, float]] = field(default_factory=list)
     bare: list[tuple[float, float]] = field(default_factory=list)
     rollout: list[tuple[float, float]] = field(default_factory=list)
+    trl: list[tuple[float, float]] = field(default_factory=list)
 
 
 # --- models -------------------------------------------------------------------------------
@@ -403,7 +414,71 @@ def profile(label: str, fn: Callable[[], object]) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
-def run_case(case: ModelCase, device_name: str, do_profile: bool) -> Result:
+TRL_ROWS = 8  # decisions per TRL forward (its per_device_train_batch_size)
+
+
+def trl_trainer(model: Any, tokenizer: Any, folder: str) -> Any:
+    """A ``GRPOTrainer`` around the learner's peft model; only its ``compute_loss`` is used."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    config = GRPOConfig(
+        output_dir=folder,
+        per_device_train_batch_size=TRL_ROWS,
+        num_generations=2,
+        max_completion_length=TEXT_TOKENS,
+        beta=0.0,
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available(),
+        save_strategy="no",
+    )
+    return GRPOTrainer(
+        model=model,
+        reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": ["-"] * TRL_ROWS}),
+        processing_class=tokenizer,
+    )
+
+
+def trl_inputs(samples: Sequence[Sample], pad_id: int, device: Any) -> dict[str, Any]:
+    """GRPOTrainer's batch layout: left-padded prompts, right-padded chosen completions."""
+    plen = max(len(s.prompt_ids) for s in samples)
+    clen = max(len(s.completions[s.chosen]) for s in samples)
+    n = len(samples)
+    prompt = torch.full((n, plen), pad_id)
+    prompt_mask = torch.zeros((n, plen), dtype=torch.long)
+    completion = torch.full((n, clen), pad_id)
+    completion_mask = torch.zeros((n, clen), dtype=torch.long)
+    for r, s in enumerate(samples):
+        p, c = s.prompt_ids, s.completions[s.chosen]
+        prompt[r, plen - len(p) :] = torch.tensor(p)
+        prompt_mask[r, plen - len(p) :] = 1
+        completion[r, : len(c)] = torch.tensor(c)
+        completion_mask[r, : len(c)] = 1
+    inputs = {
+        "prompt_ids": prompt,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([s.credit for s in samples]),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def trl_step(trainer: Any, optimizer: Any, batches: Sequence[dict[str, Any]]) -> None:
+    """TRL's loss over every batch of rows, accumulated, then one optimiser step."""
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = len(batches)  # Trainer's own loop sets it
+    for inputs in batches:
+        trainer.compute_loss(trainer.model, inputs).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def run_case(case: ModelCase, device_name: str, do_profile: bool, with_trl: bool) -> Result:
     t0 = time.perf_counter()
     dtype = "bfloat16" if device_name == "cuda" else None
     backend = Backend(case.path, device=device_name, dtype=dtype).load()
@@ -446,9 +521,25 @@ def run_case(case: ModelCase, device_name: str, do_profile: bool) -> Result:
         print(warning)
     bare_step(model, optimizer, batches[:1])
     rollout(backend, samples[:2], cands)
+    trl_side: Callable[[], None] | None = None
+    if with_trl:
+        with tempfile.TemporaryDirectory() as folder:
+            grpo = trl_trainer(model, backend.tokenizer, folder)
+        pad = backend.tokenizer.pad_token_id
+        rows = [
+            trl_inputs(samples[i : i + TRL_ROWS], pad, learner.device)
+            for i in range(0, len(samples), TRL_ROWS)
+        ]
+        trl_step(grpo, optimizer, rows[:1])  # one-off costs, as for the others
+
+        def trl_side() -> None:
+            trl_step(grpo, optimizer, rows)
+
     for _ in range(case.repeats):
         result.trainer.append(timed(trainer, learner.device))
         result.bare.append(timed(bare, learner.device))
+        if trl_side is not None:
+            result.trl.append(timed(trl_side, learner.device))
         result.rollout.append(timed(lambda: rollout(backend, samples, cands), backend.device))
     if do_profile:
         profile(f"{case.name}, Learner.step", trainer)
@@ -477,6 +568,13 @@ def report(results: list[Result]) -> None:
             f"{cpu_ratio:>10.2f} | {roll:>13.1f}"
         )
     print(NOTE)
+    for r in results:
+        if r.trl:
+            ours, theirs = r.decisions / median(r.trainer, 0), r.decisions / median(r.trl, 0)
+            print(
+                f"{r.case.name}: TRL GRPOTrainer loss step {theirs:.1f} decisions/s, "
+                f"Learner.step {ours:.1f} decisions/s: learner / TRL = {ours / theirs:.2f}x"
+            )
     for r in results:
         t = sorted(round(b[0], 2) for b in r.trainer)
         b = sorted(round(x[0], 2) for x in r.bare)
@@ -507,6 +605,11 @@ def main() -> None:
         type=int,
         default=1,
         help="torch threads (default 1: two threads on a shared 2-core machine stall on each other)",
+    )
+    ap.add_argument(
+        "--trl",
+        action="store_true",
+        help="add TRL's GRPOTrainer loss step on the same model and decisions",
     )
     args = ap.parse_args()
 
@@ -541,7 +644,7 @@ def main() -> None:
                 "run with --device cuda" if torch.cuda.is_available() else "no GPU on this machine"
             )
             print(f"CUDA row (bf16, Qwen2.5-0.5B-size random model) skipped: {why}")
-        results = [run_case(c, args.device, args.profile) for c in cases]
+        results = [run_case(c, args.device, args.profile, args.trl) for c in cases]
     print()
     report(results)
 

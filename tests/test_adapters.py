@@ -11,6 +11,7 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from backroom.agents.adapters import (
 from backroom.agents.backend import Backend, shared_backend
 from backroom.bus.wire import AdapterRef
 
-from .test_local_agent import perturbed_adapter, serve_folder, smol, tiny_qwen  # noqa: F401
+from .conftest import eventually, perturbed_adapter, serve_folder
 
 # --- digest ------------------------------------------------------------------------------
 
@@ -138,18 +139,37 @@ def test_fetch_refuses_what_a_server_gets_wrong(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def backend(tiny_qwen: tuple[Path, Path]) -> Backend:  # noqa: F811
+def backend(tiny_qwen: tuple[Path, Path]) -> Backend:
     return shared_backend(str(tiny_qwen[0]), device="cpu")
 
 
 @pytest.fixture
-def versions(tiny_qwen: tuple[Path, Path], tmp_path: Path) -> dict[str, Path]:  # noqa: F811
+def versions(tiny_qwen: tuple[Path, Path], tmp_path: Path) -> dict[str, Path]:
     """Four adapter versions; names are unique to the test so the shared backend never mixes them up."""
     adapter = tiny_qwen[1]
     return {
         f"{tmp_path.name}-{k}": perturbed_adapter(adapter, tmp_path / k, seed=i)
         for i, k in enumerate("abcd")
     }
+
+
+def parked(cache: AdapterCache, name: str) -> bool:
+    """Whether the load of ``name`` waits for a slot on the cache's current change event.
+
+    Every change of the cache (a pin, an unpin, a load done) sets that event
+    and makes a new one, so a load waiting on the current one has looked since
+    the last change and found no slot: it cannot finish before the next change,
+    and an absence checked now is checked for good. Read off the load's chain of
+    awaits (``cr_await``), where a suspended coroutine says what it waits on.
+    """
+    task = cache._loading.get(name)
+    coro: Any = task.get_coro() if task is not None else None
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None)
+        if frame is not None and frame.f_code is asyncio.Event.wait.__code__:
+            return frame.f_locals.get("self") is cache._changed
+        coro = getattr(coro, "cr_await", None)
+    return False
 
 
 class Sources:
@@ -202,10 +222,10 @@ async def test_cache_shares_loads_and_waits_for_a_free_slot(
     await cache.acquire("m3", b, lambda: src(b))
     # every slot is pinned: a third version waits until a match lets go
     waiting = asyncio.create_task(cache.acquire("m4", c, lambda: src(c)))
-    await asyncio.sleep(0.3)
+    await eventually(lambda: parked(cache, c), 30)  # fetched in a thread, then found no slot
     assert not waiting.done() and cache.loaded == [a, b]
     cache.unpin("m1")  # m2 still plays a
-    await asyncio.sleep(0.3)
+    await eventually(lambda: parked(cache, c), 30)  # woken by the change, it looked and waits on
     assert not waiting.done()
     cache.unpin("m3")
     assert await asyncio.wait_for(waiting, 30) == c

@@ -17,7 +17,7 @@ from backroom.analysis.beauty import proposes_common_choice
 from backroom.analysis.bertrand import collusive_rounds, longest_run
 from backroom.bus.wire import Turn
 from backroom.games import make_game
-from backroom.games.bertrand import equilibrium_prices
+from backroom.games.bertrand_market import equilibrium_prices
 
 from .gameplay import episode
 

@@ -1,8 +1,9 @@
 """Scoring with the prompt-head cache and token trees gives the log-probs of scoring without them.
 
-``Backend.score`` keeps the keys and values of recent prompt heads and packs
-prompts that start alike into token trees (``backroom.agents.backend``). Here
-the same requests go through a backend with the cache (cold, a head sliced
+``Backend.score`` keeps the keys and values of recent prompt heads
+(``backroom.agents.model.prefix_cache``) and packs prompts that start alike
+into token trees (``backroom.agents.model.scoring``). Here the same requests
+go through a backend with the cache (cold, a head sliced
 from a longer cached one, a head extended from a shorter one, a lone match's
 next turn, an adapter swapped under the same name) and through a twin of it
 on the same weights without the cache; and the packing is checked against
@@ -25,7 +26,7 @@ import pytest
 
 from backroom.agents.backend import Backend
 
-from .test_local_agent import perturbed_adapter, smol, tiny_qwen  # noqa: F401
+from .conftest import perturbed_adapter
 
 Request = tuple[list[int], list[list[int]], str | None]
 
@@ -93,13 +94,13 @@ def plain(backend: Backend, requests: list[Request]) -> list[list[list[float]]]:
 
 
 @pytest.fixture
-def tiny(tiny_qwen: tuple[Path, Path]) -> Backend:  # noqa: F811
+def tiny(tiny_qwen: tuple[Path, Path]) -> Backend:
     """A backend of its own (adapters are loaded and unloaded here), on the tiny Qwen2."""
     return Backend(str(tiny_qwen[0]), device="cpu").load()
 
 
 @pytest.fixture
-def smol32(smol: Backend) -> Iterator[Backend]:  # noqa: F811
+def smol32(smol: Backend) -> Iterator[Backend]:
     """The session's SmolLM2 backend (float32), its cache emptied before and after."""
     smol.clear_prefix_cache()
     yield smol
@@ -107,7 +108,7 @@ def smol32(smol: Backend) -> Iterator[Backend]:  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def smol64(smol: Backend) -> Backend:  # noqa: F811
+def smol64(smol: Backend) -> Backend:
     """SmolLM2 in float64: rounding out of the way, what is left is the method's own error."""
     return Backend(smol.model_path, smol.gguf_file, device="cpu", dtype="float64").load()
 
@@ -178,7 +179,7 @@ def test_token_trees_score_like_plain_forward_passes(model: tuple[Backend, float
 
 def test_cache_follows_adapter_swaps(
     tiny: Backend,
-    tiny_qwen: tuple[Path, Path],  # noqa: F811
+    tiny_qwen: tuple[Path, Path],
     tmp_path: Path,
 ) -> None:
     ref = twin(tiny)

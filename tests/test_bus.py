@@ -10,7 +10,7 @@ import pytest
 from backroom.bus import topics
 from backroom.bus.auth import hash_password
 from backroom.bus.broker import Broker
-from backroom.bus.client import Bus, BusConfig, BusError, NotAuthorizedError
+from backroom.bus.client import BATCH_MAX_BYTES, Bus, BusConfig, BusError, NotAuthorizedError
 from backroom.bus.wire import (
     MAX_PAYLOAD_BYTES,
     Action,
@@ -161,28 +161,73 @@ def test_an_episode_around_a_serialised_record_is_the_episode_message() -> None:
     assert payload == dump(reference)  # byte for byte what serialising the whole message gives
 
 
-async def test_batched_publishes_share_packets_when_busy_keep_order_and_go_at_once_when_not(
-    broker: Broker,
-) -> None:
+async def test_what_one_loop_iteration_queues_leaves_together_in_order(broker: Broker) -> None:
+    """The one batching rule, seen from the receiver: one MQTT message per iteration and topic."""
     ref, alice = identity(broker, "referee", "referee"), identity(broker, "alice")
     packets: list[bytes] = []
     async with Bus(ref) as r, Bus(alice) as a:
         await a.subscribe(topics.inbox("alice"), lambda t, p: packets.append(p))
-        # not busy: each message is on the socket when the call returns, its own packet, a plain JSON object
-        r.publish_batched(topics.inbox("alice"), Action(match="m", turn=0, action=0))
-        # neither our batch buffer nor paho's send queue holds it: it is in the socket
-        assert not r._batches and not r._client._client._out_packet  # type: ignore[union-attr]
-        await asyncio.sleep(0.2)
-        assert len(packets) == 1 and packets[0].startswith(b"{")
-        # a busy process: 300 messages in a few loop iterations leave in far fewer packets, in order
-        r.set_busy(True)
+        # alone in its iteration: a plain JSON object, not an array of one
+        r.publish(topics.inbox("alice"), Action(match="m", turn=0, action=0), batch=True)
+        await asyncio.sleep(0)
+        # three iterations of 100 messages each: three arrays
         for i in range(300):
-            r.publish_batched(topics.inbox("alice"), Action(match="m", turn=i + 1, action=i))
+            r.publish(topics.inbox("alice"), Action(match="m", turn=i + 1, action=i), batch=True)
             if i % 100 == 99:
                 await asyncio.sleep(0)
+        # not batched: its own message, after the batched ones queued before it
         await r.publish(topics.inbox("alice"), Action(match="m", turn=301, action="last"))
-        await asyncio.sleep(0.3)
+        # one iteration's worth past the size limit: several arrays, none over it
+        big = "x" * 1000
+        for i in range(100):
+            r.publish(
+                topics.inbox("alice"), Action(match="m", turn=302 + i, action=big), batch=True
+            )
+        await asyncio.sleep(0)
+        for _ in range(100):
+            if len([m for p in packets for m in parse_all(p)]) == 402:
+                break
+            await asyncio.sleep(0.05)
     messages = [m for p in packets for m in parse_all(p)]
-    assert [m.turn for m in messages] == list(range(302))  # type: ignore[union-attr]
-    assert len(packets) < 20
-    assert all(len(p) <= 32 * 1024 for p in packets)
+    assert [m.turn for m in messages] == list(range(402))  # type: ignore[union-attr]
+    assert packets[0].startswith(b"{")
+    assert [len(parse_all(p)) for p in packets[1:5]] == [100, 100, 100, 1]
+    big_packets = packets[5:]
+    assert len(big_packets) == 4 and all(p.startswith(b"[") for p in big_packets)
+    assert all(len(p) <= BATCH_MAX_BYTES for p in packets)
+
+
+async def test_what_a_handler_queues_leaves_together_when_it_returns(broker: Broker) -> None:
+    """The other moment of the rule: a delivery's answers are one MQTT message, sent from the handler."""
+    ref, alice = identity(broker, "referee", "referee"), identity(broker, "alice")
+    answers: list[bytes] = []
+    async with Bus(ref) as r, Bus(alice) as a:
+
+        def answer_each(_topic: str, payload: bytes) -> None:
+            for m in parse_all(payload):
+                a.publish(topics.outbox("alice"), m.model_dump_json().encode(), batch=True)  # type: ignore[union-attr]
+
+        await a.subscribe(topics.inbox("alice"), answer_each)
+        await r.subscribe(topics.outbox("alice"), lambda t, p: answers.append(p))
+        for i in range(3):  # one iteration: one array, so one delivery
+            r.publish(topics.inbox("alice"), Action(match="m", turn=i, action=i), batch=True)
+        for _ in range(100):
+            if answers:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+    assert [[m.turn for m in parse_all(p)] for p in answers] == [[0, 1, 2]]  # type: ignore[union-attr]
+
+
+async def test_a_refused_publish_raises_when_awaited_and_is_logged_when_not(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Bus(identity(broker, "alice")) as a:
+        with pytest.raises(NotAuthorizedError, match="refused publish"):
+            await a.publish(topics.inbox("bob"), b"{}")
+        a.publish(topics.inbox("bob"), b"{}")  # not awaited: nobody to raise to
+        await a.publish(topics.outbox("alice"), b"{}")  # acknowledged after the refused one
+        with pytest.raises(BusError, match="cannot publish"):  # paho's own refusal: a wildcard
+            await a.publish("backroom/v1/agents/+/outbox", b"{}")
+        await a.publish(topics.outbox("alice"), b"{}")  # and the bus goes on
+    assert any("refused publish" in r.getMessage() for r in caplog.records)

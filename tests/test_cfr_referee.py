@@ -8,14 +8,13 @@ from pathlib import Path
 import numpy as np
 
 from backroom.agents import make_agent
-from backroom.agents.scripted.basic import load_policy
 from backroom.bus.broker import Broker
 from backroom.games import make_game
 from backroom.solvers.evaluate import expected_seat_returns
+from backroom.solvers.policy_file import read_policy
 from backroom.solvers.tree import build_tree
 
-from .conftest import stack
-from .test_referee import Runner, loki_spec
+from .conftest import Runner, loki_spec, stack
 
 MATCHES = 600
 
@@ -23,7 +22,7 @@ MATCHES = 600
 async def test_cfr_agents_through_the_referee_match_solver_values(
     broker: Broker, tmp_path: Path
 ) -> None:
-    policy = load_policy("kuhn_loki_cfr")
+    policy = read_policy("kuhn_loki_cfr")
     # Seat 0 always starts, so the seats' values differ and the check has teeth.
     params = {"variant": "loki", "start": 0}
     tree = build_tree(make_game("kuhn", **params))

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from backroom.bus.eager import start_eagerly
+from backroom.agents.eager import start_eagerly
 
 
 async def test_a_coroutine_that_never_waits_finishes_in_the_call_without_a_task() -> None:

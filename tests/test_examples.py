@@ -13,13 +13,15 @@ from backroom.bus.broker import Broker
 from backroom.runner.config import RunConfig, load_config
 from backroom.runner.local import run_local
 
-from .conftest import agents, stack
-from .test_referee import Runner
+from .conftest import Runner, agents, stack
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Training configs (``backroom train``) name an ``algorithm``; tests/test_trainer.py runs the trainer.
+#: Configs with model players (``kind: model``) run, shortened, in tests/test_llm_examples.py.
 EXAMPLES = sorted(
-    p for p in (ROOT / "examples").glob("*.yaml") if "\nalgorithm:" not in p.read_text()
+    p
+    for p in (ROOT / "examples").glob("*.yaml")
+    if "\nalgorithm:" not in p.read_text() and "kind: model" not in p.read_text()
 )
 LONG = {"bertrand_linear.yaml", "bertrand_logit.yaml"}
 

@@ -9,7 +9,7 @@ import pytest
 from backroom.agents import make_agent
 from backroom.bus.wire import MAX_PAYLOAD_BYTES
 from backroom.games import CHANCE, IllegalActionError, make_game
-from backroom.games.bertrand import best_response, equilibrium_prices, make_market
+from backroom.games.bertrand_market import best_response, equilibrium_prices, make_market
 
 from .gameplay import play
 

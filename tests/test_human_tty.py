@@ -16,23 +16,40 @@ from pathlib import Path
 
 import pytest
 
-from backroom.agents.human_tty import (
-    MatchView,
-    TerminalInput,
-    describe_legal,
-    parse_action,
-    render_view,
-)
 from backroom.bus import topics
 from backroom.bus.broker import Broker
-from backroom.bus.wire import ChannelSpec, MatchSpec, MatchStart, Status, WireError, parse
+from backroom.bus.wire import (
+    ChannelSpec,
+    MatchSpec,
+    MatchStart,
+    Status,
+    Turn,
+    WireError,
+    parse,
+)
 from backroom.games.kuhn import LOKI_CARD_NAMES
+from backroom.human.parse import describe_legal, parse_action
+from backroom.human.render import ChatLine, MatchView, render_view
+from backroom.human.tty import HumanTTY, Prompt, prompt_session
 
-from .conftest import agents, identity, stack
-from .test_referee import Runner, loki_spec
+from .conftest import ITEMS, Runner, agents, identity, loki_spec, stack
 
 LOKI_LEGAL = {"choices": [0, 1, 2], "names": ["fold", "call", "raise"]}
 PROMPT = re.compile(r"\[\s*(\d+)s\] turn (\d+) (talk|act)")
+
+
+def open_turn(screen: str) -> tuple[int, str] | None:
+    """The turn the input line waits on, read off the screen, or None.
+
+    Ready means: the last line is the toolbar with a turn's countdown, and the
+    line above it the empty input line (``>``), so what is typed next answers
+    that turn.
+    """
+    lines = [line.rstrip() for line in screen.splitlines() if line.strip()]
+    if len(lines) < 2 or lines[-2] != ">":
+        return None
+    m = PROMPT.search(lines[-1])
+    return (int(m.group(2)), m.group(3)) if m else None
 
 
 def test_typed_text_maps_to_legal_actions() -> None:
@@ -58,12 +75,18 @@ def test_typed_text_maps_to_legal_actions() -> None:
     guess = {"schema": {"type": "integer", "minimum": 0, "maximum": 100}}
     with pytest.raises(ValueError, match="integer"):
         parse_action("ten", guess)
+    # a proposal (Split No-Comm) is checked at once too, typed as the paper writes it or as JSON
+    assert (
+        describe_legal(ITEMS) == "a proposal such as '0 hats, 0 books, 0 balls' (or a JSON object)"
+    )
+    assert parse_action("5 hats, 0 books, 5 balls", ITEMS) == {"hats": 5, "books": 0, "balls": 5}
+    assert parse_action('{"hats": 1, "books": 2, "balls": 3}', ITEMS)["books"] == 2
+    with pytest.raises(ValueError, match="outside"):
+        parse_action("11 hats", ITEMS)
 
 
 def test_view_marks_private_and_overheard() -> None:
     from rich.console import Console
-
-    from backroom.agents.human_tty import ChatLine
 
     start = MatchStart(
         match="m",
@@ -98,22 +121,43 @@ def test_view_marks_private_and_overheard() -> None:
     assert "a (seat 0) call" in text
 
 
-async def test_line_editor_handles_keys() -> None:
-    import io
-    import os
+async def test_input_line_edits_and_recalls_history() -> None:
+    """prompt_toolkit's line: arrow keys move in the line, Up recalls what was typed before."""
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
 
-    r, w = os.pipe()
-    out = io.StringIO()
-    try:
-        term = TerminalInput(stdin=os.fdopen(r), stdout=out)
-        term.tty = True  # exercise the key handling without a real terminal
-        term.prompt = "> "
-        term.feed("cal\x7fll\x1b[Dx\x15call\r")
-        term.feed("my card is 3 oops\x17\r")
-        assert await term.lines.get() == "call"
-        assert await term.lines.get() == "my card is 3 "
-    finally:
-        os.close(w)
+    typed = [
+        "rase\x1b[D\x1b[Di\r",  # Left twice, then the missing letter: "raise"
+        "my card is 3 oops\x17\r",  # Ctrl-W drops the last word
+        "\x1b[A\x1b[A\r",  # Up twice: the line before the last one
+        "nonsense\x15call\r",  # Ctrl-U clears what is before the cursor
+    ]
+    with create_pipe_input() as keys:
+        session = prompt_session(lambda: "[ 9s]", input=keys, output=DummyOutput())
+        lines = []
+        for text in typed:
+            keys.send_text(text)
+            lines.append(await asyncio.wait_for(session.prompt_async("> "), 5))
+    assert lines == ["raise", "my card is 3 ", "raise", "call"]
+
+
+async def test_toolbar_counts_down_the_open_turn() -> None:
+    import time
+
+    bob = HumanTTY("bob")
+    assert "no turn open" in "".join(text for _style, text, *_ in bob.toolbar())
+    turn = Turn(
+        match="m", turn=2, seat=0, phase="act", observation={}, legal=LOKI_LEGAL, deadline_s=30
+    )
+    future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    bob.prompts.append(Prompt(turn, time.monotonic() + 27.5, future))
+    assert "no turn open" in bob.toolbar()[0][1]  # not named before its table is on screen
+    bob._announce(bob.prompts[0])
+    (style, countdown), (_, rest) = bob.toolbar()
+    assert countdown == "[ 28s]" and style == "class:countdown"
+    assert PROMPT.search(countdown + rest) and "1 fold · 2 call · 3 raise" in rest
+    bob.prompts[0].deadline = time.monotonic() + 3
+    assert bob.toolbar()[0][0] == "class:countdown.urgent"
 
 
 # --- end to end in tmux -------------------------------------------------------------------------
@@ -177,11 +221,20 @@ async def wait_online(run: Runner, agent: str, timeout: float = 20) -> None:
         if isinstance(msg, Status) and msg.state == "online":
             online.set()
 
+    # AgentRunner announces "online" only once the broker has confirmed its inbox
+    # subscription (``Bus`` subscribes before the on-connect hooks run), so nothing
+    # sent to it from now on is missed.
     await run.bus.subscribe(topics.status(agent), on_status)
     await asyncio.wait_for(online.wait(), timeout)
-    # AgentRunner announces "online" from its on-connect hook, a moment before it
-    # subscribes to its inbox: give it that moment, or the match start may be missed.
-    await asyncio.sleep(0.5)
+
+
+async def screen_with(term: Tmux, text: str, timeout: float = 20) -> str:
+    """The screen once ``text`` shows on it (polled, like a person looking)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while text not in (screen := await term.screen()):
+        assert asyncio.get_running_loop().time() < deadline, screen[-3000:]
+        await asyncio.sleep(0.2)
+    return screen
 
 
 @contextlib.asynccontextmanager
@@ -234,13 +287,11 @@ async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_pat
             assert asyncio.get_running_loop().time() < deadline, screen[-3000:]
             await asyncio.sleep(0.2)
             screen = await term.screen()
-            prompts = PROMPT.findall(screen)
-            if not prompts:
+            ready = open_turn(screen)
+            if ready is None or ready[0] in answered:
                 continue
-            _left, turn_no, phase = prompts[-1]
-            if int(turn_no) in answered or not screen.rstrip().endswith(">"):
-                continue
-            answered.add(int(turn_no))
+            turn_no, phase = ready
+            answered.add(turn_no)
             if phase == "talk":
                 card = re.findall(r"Your card:\s+(\w+)", screen)[-1]
                 said = f"my card is {LOKI_CARD_NAMES.index(card)}"
@@ -252,8 +303,8 @@ async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_pat
                 await term.type("2" if acts == 0 else "call")
                 acts += 1
         (ep,) = await run.wait(["tty1"])
-        await asyncio.sleep(0.5)
-        screen = await term.screen()
+        # the last line a match's end prints, after its result table
+        screen = await screen_with(term, "waiting for the next match")
     assert ep.reason == "normal", ep.detail
     mine = [a for a in ep.actions if a.seat == 0]
     talks = [a for a in mine if a.phase == "talk"]
@@ -290,13 +341,11 @@ async def test_typos_are_refused_and_a_missed_turn_is_left_to_the_referee(
         while "tty2" not in run.episodes:
             await asyncio.sleep(0.2)
             screen = await term.screen()
-            prompts = PROMPT.findall(screen)
-            if not prompts or not screen.rstrip().endswith(">"):
+            ready = open_turn(screen)
+            if ready is None or ready[0] in seen:
                 continue
-            _left, turn_no, phase = prompts[-1]
-            if int(turn_no) in seen:
-                continue
-            seen.add(int(turn_no))
+            turn_no, phase = ready
+            seen.add(turn_no)
             if phase == "talk":
                 if len(seen) == 1:
                     await term.type("")  # an empty line is not a message
@@ -306,8 +355,10 @@ async def test_typos_are_refused_and_a_missed_turn_is_left_to_the_referee(
             else:
                 await term.type("call")
         (ep,) = await asyncio.wait_for(run.wait(["tty2"]), 60)
-        await asyncio.sleep(0.3)
-        screen = await term.screen()
+        # The match's end is shown (its last line, after the result table) once every
+        # turn was answered, or failed, which the runtime logs before the referee can go
+        # on: an error checked after it is not one still on its way.
+        screen = await screen_with(term, "waiting for the next match")
     assert ep.reason == "timeout"
     first_act = next(a for a in ep.actions if a.seat == 0 and a.phase == "act")
     assert first_act.timed_out and 0 in ep.timeouts

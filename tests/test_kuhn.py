@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections import Counter
@@ -250,3 +251,18 @@ def test_classic_bet_is_to_be_called() -> None:
     s.apply({0: "bet"})
     assert (s.observation(0)["to_call"], s.observation(1)["to_call"]) == (0, 1)
     assert s.observation(1)["pot"] == 3
+
+
+@pytest.mark.parametrize("params", [{"players": 3}, {"variant": "loki"}])
+def test_clone_copies_every_field_and_shares_the_game(params: dict[str, object]) -> None:
+    """Kuhn's own fast ``clone`` (lists copied, no deep copy) leaves the original as it was."""
+    state = make_game("kuhn", **params).new_initial_state(4)
+    snapshot = {k: copy.deepcopy(v) for k, v in vars(state).items() if k not in ("game", "_rng")}
+    twin = state.clone()
+    assert type(twin) is type(state) and twin.game is state.game
+    assert twin._rng is not state._rng
+    while not twin.is_terminal():
+        (p,) = twin.current_players()
+        twin.apply({p: twin.legal_actions(p)[-1]})  # bet / raise whenever allowed
+    assert {k: v for k, v in vars(state).items() if k not in ("game", "_rng")} == snapshot
+    assert isinstance(state, KuhnState) and state.history == [] and not state.is_terminal()

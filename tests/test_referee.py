@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 import pytest
@@ -15,98 +14,28 @@ from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
 from backroom.bus.wire import (
     Action,
-    ChannelSpec,
     Chat,
     Delivery,
-    EpisodeRecord,
     Error,
     MatchEnd,
-    MatchRequest,
-    MatchSpec,
     MatchStart,
-    RewardTransform,
     Status,
     Turn,
-    parse_all,
 )
 from backroom.referee.episodes import read_episodes
 
-from .conftest import RawAgent, agents, identity, stack
-
-LOKI = {"variant": "loki"}
-COLLUDE = ChannelSpec(
-    name="colluders", members=[0, 1], eavesdroppers=[2], opens="before_act", max_messages=1
+from .conftest import (
+    COLLUDE,
+    RawAgent,
+    Runner,
+    agents,
+    drained,
+    eventually,
+    identity,
+    loki_spec,
+    play_raw,
+    stack,
 )
-
-
-class Runner:
-    """Submits match requests and collects their episodes, as `backroom run` does."""
-
-    def __init__(self, broker: Broker) -> None:
-        self.bus = Bus(identity(broker, "runner", "runner"))
-        self.episodes: dict[str, EpisodeRecord] = {}
-        self.arrived = asyncio.Event()
-
-    async def __aenter__(self) -> Runner:
-        await self.bus.__aenter__()
-        await self.bus.subscribe(topics.ALL_EPISODES, self._on)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.bus.close()
-
-    def _on(self, _t: str, payload: bytes) -> None:
-        for msg in parse_all(payload):  # the referee batches episodes that finish together
-            rec = msg.record  # type: ignore[union-attr]
-            self.episodes[rec.match] = rec
-        self.arrived.set()
-
-    async def submit(self, match: str, spec: MatchSpec) -> None:
-        await self.bus.publish(topics.CONTROL_MATCHES, MatchRequest(match=match, spec=spec))
-
-    async def wait(self, matches: list[str], timeout: float = 30) -> list[EpisodeRecord]:
-        async def all_in() -> None:
-            while not all(m in self.episodes for m in matches):
-                self.arrived.clear()
-                await self.arrived.wait()
-
-        await asyncio.wait_for(all_in(), timeout)
-        return [self.episodes[m] for m in matches]
-
-
-def loki_spec(seats: list[str], seed: int = 0, **kw: object) -> MatchSpec:
-    base: dict[str, object] = dict(
-        game="kuhn",
-        params=LOKI,
-        seats=seats,
-        channels=[COLLUDE],
-        transform=RewardTransform(kind="coalition", members=[0, 1]),
-        turn_timeout_s=3,
-        seed=seed,
-        run="t",
-    )
-    base.update(kw)
-    return MatchSpec(**base)  # type: ignore[arg-type]
-
-
-async def play_raw(raw: RawAgent, action: str = "call", stop: asyncio.Event | None = None) -> None:
-    """Answer every act turn with ``action`` (or the first legal one) and stay silent in talk turns."""
-    answered: set[tuple[str | None, int]] = set()
-    while stop is None or not stop.is_set():
-        for msg in list(raw.inbox):
-            if isinstance(msg, Turn) and (msg.match, msg.turn) not in answered:
-                answered.add((msg.match, msg.turn))
-                if msg.phase == "talk":
-                    await raw.send(
-                        Chat(match=msg.match, turn=msg.turn, channel=msg.channel or "", text="")
-                    )
-                else:
-                    names = msg.legal.get("names", [])
-                    pick = action if action in names else names[0]
-                    await raw.send(Action(match=msg.match, turn=msg.turn, action=pick))
-        raw.new.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(raw.new.wait(), 0.2)
 
 
 async def test_coalition_match_records_and_transforms(broker: Broker, tmp_path: Path) -> None:
@@ -148,7 +77,8 @@ async def test_private_messages_reach_only_members_and_the_eavesdropper(
             for i, m in enumerate(ids):
                 await run.submit(m, loki_spec(["a", "b", "carol"], seed=i, channels=[channel]))
             eps = await run.wait(ids)
-            await asyncio.sleep(0.2)
+            # every delivery to carol left before its match's episode; this answer comes after
+            await carol.barrier()
             stop.set()
             await driver
     private = [d for ep in eps for d in ep.deliveries if d.channel == "colluders"]
@@ -270,11 +200,11 @@ async def test_silent_seat_gets_the_configured_default(
 
 async def test_offline_agent_is_not_waited_for(broker: Broker, tmp_path: Path) -> None:
     players = agents(("a", "random"), ("b", "random"))
-    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+    async with stack(broker, tmp_path / "runs", players) as (ref, _), Runner(broker) as run:
         ghost = identity(broker, "ghost")
         async with Bus(ghost) as g:
             await g.publish(topics.status("ghost"), Status(state="offline"), retain=True)
-        await asyncio.sleep(0.1)
+        await eventually(lambda: "ghost" in ref.offline, 5)  # the referee has read it
         spec = loki_spec(["ghost", "a", "b"], channels=[], turn_timeout_s=20)
         await run.submit("g", spec)
         (ep,) = await run.wait(["g"], timeout=10)  # far less than one 20 s timeout
@@ -316,14 +246,14 @@ async def test_a_seat_given_up_as_offline_is_not_taken_back_by_a_late_answer(
 
 async def test_duplicate_and_unrunnable_requests(broker: Broker, tmp_path: Path) -> None:
     players = agents(("a", "random"), ("b", "random"), ("c", "random"))
-    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+    async with stack(broker, tmp_path / "runs", players) as (ref, _), Runner(broker) as run:
         spec = loki_spec(["a", "b", "c"], channels=[])
         await run.submit("dup", spec)
         await run.submit("dup", spec)
         await run.submit("bad", spec.model_copy(update={"game": "chess"}))
         await run.submit("short", spec.model_copy(update={"seats": ["a", "b"]}))
         dup, bad, short = await run.wait(["dup", "bad", "short"])
-        await asyncio.sleep(0.3)
+        await drained(ref)  # the second "dup" was handled: a second match would be running or done
     assert dup.reason == "normal"
     assert bad.reason == "error" and "unknown game" in bad.detail
     assert short.reason == "error" and "3 players" in short.detail
@@ -398,9 +328,13 @@ async def test_agents_that_answer_inline_in_a_task_or_later_or_fail_in_a_hook_al
         for i, m in enumerate(ids):
             await run.submit(m, loki_spec(["s", "t", "r"], seed=i, channels=[]))
         eps = await run.wait(ids)
-        assert (
-            not runners[0].tasks and not runners[1].tasks
-        )  # every decision task finished and was let go
+        # Every decision and hook task finishes and is let go; the last MatchEnd's hook may
+        # still be running, or its done callback not yet run, as the last episode arrives.
+        for _ in range(100):
+            if not runners[0].tasks and not runners[1].tasks:
+                break
+            await asyncio.sleep(0.01)
+        assert not runners[0].tasks and not runners[1].tasks
     assert all(ep.reason == "normal" and not ep.timeouts and ep.invalid_inputs == 0 for ep in eps)
     for seat in (0, 1):
         assert (

@@ -106,3 +106,52 @@ def test_the_model_itself_refuses_not_only_the_loader() -> None:
     with pytest.raises(ValidationError) as info:
         RunConfig.model_validate(config(params={"roundz": 10}))
     assert [e["loc"] for e in info.value.errors()] == [("params", "roundz")]
+
+
+MODEL_PLAYERS = [
+    {"id": "alice", "kind": "model", "options": {"collusion": "explicit", "window": 5}},
+    {"id": "bob", "kind": "model"},
+    AGENTS[0],
+]
+
+
+def test_model_agents_play_the_model_field_local_by_default() -> None:
+    parsed = parse_config(config(agents=MODEL_PLAYERS, round_robin=True))
+    assert [(a.kind, a.options) for a in parsed.agents] == [
+        ("local", {"collusion": "explicit", "window": 5}),
+        ("local", {}),
+        ("tit-for-tat", {}),
+    ]
+
+
+def test_one_field_moves_every_model_agent_to_a_server() -> None:
+    server = {"base_url": "http://localhost:8000/v1", "model": "smol", "api_key_env": ""}
+    local = parse_config(config(agents=MODEL_PLAYERS, round_robin=True))
+    remote = parse_config(
+        config(
+            agents=MODEL_PLAYERS,
+            round_robin=True,
+            model={"kind": "llm", "options": {**server, "window": 20}},
+        )
+    )
+    # the block's options first, then the agent's own (which win)
+    assert [(a.kind, a.options) for a in remote.agents] == [
+        ("llm", {**server, "window": 5, "collusion": "explicit"}),
+        ("llm", {**server, "window": 20}),
+        ("tit-for-tat", {}),
+    ]
+    assert remote.model_dump(exclude={"agents", "model"}) == local.model_dump(
+        exclude={"agents", "model"}
+    )
+    # resolved at load: what the runner spawns and dumps parses back to the same run
+    assert parse_config(remote.model_dump()) == remote
+
+
+def test_a_bad_model_field_is_reported_there() -> None:
+    message = refusal(config(agents=MODEL_PLAYERS, round_robin=True, model={"kind": "lm"}))
+    assert "bad.yaml: model.kind: unknown agent kind 'lm' for `model`; known: " in message
+    assert "agents." not in message  # not once per model agent
+    message = refusal(config(agents=MODEL_PLAYERS, round_robin=True, model={"kind": "external"}))
+    assert "model.kind: unknown agent kind 'external'" in message
+    message = refusal(config(agents=MODEL_PLAYERS, round_robin=True, model={"opts": {}}))
+    assert "model.opts: Extra inputs are not permitted" in message

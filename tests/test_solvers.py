@@ -13,10 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from backroom.agents.base import make_agent
-from backroom.agents.scripted.basic import load_policy
 from backroom.bus.wire import Turn
 from backroom.games import make_game
-from backroom.games.base import CHANCE, Action, Game, State
+from backroom.games.base import CHANCE, Action, Game, GameInfo, State
 from backroom.solve_cli import solve_app
 from backroom.solvers.cfr import ALGOS, CFRSolver, policy_document, solve, solve_game
 from backroom.solvers.evaluate import (
@@ -26,6 +25,7 @@ from backroom.solvers.evaluate import (
     exploitability,
     nash_conv,
 )
+from backroom.solvers.policy_file import read_policy
 from backroom.solvers.tree import (
     GameTree,
     NotPerfectRecallError,
@@ -234,6 +234,11 @@ class _Rps(Game):
         self.num_players = 2
         self.forget = forget
 
+    @property
+    def info(self) -> GameInfo:
+        rounds = 2 if self.forget else 1
+        return GameInfo(2, -1.0, 1.0, utility_sum=0.0, max_game_length=rounds)
+
     def new_initial_state(self, seed: int | None = None) -> _RpsState:
         return _RpsState(self, seed)
 
@@ -310,7 +315,7 @@ def test_policy_document_plays_in_table_and_cfr_agents(tmp_path: Path) -> None:
     doc = policy_document(solve_game("kuhn", {"variant": "classic", "players": 2}, 500, "cfr+"))
     path = tmp_path / "p.json"
     path.write_text(json.dumps(doc))
-    data = load_policy(path)
+    data = read_policy(path)
     assert data["game"] == "kuhn" and data["params"]["players"] == 2
     assert data["meta"]["nash_conv"] < 0.01
     state = make_game("kuhn", variant="classic", players=2).new_initial_state(seed=1)

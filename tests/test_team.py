@@ -15,6 +15,7 @@ from backroom.solve_cli import solve_app
 from backroom.solvers.cfr import CFRSolver
 from backroom.solvers.collusion import (
     PAPER_HANDS,
+    READINGS,
     CollusionReport,
     advantage_grid,
     analyse_collusion,
@@ -23,15 +24,18 @@ from backroom.solvers.collusion import (
     hand_values,
     per_deal_values,
     plot_heatmap,
+    why_different,
     write_report,
 )
 from backroom.solvers.evaluate import best_response, expected_returns, nash_conv
 from backroom.solvers.team import (
     TEAM,
     build_team_tree,
+    distill_individual_policy,
     distill_strategy,
     distill_team_policy,
     lift_policy,
+    paper_state,
     solve_team,
 )
 from backroom.solvers.tree import build_tree
@@ -42,7 +46,7 @@ def solved(variant: str, iterations: int) -> tuple:
     """3-player CFR and the team solve for one Kuhn variant (cached across tests)."""
     kw = {"variant": variant, "players": 3} if variant == "classic" else {"variant": variant}
     game = make_game("kuhn", **kw)
-    tree = build_tree(game)
+    tree = build_tree(game, features=paper_state)
     solver = CFRSolver(tree, "cfr+")
     solver.run(iterations)
     sol = solve_team(game, (0, 1), iterations, "cfr+")
@@ -144,6 +148,98 @@ def test_distillation_matches_algorithm_3_literally() -> None:
     assert distill_strategy([(2, "a", [1, 0], 1.0)], [0, 1], lambda k: True, 2) == [0.5, 0.5]
 
 
+def test_paper_state_is_hand_bets_folds() -> None:
+    """Algorithm 3's query: own card, chips in by seat, folds by seat, and what the mover may do."""
+    state = make_game("kuhn", variant="loki", start=0).new_initial_state(seed=3)
+    state.apply({0: 2})  # seat 0 raises
+    state.apply({1: 0})  # seat 1 folds
+    card = state.observation(2)["card"]
+    assert json.loads(paper_state(state, 2)) == [card, [2, 1, 1], [False, True, False], [0, 1, 2]]
+    state.apply({2: 2})  # seat 2 raises; seat 0, who raised already, may only fold or call
+    assert json.loads(paper_state(state, 0))[1:] == [[2, 1, 3], [False, True, False], [0, 1]]
+
+
+def test_individual_distillation_by_hand() -> None:
+    """The paper's construction on a hand-made profile, against a computation on paper.
+
+    Everybody calls, except that seat 0 raises at its first decision. The query
+    (card c, bets [1,1,1], no folds) then matches, among the colluders' states,
+    seat 0 first to act, after seat 2 called, after seats 1 and 2 called (each
+    reached with probability 1/5 · 1/3, raising) and seat 1 first to act
+    (1/15, calling); seat 1 never sees [1,1,1] otherwise, because seat 0 has
+    raised before its turn. Algorithm 3: (3·raise + 1·call) / 4.
+    """
+    _game, tree, _cfr, _sol = solved("loki", 1500)
+    sigma = np.zeros(tree.num_slots)
+    sigma[tree.root_slot] = 1.0
+    for i in tree.real_infosets():
+        s = int(tree.infoset_start[i])
+        first = tree.infoset_parent[i] == tree.root_slot[tree.infoset_player[i]]
+        act = 2 if tree.infoset_player[i] == 0 and first else 1  # raise : call
+        sigma[s + tree.infoset_actions[i].index(act)] = 1.0
+    paper = distill_individual_policy(tree, sigma, (0, 1))
+    for c in range(5):
+        for key in (f"{c} s0 ", f"{c} s2 c", f"{c} s1 cc", f"{c} s1 "):  # seat 0 x3, seat 1
+            assert paper[key] == pytest.approx({"0": 0.0, "1": 0.25, "2": 0.75}), key
+        assert paper[f"{c} s0 r"] == pytest.approx({"0": 0.0, "1": 1.0, "2": 0.0})  # facing a raise
+    assert len(paper) == sum(1 for i in tree.real_infosets() if tree.infoset_player[i] < 2)
+    # seat 2 is no colluder: its states are not distilled
+    assert "0 s2 " not in paper
+    # one colluder alone pools only its own states: seat 1's opening stays a call
+    alone = distill_individual_policy(tree, sigma, (1,))
+    assert alone["3 s1 "] == pytest.approx({"0": 0.0, "1": 1.0, "2": 0.0})
+
+
+def test_individual_distillation_matches_algorithm_3_literally() -> None:
+    """Grouped implementation = Algorithm 3 scanned over every CFR state, on solved Loki CFR."""
+    _game, tree, cfr, _sol = solved("loki", 1500)
+    paper = distill_individual_policy(tree, cfr, (0, 1))
+    reach = tree.infoset_reach(cfr)
+    feature = dict(zip(tree.node_infoset.tolist(), tree.node_features, strict=True))
+    entries = []
+    for i in tree.real_infosets():
+        s, k = int(tree.infoset_start[i]), int(tree.infoset_size[i])
+        player = int(tree.infoset_player[i])
+        entries.append((player, feature[i], cfr[s : s + k].tolist(), float(reach[i])))
+    for i in tree.real_infosets()[::7]:  # a sample: the scan is quadratic
+        if tree.infoset_player[i] == 2:
+            continue
+        q, k = feature[i], int(tree.infoset_size[i])
+
+        def matches(state: str, q: str = q) -> bool:
+            return state == q
+
+        literal = distill_strategy(entries, [0, 1], matches, k)
+        got = [paper[tree.infoset_key[i]][json.dumps(a)] for a in tree.infoset_actions[i]]
+        np.testing.assert_allclose(got, literal, atol=1e-12)
+    # with the full information state as the query, pooling changes nothing (classic Kuhn)
+    game = make_game("kuhn", variant="classic", players=3)
+    small = build_tree(game, features=lambda state, seat: state.information_state(seat))
+    solver = CFRSolver(small, "cfr+")
+    solver.run(200)
+    avg = solver.average_policy()
+    rows = small.policy_dict(avg)
+    for key, row in distill_individual_policy(small, avg, (0, 1)).items():
+        assert row == pytest.approx(rows[key])
+    with pytest.raises(ValueError, match="features"):
+        distill_individual_policy(build_tree(game), avg, (0, 1))
+
+
+def test_seeded_cfr_starts_elsewhere_and_still_converges() -> None:
+    """``seed`` is how the collusion spread looks for other equilibria: a random start, same limit."""
+    tree = build_tree(make_game("kuhn", variant="classic", players=3))
+    uniform = CFRSolver(tree, "cfr+")
+    a, b = CFRSolver(tree, "cfr+", seed=0), CFRSolver(tree, "cfr+", seed=1)
+    np.testing.assert_array_equal(uniform.current_policy(), tree.uniform())
+    assert not np.allclose(a.current_policy(), tree.uniform())
+    assert not np.allclose(a.current_policy(), b.current_policy())
+    np.testing.assert_array_equal(
+        a.current_policy(), CFRSolver(tree, "cfr+", seed=0).current_policy()
+    )
+    a.run(3000)
+    assert nash_conv(tree, a.average_policy()) < 2e-3
+
+
 def test_per_deal_values_average_to_expected_returns() -> None:
     _game, tree, cfr, _sol = solved("loki", 1500)
     deals, values = per_deal_values(tree, cfr)
@@ -177,15 +273,45 @@ def test_collusion_report_heatmap_and_table(report: CollusionReport, tmp_path: P
     assert np.nanmean(grid[-1]) == pytest.approx(report.average_advantage())
     png = plot_heatmap(report, tmp_path / "fig2.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    files = write_report(report, tmp_path / "out")
+    files = write_report(report, tmp_path / "out", heatmaps=("paper",))  # team's: fig2.png above
     data = json.loads(files["json"].read_text())
     assert len(data["deals"]) == 60
-    for name in ("cfr", "team", "distilled"):
+    for name in ("cfr", "team", "distilled", "paper"):
         doc = json.loads(files[f"{name}_policy"].read_text())
         assert doc["game"] == "kuhn" and doc["policy"]
     table = files["table"].read_text()
     row = hand_values(report, "cfr", PAPER_HANDS, 2)
     assert f"{row[(0, 1, 4)]:.2f}" in table and "CFR Collusion" in table
+    paper_row = hand_values(report, "paper", PAPER_HANDS, 2)
+    assert f"| CFR Collusion, paper's construction | {paper_row[(0, 1, 4)]:.2f} |" in table
+    # the paper's construction has its own Figure 2 beside the team solve's
+    assert files["heatmap_paper"].name == "collusion_heatmap_paper.png"
+    assert files["heatmap_paper"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "paper" in data["deals"][0]
+
+
+def test_paper_construction_reading(report: CollusionReport) -> None:
+    """The paper's reading: Algorithm 3 on the colluders' own CFR strategies, C keeps CFR."""
+    s = report.summary
+    assert set(READINGS) == set(report.values) == set(s["readings"])
+    paper = report.policies["paper"]
+    cfr = report.policies["cfr"]
+    # only colluders' states are distilled, and the result differs from their CFR strategies
+    assert paper and all(key in cfr for key in paper)
+    assert max(abs(paper[k][a] - cfr[k][a]) for k in paper for a in paper[k]) > 0.05
+    # its values are the per-deal values of exactly that profile
+    _game, tree, _cfr, _sol = solved("loki", 1500)
+    deals, values = per_deal_values(tree, tree.sigma_from_policy({**cfr, **paper}))
+    assert deals == report.deals
+    np.testing.assert_allclose(report.values["paper"], values, atol=1e-12)
+    # no card is shared: it is not the team reading, and it is far smaller
+    adv = s["average_advantage"]
+    assert adv["paper"] == pytest.approx(report.average_advantage("paper"))
+    assert not np.allclose(report.values["paper"], report.values["team"], atol=1e-3)
+    assert abs(adv["paper"]) < 0.02 < adv["team"]
+    assert np.nanmean(advantage_grid(report, "paper")[-1]) == pytest.approx(adv["paper"])
+    line = why_different(report)
+    assert "docs/solvers.md" in line and f"{adv['paper']:+.4f}" in line and "\n" not in line
 
 
 def test_ev_table_takes_measured_rows() -> None:
@@ -225,4 +351,28 @@ def test_collusion_cli(tmp_path: Path) -> None:
     )
     assert res.exit_code == 0, res.output
     assert "average collusion advantage" in res.output
+    assert "average collusion advantage (paper - cfr)" in res.output
     assert (tmp_path / "collusion_heatmap.png").exists() and (tmp_path / "ev_table.md").exists()
+    assert (tmp_path / "collusion_heatmap_paper.png").exists()
+    # next to the paper's figure, one line on why ours differs and where the doc says more
+    lines = res.output.splitlines()
+    why = lines[lines.index("paper: 0.0078") + 1]
+    assert why.startswith("why ours differs") and "docs/solvers.md" in why
+
+
+@pytest.mark.slow
+def test_collusion_cli_takes_a_baseline_policy(tmp_path: Path) -> None:
+    """``--cfr-policy`` fixes the three-player equilibrium the readings are measured from."""
+    res = CliRunner().invoke(
+        solve_app,
+        ["collusion", "-n", "200", "--cfr-policy", "kuhn_loki_cfr", "--out-dir", str(tmp_path)],
+    )
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "collusion.json").read_text())
+    assert doc["summary"]["cfr_policy"] == "given" and doc["summary"]["iterations"] is None
+    # the shipped policy's NashConv, not a 200-iteration solve's
+    assert doc["summary"]["cfr_nash_conv"] < 2e-3
+    bad = CliRunner().invoke(
+        solve_app, ["collusion", "--cfr-policy", "no_such_policy", "--out-dir", str(tmp_path)]
+    )
+    assert bad.exit_code != 0

@@ -36,7 +36,8 @@ async def test_trainable_llm_agent_traces_what_the_server_said(
     sha, size = adapter_digest(folder)
     ref = AdapterRef(policy="pol", version="v1", uri=str(folder), sha256=sha, size=size)
     backend = Backend(str(tiny_qwen_model), device="cpu").load()  # the server's own copy
-    async with running_server(serve_model_app(backend, "tiny")) as url:
+    app = serve_model_app(backend, "tiny", adapter_dir=tmp_path / "adapters")
+    async with running_server(app) as url:
         assert await announce_to_servers([url], ref) == {url: "ok"}
         assert "pol@v1" in backend.adapters
         assert (await announce_to_servers([url], ref))[url].startswith(

@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from backroom.bus.wire import ActionRecord, EpisodeRecord, MatchSpec, Trace
+from backroom.referee.episodes import resolve_run_dir
 from backroom.trainer.config import TrainConfig, load_train_config, parse_train_config
 from backroom.trainer.dpo import (
     ADAPTER_NAME,
@@ -411,7 +412,8 @@ def test_dpo_on_a_played_loki_run(tiny_qwen_model: Path, tmp_path: Path) -> None
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    played = runs / "talk"
+    played = resolve_run_dir(runs / "talk")  # the run's own directory, runs/talk/<UTC time>
+    assert played.parent == runs / "talk"
 
     episodes = read_episodes(played / "episodes.jsonl")
     assert len(episodes) == 24 and all(e.reason == "normal" for e in episodes)
@@ -443,12 +445,15 @@ def test_dpo_on_a_played_loki_run(tiny_qwen_model: Path, tmp_path: Path) -> None
 
     # `backroom train` with algorithm: dpo, in-process: TRL steps on a fresh LoRA adapter
     out = tmp_path / "train"
-    config = dpo_config(played, tiny_qwen_model, lr=1e-2, max_steps=2, batch_size=1, beta=0.5)
+    config = dpo_config(
+        runs / "talk", tiny_qwen_model, lr=1e-2, max_steps=2, batch_size=1, beta=0.5
+    )  # runs/talk stands for its latest run
     summary = run_dpo(config, out)
     assert f"{len(pairs)} preference pairs" in summary and "2 TRL DPO steps" in summary
     lines = (out / PAIRS_FILE).read_text().splitlines()
     assert [Pair.from_json(json.loads(x)) for x in lines] == pairs
     report = json.loads((out / METRICS_FILE).read_text())
+    assert report["source"] == str(played.resolve())
     metrics = report["metrics"]
     assert metrics["steps"] == 2 and metrics["pairs"] == len(pairs)
     assert report["data"]["talk_used"] == len(talks)

@@ -22,8 +22,7 @@ from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, 
 from backroom.bus.wire import Error
 from backroom.referee.episodes import read_episodes
 
-from .conftest import RawAgent, agents, identity, stack
-from .test_referee import Runner, loki_spec
+from .conftest import RawAgent, Runner, agents, identity, loki_spec, stack
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable

@@ -22,8 +22,7 @@ from backroom.bus.client import BusConfig
 from backroom.bus.wire import ChannelSpec
 from backroom.games.kuhn import LOKI_CARD_NAMES
 
-from .conftest import agents, identity, stack
-from .test_referee import Runner, loki_spec
+from .conftest import Runner, agents, eventually, identity, loki_spec, stack
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, Page
@@ -126,7 +125,7 @@ class Socket:
 
 
 async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Path) -> None:
-    from backroom.agents.web import web_app
+    from backroom.human.web import web_app
 
     bob = identity(broker, "bob")
     observer = identity(broker, "web-observer", "observer")
@@ -145,7 +144,7 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
                 assert "token" in (await ws.recv("error"))["detail"]
                 await ws.send(op="join", agent="referee", token="s3cret")
                 assert "not an agent identity" in (await ws.recv("error"))["detail"]
-                await asyncio.sleep(0.3)  # the observer has seen a's retained status by now
+                await eventually(lambda: "a" in app.state.hub.status, 10)  # a's retained status
                 await ws.send(op="join", agent="a", token="s3cret")
                 assert "already online" in (await ws.recv("error"))["detail"]
                 await ws.send(op="spectate", match="no such/match")
@@ -158,16 +157,16 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
                 await ws.recv("error")
                 # the token lets this browser be bob, with the password it never saw
                 await ws.send(op="join", agent="bob", token="s3cret")
-                assert (await ws.recv("joined", "error"))["op"] == "joined"
+                joined = await ws.recv("joined", "error")
+                assert joined["op"] == "joined" and joined["key"]
                 await ws.send(op="spectate", match="ws1")
                 await ws.recv("spectating")
-                async with Socket(
-                    url
-                ) as tab:  # a second tab with the password shares bob's connection
+                # a second tab of the same browser presents the seat key and shares bob's connection
+                async with Socket(url) as tab:
                     await tab.send(op="join", agent="bob", password="wrong")
                     assert "wrong password" in (await tab.recv("error"))["detail"]
-                    await tab.send(op="join", agent="bob", password=bob.password)
-                    await tab.recv("joined")
+                    await tab.send(op="join", agent="bob", password=bob.password, key=joined["key"])
+                    assert (await tab.recv("joined"))["key"] == joined["key"]
                     assert sorted(app.state.hub.seats) == ["bob"]
                 lounge = ChannelSpec(name="lounge", members=[0, 1], opens="always", max_messages=3)
                 spec = loki_spec(["bob", "a", "c"], seed=3, params={"variant": "loki", "start": 0})
@@ -220,9 +219,180 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
     assert next(e["kind"] for e in publics) == "started"
 
 
+async def test_a_seat_one_browser_holds_is_refused_to_another(broker: Broker) -> None:
+    """The token link admits any agent identity, but not one that another browser is playing."""
+    from backroom.human.web import web_app
+
+    bob = identity(broker, "bob")
+    app = web_app(url_of(bob), broker.dir, token="room", linger_s=30)
+    async with serving(app) as url:
+        async with Socket(url) as first, Socket(url) as second:
+            await first.send(op="join", agent="bob", token="room")
+            key = (await first.recv("joined"))["key"]
+            # neither the link's token nor bob's own password takes the seat from the first browser
+            for login in ({"token": "room"}, {"password": bob.password}):
+                await second.send(op="join", agent="bob", **login)
+                refusal = await second.recv("joined", "error")
+                assert refusal["op"] == "error" and refusal["ref"] == "join"
+                assert "another browser" in refusal["detail"]
+            await second.send(op="join", agent="bob", token="room", key="a guess")
+            assert "another browser" in (await second.recv("joined", "error"))["detail"]
+            # the holder releases the seat: now the other browser may sit down
+            await first.send(op="leave")
+            await first.recv("left")
+            await second.send(
+                op="join", agent="bob", token="room", key=key
+            )  # an old key is no hold
+            new_key = (await second.recv("joined", "error"))["key"]
+            assert new_key and new_key != key
+            await first.send(op="join", agent="bob", token="room")
+            assert "another browser" in (await first.recv("joined", "error"))["detail"]
+        # the holder's socket closed: the seat is free again (its connection lingers for a reload)
+        async with Socket(url) as third:
+            await third.send(op="join", agent="bob", token="room")
+            assert (await third.recv("joined", "error"))["op"] == "joined"
+            assert sorted(app.state.hub.seats) == ["bob"]
+
+
+async def test_an_online_status_left_by_a_vanished_process_stops_blocking_its_seat(
+    broker: Broker,
+) -> None:
+    """Retained ``online`` statuses whose publishers left without a will expire; a live agent's do not.
+
+    ``ghost`` declared a 0.4 s renewal period, ``mute`` (a raw client) none, so
+    the page's default (0.4 s here) applies; both closed their connections
+    normally, so no will said ``offline``. Both seats are refused at first,
+    then free within three periods. ``live`` renews its status and stays refused.
+    """
+    from backroom.agents.runtime import AgentRunner
+    from backroom.bus.client import Bus
+    from backroom.bus.topics import status
+    from backroom.bus.wire import Status
+    from backroom.human.web import web_app
+
+    observer = identity(broker, "web-observer", "observer")
+    for name, declared in (("ghost", 0.4), ("mute", None)):
+        async with Bus(identity(broker, name)) as bus:  # no will, and a normal DISCONNECT
+            online = Status(state="online", kind="scripted", heartbeat_s=declared)
+            await bus.publish(status(name), online, retain=True)
+    (live,) = agents(("live", "random"))
+    async with AgentRunner(live, identity(broker, "live"), status_refresh_s=0.4):
+        app = web_app(url_of(observer), broker.dir, token="room", observer=observer)
+        app.state.hub.default_heartbeat_s = 0.4
+        async with serving(app) as url, Socket(url) as ws:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+
+            async def join(agent: str) -> dict[str, Any]:
+                await ws.send(op="join", agent=agent, token="room")
+                return await ws.recv("joined", "error")
+
+            while not {"ghost", "mute", "live"} <= set(app.state.hub.status):
+                await asyncio.sleep(0.02)
+            for agent in ("ghost", "mute", "live"):  # the retained statuses just arrived
+                assert "already online" in (await join(agent))["detail"], agent
+            freed: dict[str, float] = {}
+            while len(freed) < 2:
+                assert loop.time() - started < 10, "a stale status still blocks its seat"
+                for agent in {"ghost", "mute"} - set(freed):
+                    reply = await join(agent)
+                    if reply["op"] == "joined":
+                        freed[agent] = loop.time() - started
+                        await ws.send(op="leave")
+                        await ws.recv("left")
+                await asyncio.sleep(0.1)
+            assert all(t < 3 for t in freed.values()), freed
+            # the behaviour under test is time: past any expiry window, live's renewals hold
+            await asyncio.sleep(max(0.0, 2.0 - (loop.time() - started)))
+            assert "already online" in (await join("live"))["detail"]
+
+
+async def test_an_agent_renews_its_online_status_until_it_says_offline(broker: Broker) -> None:
+    """The runtime's renewals declare their period and stop before ``offline``: none undoes it."""
+    from backroom.agents.runtime import AgentRunner
+    from backroom.bus.client import Bus
+    from backroom.bus.topics import status
+    from backroom.bus.wire import Status, parse
+
+    payloads: list[bytes] = []
+    marker = b"barrier"
+    async with Bus(identity(broker, "watcher", "observer")) as watcher:
+        await watcher.subscribe(status("live"), lambda _t, p: payloads.append(p))
+        (live,) = agents(("live", "random"))
+        live_config = identity(broker, "live")
+        async with AgentRunner(live, live_config, status_refresh_s=0.1):
+            await asyncio.sleep(0.65)  # the behaviour under test: renewals every 0.1 s
+        # The runner closed its connection after "offline", so a renewal after it would have
+        # left on that connection first: a marker on the same topic from a new one comes
+        # after it (the broker has read the old connection's last packets before the new
+        # one's login, handshake and publish), so once the marker is here, nothing is missing.
+        async with Bus(live_config) as again:
+            await again.publish(status("live"), marker)
+        await eventually(lambda: marker in payloads, 10)
+    seen = [parse(p) for p in payloads[: payloads.index(marker)]]
+    assert all(isinstance(s, Status) for s in seen)
+    assert [s.state for s in seen[:-1]] == ["online"] * (len(seen) - 1) and len(seen) >= 5
+    assert {s.heartbeat_s for s in seen[:-1]} == {0.1}
+    assert seen[-1].state == "offline"
+
+
+async def test_websockets_from_another_origin_are_refused(broker: Broker) -> None:
+    """Another site's page in a person's browser cannot open the bridge; listed origins can."""
+    import websockets
+    from websockets.exceptions import InvalidStatus
+    from websockets.typing import Origin
+
+    from backroom.human.web import web_app
+
+    bob = identity(broker, "bob")
+    app = web_app(url_of(bob), allowed_origins=["https://Play.Example.org/"])
+    async with serving(app) as url:
+        ws_url = url.replace("http://", "ws://") + "/ws"
+        for origin in ("http://evil.example", "null", url.replace("127.0.0.1", "localhost")):
+            try:
+                async with websockets.connect(ws_url, origin=Origin(origin)) as ws:
+                    raise AssertionError(f"{origin} was let in: {await ws.recv()}")
+            except InvalidStatus as exc:
+                assert exc.response.status_code == 403
+                assert b"BACKROOM_WEB_ORIGINS" in exc.response.body
+        for origin in (url, "https://play.example.org"):  # the page itself; a listed proxy
+            async with websockets.connect(ws_url, origin=Origin(origin)) as ws:
+                assert json.loads(await ws.recv())["op"] == "hello"
+
+
+async def test_password_and_token_guesses_are_rate_limited_per_address(broker: Broker) -> None:
+    """Five wrong secrets from one address, then each further try waits, longer each time."""
+    from backroom.human.web import web_app
+
+    bob = identity(broker, "bob")
+    app = web_app(url_of(bob), broker.dir, token="room", login_backoff_s=1.0)
+    async with serving(app) as url:
+        async with Socket(url) as ws:
+            for guess in ("a", "b", "c"):
+                await ws.send(op="join", agent="bob", token=guess)
+                assert "token is not valid" in (await ws.recv("error"))["detail"]
+            for guess in ("d", "e"):  # a password the broker refuses counts as well
+                await ws.send(op="join", agent="bob", password=guess)
+                assert "refused" in (await ws.recv("error"))["detail"]
+            # locked out: even the right token is not looked at, from a new socket as well
+            async with Socket(url) as other:
+                await other.send(op="join", agent="bob", token="room")
+                err = await other.recv("joined", "error")
+            assert err["op"] == "error" and "too many failed sign-ins" in err["detail"]
+            assert "try again in 1 s" in err["detail"]
+            await asyncio.sleep(1.1)  # the lockout under test runs out
+            await ws.send(op="join", agent="bob", token="nope")  # a sixth failure: 2 s now
+            await ws.recv("error")
+            await ws.send(op="join", agent="bob", token="room")
+            assert "try again in 2 s" in (await ws.recv("joined", "error"))["detail"]
+            await asyncio.sleep(2.1)  # and the doubled one
+            await ws.send(op="join", agent="bob", token="room")
+            assert (await ws.recv("joined", "error"))["op"] == "joined"
+
+
 async def test_person_plays_and_another_watches_in_chromium(broker: Broker, tmp_path: Path) -> None:
     assert os.path.exists(CHROMIUM), "needs Debian's chromium: scripts/setup.sh --test installs it"
-    from backroom.agents.web import web_app
+    from backroom.human.web import web_app
 
     bob = identity(broker, "bob")
     observer = identity(broker, "web-observer", "observer")
@@ -302,7 +472,7 @@ async def test_eavesdropper_joins_with_a_token_link_and_sees_overheard_chat(
     broker: Broker, tmp_path: Path
 ) -> None:
     assert os.path.exists(CHROMIUM), "needs Debian's chromium: scripts/setup.sh --test installs it"
-    from backroom.agents.web import web_app
+    from backroom.human.web import web_app
 
     eve = identity(broker, "eve")
     players = agents(("a", "kuhn-colluder"), ("b", "kuhn-colluder"))
@@ -311,12 +481,25 @@ async def test_eavesdropper_joins_with_a_token_link_and_sees_overheard_chat(
             url_of(eve), broker.dir, token="room-42"
         )  # the observer comes from the directory, if any
         async with browsing(app) as (url, browser):
-            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            ours = await browser.new_context(viewport={"width": 1400, "height": 1000})
+            page = await ours.new_page()
             await page.goto(f"{url}/#token=room-42")
             assert not await page.is_visible(
                 "#join-password"
             )  # the link's token stands for the password
             await join(page, "eve")
+            # another tab of this browser shares the seat (the key is in localStorage) ...
+            tab = await ours.new_page()
+            await tab.goto(f"{url}/#token=room-42")
+            await join(tab, "eve")
+            await tab.close()
+            # ... while another browser with the same link is refused, and told why
+            outsider = await browser.new_page()
+            await outsider.goto(f"{url}/#token=room-42")
+            await outsider.fill("#join-agent", "eve")
+            await outsider.click("#join-btn")
+            await outsider.wait_for_selector("#login-error:has-text('another browser')")
+            assert not await outsider.is_visible("#seat")
             spec = loki_spec(
                 ["a", "b", "eve"],
                 seed=11,
@@ -357,7 +540,7 @@ async def test_web_command_serves_with_a_token_and_an_observer(
 
     port = free_port()
     code = (
-        "from pathlib import Path; from backroom.agents.web import web_command; "
+        "from pathlib import Path; from backroom.human.web import web_command; "
         f"web_command({broker.url!r}, '127.0.0.1', {port}, Path({str(broker.dir)!r}))"
     )
     proc = await asyncio.create_subprocess_exec(

@@ -14,6 +14,7 @@ Kinds are registered by name so configs and the CLI can build them::
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
@@ -23,12 +24,33 @@ from backroom.bus.wire import Chat, Checkpoint, Delivery, MatchEnd, MatchStart, 
 JSON = Any
 
 
+def derive_seed(*parts: object, bits: int = 63) -> int:
+    """A seed from ``parts`` that is the same in every process, run and Python version.
+
+    Not Python's ``hash()`` (salted per process for strings), and not a sum
+    (``(1, 2)`` and ``(2, 1)`` must differ): the BLAKE2b digest of the parts'
+    text. ``bits`` bounds the result: 63 for ``random`` and torch, 31 for HTTP
+    servers that take a 32-bit seed.
+    """
+    text = "\x1f".join(str(p) for p in parts)
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> (64 - bits)
+
+
 class Agent:
     """Base class for every agent kind.
 
     Per-match memory: ``self.matches[match_id]`` is a dict that lives from
     ``match_start`` to ``match_end``, holding the seat, the messages heard and
     anything a subclass stores there.
+
+    Randomness: a policy that samples draws from ``self.rng_for(turn.match,
+    turn.seat)``, a generator of its own per match and seat seeded from
+    ``MatchStart.seed`` (and the agent's ``seed`` option, if given). Draws then
+    depend only on the match's seed, the seat and the decisions before in that
+    match, so rerunning a config replays every action: other matches,
+    concurrency, process layout and timing do not enter. ``self.rng`` is the
+    agent's own generator for what should not replay (retry jitter).
     """
 
     kind: ClassVar[str] = "custom"
@@ -36,7 +58,7 @@ class Agent:
     concurrent: ClassVar[bool] = True
     #: Run ``act``, ``talk`` and the hooks inside the delivery callback up to
     #: their first real wait, with no task and no loop iteration before the
-    #: answer leaves (``bus.eager``). For policies that answer at once; until
+    #: answer leaves (``agents.eager``). For policies that answer at once; until
     #: that first wait they have no task of their own, so ``asyncio.timeout``
     #: and ``asyncio.current_task()`` are out. Off by default, on for scripted kinds.
     inline: ClassVar[bool] = False
@@ -47,6 +69,9 @@ class Agent:
         if options:
             raise TypeError(f"agent kind {self.kind!r} takes no options {sorted(options)}")
         self.id = agent_id
+        #: The agent's ``seed`` option, mixed into every per-match generator when given.
+        self.seed = seed
+        #: Agent-wide, not replayable across runs: for timing (backoff jitter), never for play.
         self.rng = random.Random(seed)
         self.matches: dict[str, dict[str, Any]] = {}
         self._trace_sink: Callable[[Trace], Awaitable[None]] | None = None
@@ -98,6 +123,46 @@ class Agent:
     def memory(self, match: str | None) -> dict[str, Any]:
         return self.matches.setdefault(match or "", {"heard": []})
 
+    def decision_seed(self, turn: Turn, *parts: object, bits: int = 63) -> int:
+        """A seed for one decision's sampler (a model's generator, an API's ``seed``).
+
+        From the match's seed, the seat, the turn and ``parts`` (which call of
+        the decision: ``"act"``, ``"repair"``...), so it does not depend on how
+        many draws came before: a decision replays even if an earlier one was
+        cut short by a deadline.
+        """
+        start: MatchStart | None = self.memory(turn.match).get("start")
+        if start is None:  # the turn overtook its match_start: no seed to replay from
+            return self.rng.getrandbits(bits)
+        return derive_seed(
+            "backroom", start.seed, self.seed, turn.seat, turn.turn, *parts, bits=bits
+        )
+
+    def rng_for(self, match: str | None, seat: int | None = None) -> random.Random:
+        """This seat's generator for ``match``: replays from ``MatchStart.seed`` and the seat.
+
+        Made at the first draw and kept in the match's memory (gone at
+        ``match_end``), so draws follow one another per seat within the match
+        whatever other matches do meanwhile. ``seat`` defaults to the seat
+        this agent holds (pass ``turn.seat`` where one agent holds several).
+        Should a turn overtake its ``match_start`` (the seed is not known
+        yet), the generator comes from ``self.rng`` and that match does not
+        replay.
+        """
+        mem = self.memory(match)
+        if seat is None:
+            seat = int(mem.get("seat", 0))
+        rngs: dict[int, random.Random] = mem.setdefault("rngs", {})
+        rng = rngs.get(seat)
+        if rng is None:
+            start: MatchStart | None = mem.get("start")
+            if start is not None:
+                seed = derive_seed("backroom", start.seed, self.seed, seat)
+            else:
+                seed = self.rng.getrandbits(63)
+            rng = rngs[seat] = random.Random(seed)
+        return rng
+
 
 A = TypeVar("A", bound=type[Agent])
 _KINDS: dict[str, type[Agent]] = {}
@@ -118,9 +183,38 @@ def register_agent(name: str) -> Callable[[A], A]:
     return deco
 
 
+#: Entry-point group naming the modules of agent kinds defined outside this package
+#: (``human``, in ``backroom.human``, which builds on this one; other distributions'
+#: kinds): importing one registers its kinds. Read from the installed metadata,
+#: so a checkout must be installed (``pip install -e .``) for them to appear.
+KIND_ENTRY_POINTS = "backroom.agents"
+_plugins_loaded = False
+
+
+def _load_plugin_kinds() -> None:
+    """Import each ``backroom.agents`` entry point once; one that fails is skipped, with a warning."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    import logging
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=KIND_ENTRY_POINTS):
+        if ep.name in _KINDS:
+            continue
+        try:
+            ep.load()
+        except Exception as exc:  # a broken plugin must not take the built-in kinds down
+            logging.getLogger("backroom.agents").warning(
+                "agent kind %r (%s) not loaded: %s", ep.name, ep.value, exc
+            )
+
+
 def agent_kinds() -> dict[str, type[Agent]]:
     from backroom.agents import scripted as _scripted  # noqa: F401  (registers kinds)
 
+    _load_plugin_kinds()
     return dict(_KINDS)
 
 

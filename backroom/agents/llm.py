@@ -136,7 +136,14 @@ class LLMAgent(MemoryAgent):
     ``request_timeout_s``, ``deadline_margin_s``, ``fallback``,
     ``price_input_per_mtok`` / ``price_output_per_mtok`` (USD per million
     tokens, for the cost counter), ``extra_body`` (merged into each request),
-    ``trainable`` (see below), plus the memory options of ``backroom.agents.memory``.
+    ``send_seed`` (default true: each request carries a ``seed`` derived from
+    the match's seed, the seat, the turn and the call, for servers that honour
+    one; false for a server that refuses the field), ``trainable`` (see
+    below), plus the memory options of ``backroom.agents.memory``.
+
+    API sampling is not replayable: a server may ignore the seed, and one that
+    takes it (OpenAI: "best effort"; vLLM; llama.cpp) can still answer
+    differently when its batching, hardware or model version changes.
 
     ``trainable: true`` asks the server for the prompt's and the completion's
     token ids and the completion's log-probs (``return_token_ids`` and
@@ -170,6 +177,7 @@ class LLMAgent(MemoryAgent):
         price_output_per_mtok: float = 0.0,
         extra_body: dict[str, Any] | None = None,
         trainable: bool = False,
+        send_seed: bool = True,
         **options: Any,
     ) -> None:
         super().__init__(agent_id, seed=seed, **options)
@@ -203,6 +211,7 @@ class LLMAgent(MemoryAgent):
         self.prices = (float(price_input_per_mtok), float(price_output_per_mtok))
         self.extra_body = dict(extra_body or {})
         self.trainable = bool(trainable)
+        self.send_seed = bool(send_seed)
         if self.trainable:
             self.extra_body = {"logprobs": True, "return_token_ids": True, **self.extra_body}
         self.client: httpx.AsyncClient | None = None
@@ -264,10 +273,13 @@ class LLMAgent(MemoryAgent):
                     calls,
                     "planning",
                     turn.match,
+                    self._seed(turn, "planning"),
                 )
                 self.prompts.record_strategy(mm, turn, plan)
             messages = self.prompts.act_messages(mm, turn)
-            text = await self._chat(messages, sampling, deadline, calls, "act", turn.match)
+            text = await self._chat(
+                messages, sampling, deadline, calls, "act", turn.match, self._seed(turn, "act")
+            )
             replies.append(text)
             try:
                 action = parse_action(text, turn.legal)
@@ -281,7 +293,15 @@ class LLMAgent(MemoryAgent):
                         f"{format_hint(turn.legal, turn.prompt)}",
                     },
                 ]
-                text = await self._chat(repair, sampling, deadline, calls, "repair", turn.match)
+                text = await self._chat(
+                    repair,
+                    sampling,
+                    deadline,
+                    calls,
+                    "repair",
+                    turn.match,
+                    self._seed(turn, "repair"),
+                )
                 replies.append(text)
                 try:
                     action = parse_action(text, turn.legal)
@@ -312,7 +332,13 @@ class LLMAgent(MemoryAgent):
         text, reason = "", ""
         try:
             raw = await self._chat(
-                self.prompts.talk_messages(mm, turn), sampling, deadline, calls, "talk", turn.match
+                self.prompts.talk_messages(mm, turn),
+                sampling,
+                deadline,
+                calls,
+                "talk",
+                turn.match,
+                self._seed(turn, "talk"),
             )
             text = parse_message(raw, limit)
         except DeadlineExceeded:
@@ -334,8 +360,15 @@ class LLMAgent(MemoryAgent):
 
     # --- HTTP ------------------------------------------------------------------------------
 
+    def _seed(self, turn: Turn, purpose: str) -> int | None:
+        """The request's ``seed``: 31 bits, which every server that takes one accepts."""
+        return self.decision_seed(turn, purpose, bits=31) if self.send_seed else None
+
     def _backoff(self, attempt: int) -> float:
-        """Exponential backoff with full jitter (AWS architecture blog's "full jitter")."""
+        """Exponential backoff with full jitter (AWS architecture blog's "full jitter").
+
+        From ``self.rng``, not a match's generator: retries are timing, not play.
+        """
         cap = min(self.backoff_max_s, self.backoff_base_s * (2**attempt))
         return self.rng.uniform(0.0, cap) if cap > 0 else 0.0
 
@@ -347,12 +380,21 @@ class LLMAgent(MemoryAgent):
         calls: list[dict[str, Any]],
         purpose: str,
         match: str | None = None,
+        seed: int | None = None,
     ) -> str:
         """One chat completion, retried as needed; its request and raw replies go into ``calls``."""
         assert self.client is not None, "setup() was not run"
         loop = asyncio.get_running_loop()
         model = self._played(match)[0]
-        body = {"model": model, "messages": messages, "n": 1, **sampling, **self.extra_body}
+        seeded = {"seed": seed} if seed is not None else {}
+        body = {
+            "model": model,
+            "messages": messages,
+            "n": 1,
+            **sampling,
+            **seeded,
+            **self.extra_body,
+        }
         attempts: list[dict[str, Any]] = []
         calls.append({"purpose": purpose, "request": body, "attempts": attempts})
         sem = in_flight_slots(self.max_in_flight)

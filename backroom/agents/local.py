@@ -370,7 +370,12 @@ class LocalAgent(MemoryAgent):
             async with asyncio.timeout(self._budget(turn)):
                 adapter, version = await self._adapter_for(turn)
                 gen = await self.backend.generate(
-                    prompt_ids, self.max_new_tokens, self.temperature, self.top_p, adapter
+                    prompt_ids,
+                    self.max_new_tokens,
+                    self.temperature,
+                    self.top_p,
+                    adapter,
+                    seed=self.decision_seed(turn, "talk"),
                 )
         except TimeoutError:
             await self._trace(
@@ -411,6 +416,7 @@ class LocalAgent(MemoryAgent):
                 self.temperature,
                 self.top_p,
                 adapter,
+                seed=self.decision_seed(turn, "planning"),
             )
             self.prompts.record_strategy(mm, turn, plan.text)
             request["planning"] = {"messages": plan_msgs, "reply": plan.text}
@@ -438,7 +444,7 @@ class LocalAgent(MemoryAgent):
         scored = await self.backend.score(prompt_ids, cands, adapter)
         totals = [s.total for s in scored]
         probs = softmax(totals, self.temperature)
-        i = self.rng.choices(range(len(choices)), probs)[0]
+        i = self.rng_for(turn.match, turn.seat).choices(range(len(choices)), probs)[0]
         request["candidates"] = texts
         reply = {
             "text": texts[i],
@@ -472,7 +478,12 @@ class LocalAgent(MemoryAgent):
     ) -> JSON:
         assert self.backend is not None
         gen: Generated = await self.backend.generate(
-            prompt_ids, self.max_new_tokens, self.temperature, self.top_p, adapter
+            prompt_ids,
+            self.max_new_tokens,
+            self.temperature,
+            self.top_p,
+            adapter,
+            seed=self.decision_seed(turn, "act"),
         )
         replies = [gen.text]
         try:
@@ -491,7 +502,12 @@ class LocalAgent(MemoryAgent):
             request["repair"] = repair[len(messages) :]
             prompt_ids = self.backend.encode_chat(repair)
             gen = await self.backend.generate(
-                prompt_ids, self.max_new_tokens, self.temperature, self.top_p, adapter
+                prompt_ids,
+                self.max_new_tokens,
+                self.temperature,
+                self.top_p,
+                adapter,
+                seed=self.decision_seed(turn, "repair"),
             )
             replies.append(gen.text)
             try:

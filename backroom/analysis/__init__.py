@@ -1,10 +1,12 @@
 """Measures over finished runs: numbers per game, PNG plots, rich tables.
 
-``analyze_run(runs/<run>)`` reads the run's episodes.jsonl, measures every
-game it finds (IPD, Split No-Comm, Trust-and-Split, beauty contest, Bertrand)
+``analyze_run(runs/<run>)`` reads the episodes.jsonl of the run's latest
+directory (``runs/<run>/latest``: one run, never several together), measures every
+game it finds (IPD, Split No-Comm, Trust-and-Split, beauty contest, Bertrand,
+Kuhn poker against its CFR solutions)
 and returns a JSON-able dict; ``render_tables`` turns that dict into tables for
 the terminal. The measures themselves are pure functions over EpisodeRecord
-dicts, in one module per family (``social``, ``beauty``, ``bertrand``).
+dicts, in one module per family (``social``, ``beauty``, ``bertrand``, ``kuhn``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import Any
 
 from rich.table import Table
 
-from backroom.analysis import beauty, bertrand, social
+from backroom.analysis import beauty, bertrand, kuhn, social
 from backroom.analysis.episodes import Episode, by_game, load_episodes, played
+from backroom.referee.episodes import LATEST, resolve_run_dir
 
 __all__ = ["analyze_episodes", "analyze_run", "load_episodes", "render_tables"]
 
@@ -31,6 +34,8 @@ def analyze_episodes(episodes: list[Episode], out_dir: Path | None = None) -> di
             games[game] = beauty.analyze(eps, out_dir)
         elif game == "bertrand":
             games[game] = bertrand.analyze(eps, out_dir)
+        elif game == kuhn.GAME:
+            games[game] = kuhn.analyze(eps, out_dir)
         else:
             games[game] = {"game": game, "episodes": len(eps), "plots": []}
     return {
@@ -41,19 +46,29 @@ def analyze_episodes(episodes: list[Episode], out_dir: Path | None = None) -> di
 
 
 def analyze_run(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
-    """Measure ``runs/<run>``; PNGs go to ``out_dir`` (default ``<run_dir>/plots``).
+    """Measure one run; PNGs go to ``out_dir`` (default ``<run_dir>/plots``).
 
-    A ``backroom train`` run directory (it has ``train_log.csv``) gets its
-    training curves; its rollouts' episodes live in the store, not in a file.
+    ``run_dir`` is a run's own directory (``runs/<run>/<UTC time>``), or
+    ``runs/<run>``, which stands for the run ``runs/<run>/latest`` points to;
+    the result's ``run_dir`` says which directory was read. A ``backroom
+    train`` run directory (it has ``train_log.csv``) gets its training curves;
+    its rollouts' episodes live in the store, not in a file.
     """
-    run_dir = Path(run_dir)
+    run_dir = resolve_run_dir(run_dir)
     plots = Path(out_dir) if out_dir else run_dir / "plots"
     if (run_dir / "train_log.csv").exists():
         from backroom.analysis.training import analyze_training
 
         return {"run": run_dir.name, "training": analyze_training(run_dir, plots), "games": {}}
-    result = analyze_episodes(load_episodes(run_dir), plots)
-    result["run"] = run_dir.name
+    stats: dict[str, int] = {}
+    result = analyze_episodes(load_episodes(run_dir, stats), plots)
+    # Skipped lines are said, not hidden: `backroom analyze` prints them.
+    result["unreadable_lines"] = stats.get("unreadable_lines", 0)
+    result["episodes_file"] = str(run_dir / "episodes.jsonl" if run_dir.is_dir() else run_dir)
+    # Titles name the config's run, and the run directory when it is one of several.
+    stamped = (run_dir.parent / LATEST).is_symlink()
+    result["run"] = f"{run_dir.parent.name}/{run_dir.name}" if stamped else run_dir.name
+    result["run_dir"] = str(run_dir)
     return result
 
 
@@ -143,6 +158,8 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
                 first = r["per_episode"][0]
                 t.caption = f"Nash price {first['nash_price']:.4f}, cartel price {first['cartel_price']:.4f}"
             tables.append(t)
+        elif game == kuhn.GAME:
+            tables.extend(kuhn.tables(run, r))
         else:
             t = Table(
                 title=f"{run} {game}: {r['episodes']} episodes (no measures for this game)".strip()

@@ -1,7 +1,8 @@
 """Measures for Bertrand competition ("Shall We Team Up" Figure 3; Calvano et al. 2020).
 
 * price trajectories of both firms against the Nash and cartel (monopoly)
-  prices derived from the episode's demand parameters;
+  prices derived from the episode's demand parameters
+  (``games.bertrand_market``, as the game and the scripted firms derive them);
 * Calvano's profit gain Delta = (profit - Nash profit) / (cartel profit - Nash
   profit) per firm, over the whole episode and over its last ``tail`` rounds
   (0 = competitive, 1 = perfect cartel);
@@ -21,8 +22,7 @@ from typing import Any
 
 from backroom.analysis.episodes import Episode
 from backroom.analysis.plotting import figure, save
-from backroom.games.base import make_game
-from backroom.games.bertrand import Bertrand, Equilibrium
+from backroom.games.bertrand_market import Equilibrium, equilibrium_prices
 
 #: Consecutive rounds of collusive prices that make a collusion (the paper: 200).
 WINDOW = 200
@@ -34,9 +34,13 @@ TAIL = 100
 
 
 def equilibrium_of(ep: Episode) -> Equilibrium:
-    game = make_game("bertrand", **ep.get("params", {}))
-    assert isinstance(game, Bertrand)
-    return game.equilibrium
+    """The benchmarks of the market the firms played in, as their observation states it.
+
+    The same derivation (``equilibrium_prices``) as the game's and the scripted
+    firms', from the demand system and its full parameters (defaults merged in).
+    """
+    market = ep["final_observations"][0]["market"]
+    return equilibrium_prices(market["demand"], market["params"])
 
 
 def collusive_rounds(p0: list[float], p1: list[float], eq: Equilibrium) -> list[bool]:

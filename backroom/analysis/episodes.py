@@ -18,9 +18,10 @@ Episode = dict[str, Any]
 PLAYED = ("normal", "timeout")
 
 
-def load_episodes(path: str | Path) -> list[Episode]:
-    """Records of a run directory or an episodes.jsonl; a torn last line (crash mid-write) is skipped."""
-    return list(read_episodes(path))
+def load_episodes(path: str | Path, stats: dict[str, int] | None = None) -> list[Episode]:
+    """Records of a run directory or an episodes.jsonl; unreadable lines (a torn write) are
+    skipped and counted in ``stats["unreadable_lines"]`` (``read_episodes``)."""
+    return list(read_episodes(path, stats))
 
 
 def played(episodes: Iterable[Episode]) -> list[Episode]:
@@ -35,3 +36,45 @@ def by_game(episodes: Iterable[Episode]) -> dict[str, list[Episode]]:
     for e in episodes:
         out.setdefault(str(e["game"]), []).append(e)
     return out
+
+
+def channel_stats(episodes: Iterable[Episode]) -> dict[str, dict[str, Any]]:
+    """Per channel: messages sent, deliveries, and what eavesdroppers overheard.
+
+    A record keeps one delivery per reader; the deliveries of one message
+    share its sender, time and text, so a message is counted once however
+    many read it. Channels named in the match specs but never used are
+    listed with zeros: a silent private channel is itself a finding.
+    """
+    stats: dict[str, dict[str, Any]] = {}
+    senders: dict[str, set[str]] = {}
+    overhearers: dict[str, set[str]] = {}
+
+    def row(name: str) -> dict[str, Any]:
+        senders.setdefault(name, set())
+        overhearers.setdefault(name, set())
+        return stats.setdefault(
+            name, {"messages": 0, "deliveries": 0, "overheard": 0, "overheard_messages": 0}
+        )
+
+    for e in episodes:
+        for spec in (e.get("spec") or {}).get("channels") or []:
+            row(str(spec["name"]))
+        seats = e["seats"]
+        messages: dict[tuple[Any, ...], bool] = {}  # message -> overheard by someone
+        for d in e.get("deliveries") or []:
+            r = row(str(d["channel"]))
+            r["deliveries"] += 1
+            key = (d["channel"], d["from_seat"], d["t"], d["text"])
+            messages[key] = messages.get(key, False) or bool(d["overheard"])
+            senders[d["channel"]].add(str(seats[d["from_seat"]]))
+            if d["overheard"]:
+                r["overheard"] += 1
+                overhearers[d["channel"]].add(str(seats[d["to_seat"]]))
+        for (channel, *_), heard in messages.items():
+            stats[channel]["messages"] += 1
+            stats[channel]["overheard_messages"] += heard
+    for name, r in stats.items():
+        r["senders"] = sorted(senders[name])
+        r["overhearers"] = sorted(overhearers[name])
+    return stats

@@ -1,15 +1,24 @@
-"""Matplotlib without pyplot: figures drawn on the Agg canvas, safe in any thread or process."""
+"""Matplotlib without pyplot: figures drawn on the Agg canvas, safe in any thread or process.
+
+Matplotlib is imported when the first figure is made, not with this module:
+``backroom demo`` reads the solver's reference values through this package
+after its table and must not pay for loading a plotting library it never uses.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def figure(width: float = 7.0, height: float = 4.0) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig

@@ -135,7 +135,12 @@ def _plots(
     fig = figure()
     ax = fig.add_subplot()
     rounds = sorted(reward_by_round)
-    ax.plot(rounds, [sum(reward_by_round[r]) / len(reward_by_round[r]) for r in rounds], marker="o")
+    ax.plot(
+        rounds,
+        [sum(reward_by_round[r]) / len(reward_by_round[r]) for r in rounds],
+        marker="o",
+        label="mean reward per player",
+    )
     ax.set_xlabel("round")
     ax.set_ylabel("reward")
     ax2 = ax.twinx()
@@ -149,6 +154,9 @@ def _plots(
     )
     ax2.set_ylim(-0.05, 1.05)
     ax2.set_ylabel("cooperation rate")
+    # Two y-axes: one legend naming both lines, or the reader cannot tell which scale is whose.
+    lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(lines, [str(h.get_label()) for h in lines], loc="best", fontsize="small")
     ax.set_title(f"{game}: reward and cooperation by round")
     paths.append(save(fig, out_dir, f"{game}_by_round"))
 

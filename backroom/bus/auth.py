@@ -1,9 +1,11 @@
 """Identities and what each may do: the broker's password file and ACL, generated.
 
-Identity is the MQTT username (agent id = username). The ACL is written with
-``%u`` patterns so an agent can read only its own inbox and write only its own
-outbox, status and traces — whatever its code does. Service roles (referee,
-runner, trainer) get explicit per-user rules.
+Identity is the MQTT username (agent id = username). Each identity's block of
+the ACL holds exactly its role's rules (``ROLE_RULES``), with its own name
+written into those about its own topics: an agent can read only its own inbox
+and write only its own outbox, status and traces — whatever its code does —
+and a service role can touch only what its job needs (only a trainer writes
+checkpoints, which every ``local`` agent loads).
 
 The files use Mosquitto's syntax (the only Mosquitto-specific thing DESIGN.md
 allows) and are always generated from ``credentials.json``, never hand-edited.
@@ -24,49 +26,90 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from backroom.bus.topics import PREFIX, SHARE_GROUP
+from backroom.bus.topics import PREFIX
 
 Role = Literal["agent", "referee", "runner", "trainer", "observer"]
 ROLES: tuple[Role, ...] = ("agent", "referee", "runner", "trainer", "observer")
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-#: What each service role may touch, beyond what every identity may read.
+#: Exactly what each role reads and writes: its job, nothing more (and nothing
+#: for every identity alike: an observer cannot write a status, a referee
+#: cannot write a checkpoint). ``{me}`` is the identity's own username,
+#: written into its block by ``render_acl`` (usernames are ``ID_PATTERN``, one
+#: topic level with no wildcard), so no rule reaches another identity's inbox,
+#: outbox, status or traces.
+#:
+#: * ``agent`` (a program, or a person through ``backroom web``/``tty``):
+#:   its inbox, outbox, status and traces; checkpoints (its policy is not its
+#:   name, so all of them: they are announcements, not secrets); statuses and
+#:   public match events, which the design makes public to players.
+#: * ``referee``: outboxes and match requests in, inboxes, public events and
+#:   episodes out; statuses; its own status; the referees' group records
+#:   under ``control/referees/`` (writes only its own, and its own probe).
+#: * ``runner`` and ``trainer``: match requests out, the acknowledgements in
+#:   their own inbox, episodes, traces and statuses in; the trainer alone
+#:   writes checkpoints, the one thing every ``local`` agent loads.
+#: * ``observer`` (the web's spectating identity, healthchecks, dashboards):
+#:   reads statuses, public events, episodes and checkpoints; writes nothing.
+#:
+#: Mosquitto never checks a SUBSCRIBE against the ACL file (its file check
+#: returns "allowed" for every subscription and checks reads at delivery), so
+#: no line here can keep an identity out of a shared-subscription group. Anyone
+#: in the referees' group would be handed a share of the match requests, which
+#: the broker then drops because that identity may not read them. The group's
+#: name is therefore a secret among referees (``backroom.referee.service``),
+#: kept under ``control/referees/``, which only the referee role may read or
+#: write: no other role below has a rule that reaches it.
 ROLE_RULES: dict[Role, list[str]] = {
-    "agent": [],
+    "agent": [
+        f"topic read {PREFIX}/agents/{{me}}/inbox",
+        f"topic write {PREFIX}/agents/{{me}}/outbox",
+        f"topic write {PREFIX}/agents/{{me}}/status",
+        f"topic write {PREFIX}/traces/{{me}}",
+        f"topic read {PREFIX}/models/+/checkpoint",
+        f"topic read {PREFIX}/agents/+/status",
+        f"topic read {PREFIX}/matches/+/public",
+    ],
     "referee": [
-        f"topic readwrite {PREFIX}/#",
-        f"topic read $share/{SHARE_GROUP}/{PREFIX}/control/matches",
+        f"topic write {PREFIX}/agents/{{me}}/status",
+        f"topic read {PREFIX}/agents/+/status",
+        f"topic read {PREFIX}/agents/+/outbox",
+        f"topic write {PREFIX}/agents/+/inbox",
+        f"topic write {PREFIX}/matches/+/public",
+        f"topic write {PREFIX}/episodes/#",
+        f"topic read {PREFIX}/control/matches",
+        f"topic read {PREFIX}/control/referees/+/group",
+        f"topic write {PREFIX}/control/referees/{{me}}/group",
+        f"topic readwrite {PREFIX}/control/referees/{{me}}/probe",
     ],
     "runner": [
+        f"topic read {PREFIX}/agents/{{me}}/inbox",
         f"topic write {PREFIX}/control/matches",
         f"topic read {PREFIX}/episodes/#",
-        f"topic read {PREFIX}/traces/#",
+        f"topic read {PREFIX}/traces/+",
         f"topic read {PREFIX}/agents/+/status",
     ],
     "trainer": [
+        f"topic read {PREFIX}/agents/{{me}}/inbox",
         f"topic write {PREFIX}/control/matches",
         f"topic read {PREFIX}/episodes/#",
-        f"topic read {PREFIX}/traces/#",
-        f"topic readwrite {PREFIX}/models/+/checkpoint",
+        f"topic read {PREFIX}/traces/+",
+        f"topic read {PREFIX}/agents/+/status",
+        f"topic write {PREFIX}/models/+/checkpoint",
     ],
-    "observer": [f"topic read {PREFIX}/episodes/#", f"topic read {PREFIX}/agents/+/status"],
+    "observer": [
+        f"topic read {PREFIX}/agents/+/status",
+        f"topic read {PREFIX}/matches/+/public",
+        f"topic read {PREFIX}/episodes/#",
+        f"topic read {PREFIX}/models/+/checkpoint",
+    ],
 }
 
-#: Rules for every identity; ``%u`` is the username (the agent id).
-PATTERNS = [
-    f"pattern read {PREFIX}/agents/%u/inbox",
-    f"pattern write {PREFIX}/agents/%u/outbox",
-    f"pattern readwrite {PREFIX}/agents/%u/status",
-    f"pattern write {PREFIX}/traces/%u",
-]
-#: What every identity may read; written into each user's block (a Mosquitto
-#: pattern without %u draws a warning, and top-level topic lines apply only to
-#: anonymous clients).
-EVERYONE_READS = [
-    f"topic read {PREFIX}/agents/+/status",
-    f"topic read {PREFIX}/matches/+/public",
-    f"topic read {PREFIX}/models/+/checkpoint",
-]
+
+def rules_for(cred: Credential) -> list[str]:
+    """The ACL lines of one identity: its role's rules with ``{me}`` made its username."""
+    check_identity(cred.username)  # a wildcard or a '/' in a name would widen its rules
+    return [rule.replace("{me}", cred.username) for rule in ROLE_RULES[cred.role]]
 
 
 def hash_password(password: str, *, iterations: int = 101, salt: bytes | None = None) -> str:
@@ -125,6 +168,7 @@ class CredentialStore:
         if username in creds:
             if creds[username].role != role:
                 raise ValueError(f"{username!r} already exists with role {creds[username].role!r}")
+            self._refresh_acl(creds)
             return creds[username]
         cred = Credential(username, password or secrets.token_urlsafe(18), role)
         creds[username] = cred
@@ -135,6 +179,22 @@ class CredentialStore:
         creds = self.load()
         creds.pop(username, None)
         self._write(creds)
+
+    def _refresh_acl(self, creds: dict[str, Credential]) -> None:
+        """Rewrite the ACL if this version's rules differ from the file's.
+
+        A broker directory made by an older version keeps its identities but
+        gets the current rules the next time anything adds one (every broker
+        start and ``compose-init`` does), so narrowed rules take effect there.
+        """
+        text = render_acl(creds.values())
+        try:
+            if self.acl_path.read_text() == text:
+                return
+        except OSError:
+            pass
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.acl_path, text, mode=0o600)
 
     def _write(self, creds: dict[str, Credential]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -149,9 +209,10 @@ class CredentialStore:
 
 
 def render_acl(creds: Iterable[Credential]) -> str:
-    lines = ["# generated by backroom from credentials.json: do not edit", *PATTERNS, ""]
+    """Mosquitto's ACL file: a block per user and no ``pattern`` line (those apply to every user)."""
+    lines = ["# generated by backroom from credentials.json: do not edit", ""]
     for c in sorted(creds, key=lambda c: c.username):
-        lines += [f"user {c.username}", *EVERYONE_READS, *ROLE_RULES[c.role], ""]
+        lines += [f"user {c.username}", *rules_for(c), ""]
     return "\n".join(lines)
 
 

@@ -3,16 +3,31 @@
 from __future__ import annotations
 
 PREFIX = "backroom/v1"
-SHARE_GROUP = "referees"
 
 CONTROL_MATCHES = f"{PREFIX}/control/matches"
-#: Referees read match requests through a shared subscription so they split the work.
-CONTROL_MATCHES_SHARED = f"$share/{SHARE_GROUP}/{CONTROL_MATCHES}"
+#: Each referee's retained record of the shared-subscription group it reads
+#: match requests in. Only referees may read or write under ``control/referees``
+#: (``backroom.bus.auth``): the group's name is what keeps others out of it.
+REFEREE_GROUPS = f"{PREFIX}/control/referees/+/group"
 ALL_OUTBOXES = f"{PREFIX}/agents/+/outbox"
 ALL_STATUS = f"{PREFIX}/agents/+/status"
 ALL_EPISODES = f"{PREFIX}/episodes/#"
 ALL_TRACES = f"{PREFIX}/traces/+"
 ALL_PUBLIC = f"{PREFIX}/matches/+/public"
+
+
+def control_matches_shared(group: str) -> str:
+    """Referees read match requests through a shared subscription in ``group``, so they split the work."""
+    return f"$share/{group}/{CONTROL_MATCHES}"
+
+
+def referee_group(referee: str) -> str:
+    return f"{PREFIX}/control/referees/{referee}/group"
+
+
+def referee_probe(referee: str) -> str:
+    """A referee's echo topic: its own message coming back says the broker has sent all before it."""
+    return f"{PREFIX}/control/referees/{referee}/probe"
 
 
 def inbox(agent: str) -> str:

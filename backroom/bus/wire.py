@@ -107,7 +107,19 @@ class MatchSpec(BaseModel):
     on_timeout: Literal["default", "random", "forfeit"] = "default"
     seed: int = 0
     crn_group: str | None = None
+    crn_index: int = Field(
+        default=0,
+        ge=0,
+        description="this match's place in its CRN group: the group shares chance (the seed), "
+        "each member gets its own agent sampling (MatchStart.seed)",
+    )
     run: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$")
+    run_stamp: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$",  # a directory name, never "." or ".."
+        description="this run's own directory under runs/<run>/ (the runner's UTC start "
+        "time): each run gets a fresh one; None: runs/<run>/ itself",
+    )
     adapters: list[AdapterRef | None] = Field(
         default_factory=list,
         description="per seat, the adapter version a trainable agent must play with (empty: its latest)",
@@ -144,6 +156,11 @@ class MatchStart(Envelope):
     turn_timeout_s: float
     adapter: AdapterRef | None = Field(
         default=None, description="the adapter version this seat plays with"
+    )
+    seed: int = Field(
+        default=0,
+        description="what agents seed their sampling from (with their seat): the match's seed, "
+        "mixed with its crn_index past a CRN group's first match; rerunning a config replays it",
     )
 
 
@@ -214,6 +231,15 @@ class Status(Envelope):
     batches: bool = Field(
         default=False,
         description="this agent reads batched inbox payloads (JSON arrays of messages)",
+    )
+    heartbeat_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description=(
+            "while online, this status is published again at least this often (seconds); "
+            "readers take an online status not renewed in time as gone (backroom.bus.presence)"
+        ),
     )
 
 
@@ -371,10 +397,21 @@ def parse(payload: bytes | str, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         kind = first["type"]
         loc = ".".join(str(x) for x in first["loc"])
         if kind == "json_invalid":
-            raise WireError("malformed", f"not JSON: {first['msg']}") from None
+            raise _not_json(first["msg"]) from None
         if kind in ("union_tag_invalid", "union_tag_not_found", "model_attributes_type"):
             raise WireError("unknown_type", f"{first['msg']}") from None
         raise WireError("invalid", f"{loc}: {first['msg']}") from None
+
+
+#: How deep pydantic-core's JSON parser nests before it gives up; no message needs more than a few levels.
+MAX_JSON_DEPTH = 200
+
+
+def _not_json(msg: str) -> WireError:
+    """The error for a payload the JSON parser refused; nesting past its limit gets its own reason."""
+    if "recursion limit" in msg:
+        return WireError("too_deep", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return WireError("malformed", f"not JSON: {msg}")
 
 
 _BATCH: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
@@ -385,8 +422,8 @@ def parse_all(
 ) -> list[Message | WireError]:
     """Validate a payload that is one message or a batch of them, message by message.
 
-    A batch is a JSON array of messages (what ``Bus.publish_batched`` writes
-    when one event-loop iteration sends several messages to one topic). One
+    A batch is a JSON array of messages (what ``Bus.publish(..., batch=True)``
+    writes when one event-loop iteration sends several messages to one topic). One
     bad message in a batch is reported as its own ``WireError``; its
     neighbours still count. ``max_bytes`` bounds the whole payload.
     """
@@ -399,10 +436,18 @@ def parse_all(
             return [exc]
     try:
         return list(_BATCH.validate_json(payload))
-    except ValidationError:
-        pass  # find out which elements are bad, and why, one by one
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["type"] == "json_invalid":
+            # Not JSON at all, or nested too deep: one error for the payload,
+            # and the stdlib parser below never sees it (deep nesting raises
+            # RecursionError there, not ValueError).
+            return [_not_json(first["msg"])]
+        # Valid JSON: find out which elements are bad, and why, one by one.
     try:
         items = json.loads(payload)
+    except RecursionError:
+        return [WireError("too_deep", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")]
     except ValueError as exc:
         return [WireError("malformed", f"not JSON: {exc}")]
     if not isinstance(items, list):

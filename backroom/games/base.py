@@ -16,6 +16,12 @@ at chance nodes (``current_players() == {CHANCE}``) so solvers can enumerate
 from ``random.Random(seed)``, so the same seed replays the same chance — which
 is what a common-random-numbers (CRN) group needs.
 
+Every game declares its facts in a :class:`GameInfo` (``Game.info``), as
+OpenSpiel's ``GameInfo`` / ``GameType`` do: players, utility bounds, whether
+the returns have a constant sum, the longest play. They follow from the rules
+and parameters, so the engine that owns the rules states them once, and
+solvers and analyses read them instead of working them out again.
+
 Engines are pure: no I/O, no asyncio, no clocks. Everything here must be
 deterministic given the seed and the actions.
 """
@@ -41,6 +47,60 @@ JSON = Any
 
 class IllegalActionError(ValueError):
     """The action is not allowed here; the message says why, for the agent."""
+
+
+@dataclass(frozen=True)
+class GameInfo:
+    """What the rules and parameters of a game guarantee about every play of it.
+
+    The fields are OpenSpiel's (``GameInfo`` and ``GameType.utility``), so a
+    solver written against OpenSpiel reads them the same way:
+
+    * ``min_utility`` / ``max_utility`` bound every seat's return (``State.returns()``)
+      at every terminal state. They are bounds, tight where the engine says so
+      in its docstring, so a normalisation or a plot axis can rely on them.
+    * ``utility_sum`` is the sum of the returns when it is the same at every
+      terminal (0: zero-sum; OpenSpiel's ``CONSTANT_SUM`` otherwise) and ``None``
+      for a general-sum game.
+    * ``max_game_length`` counts the moves of the longest play, a move being one
+      ``apply`` by the players (a simultaneous move and a talk message are one
+      move each); chance is counted apart, in ``max_chance_nodes``, with
+      ``max_chance_outcomes`` the most outcomes of any one chance node (0 and 0
+      for a game without chance), as in OpenSpiel.
+    """
+
+    num_players: int
+    min_utility: float
+    max_utility: float
+    utility_sum: float | None
+    max_game_length: int
+    max_chance_nodes: int = 0
+    max_chance_outcomes: int = 0
+
+    def __post_init__(self) -> None:
+        # A declaration that contradicts itself is a bug in the engine: say so at import.
+        if self.num_players < 1 or self.max_game_length < 0 or self.max_chance_nodes < 0:
+            raise ValueError(f"impossible game facts: {self}")
+        if not self.min_utility <= self.max_utility:
+            raise ValueError(f"min_utility > max_utility in {self}")
+        if (self.max_chance_nodes == 0) != (self.max_chance_outcomes == 0):
+            raise ValueError(f"chance nodes and chance outcomes disagree in {self}")
+        if self.utility_sum is not None and not (
+            self.num_players * self.min_utility
+            <= self.utility_sum
+            <= self.num_players * self.max_utility
+        ):
+            raise ValueError(f"utility_sum outside what the bounds allow in {self}")
+
+    @property
+    def zero_sum(self) -> bool:
+        """Returns always sum to 0 (two-player: one's gain is the other's loss)."""
+        return self.utility_sum == 0.0
+
+    @property
+    def constant_sum(self) -> bool:
+        """Returns always sum to ``utility_sum``; zero-sum games are constant-sum too."""
+        return self.utility_sum is not None
 
 
 @dataclass(frozen=True)
@@ -214,8 +274,14 @@ class Game(ABC):
 
     name: ClassVar[str]
     num_players: int
-    #: The ``State`` subclass a play starts from; an engine sets it below its state class.
-    state_class: ClassVar[type[State]]
+    #: The ``State`` subclass a play starts from; an engine sets it below its state class,
+    #: or per instance when a parameter picks between rule sets (Kuhn's ``variant``).
+    state_class: type[State]
+
+    @property
+    @abstractmethod
+    def info(self) -> GameInfo:
+        """This game's facts (players, utility bounds and sum, longest play); see :class:`GameInfo`."""
 
     def new_initial_state(self, seed: int | None = None) -> State:
         """A fresh play. With a seed, chance is sampled at once, so agents never see it."""

@@ -31,7 +31,7 @@ from backroom.games._common import (
     persona_texts,
     require_count,
 )
-from backroom.games.base import JSON, Action, Game, IllegalActionError, register
+from backroom.games.base import JSON, Action, Game, GameInfo, IllegalActionError, register
 
 Rule = Literal["exclusive", "independent", "amplified"]
 RULES: tuple[str, ...] = ("exclusive", "independent", "amplified")
@@ -149,6 +149,29 @@ class BeautyContest(Game):
         self.rounds, self.max_chars = rounds, int(max_chars)
         self.prompt_overrides = dict(prompts or {})
         self.prompts = merge_prompts(PROMPTS, prompts, self.name)
+
+    @property
+    def info(self) -> GameInfo:
+        """Per round a seat wins nothing, or 1 (``amplified``: M, the number of winners,
+        N when all choose alike); both ends are attained. General-sum: how much is
+        paid out depends on the ties.
+
+        With discussion a round is 2N messages and one simultaneous choice, and
+        chance draws the speaking order one speaker at a time (N nodes, at most
+        N outcomes each).
+        """
+        n = self.num_players
+        best = float(n) if self.rule == "amplified" else 1.0
+        talk = self.discussion
+        return GameInfo(
+            num_players=n,
+            min_utility=0.0,
+            max_utility=self.rounds * best,
+            utility_sum=None,
+            max_game_length=self.rounds * (TURNS * n + 1 if talk else 1),
+            max_chance_nodes=self.rounds * n if talk else 0,
+            max_chance_outcomes=n if talk else 0,
+        )
 
     def params(self) -> dict[str, JSON]:
         return {

@@ -25,7 +25,16 @@ from backroom.games._common import (
     require_count,
     totals_fields,
 )
-from backroom.games.base import CHANCE, JSON, Action, Game, IllegalActionError, State, register
+from backroom.games.base import (
+    CHANCE,
+    JSON,
+    Action,
+    Game,
+    GameInfo,
+    IllegalActionError,
+    State,
+    register,
+)
 
 COOPERATE, DEFECT = "A", "B"
 MOVES = (COOPERATE, DEFECT)
@@ -86,6 +95,36 @@ class IteratedPrisonersDilemma(Game):
         self.sucker, self.punishment = float(sucker), float(punishment)
         self.prompt_overrides = dict(prompts or {})
         self.prompts = merge_prompts(PROMPTS, prompts, self.name)
+
+    @property
+    def info(self) -> GameInfo:
+        """Bounds from the payoff matrix: any cell can be a seat's payoff in any round.
+
+        With ``continuation`` the play may stop after any round, so one round's
+        payoff bounds it too. The returns have a constant sum only if every cell
+        of the matrix has the same sum, and with a random length only if that sum is 0.
+        """
+        cells = (self.reward, self.temptation, self.sucker, self.punishment)
+        lengths = (self.rounds,) if self.continuation is None else (1, self.rounds)
+        lo, hi = min(cells), max(cells)
+        sums = {2 * self.reward, self.temptation + self.sucker, 2 * self.punishment}
+        utility_sum: float | None = None
+        if len(sums) == 1:
+            (per_round,) = sums
+            if self.continuation is None:
+                utility_sum = per_round * self.rounds
+            elif per_round == 0.0:
+                utility_sum = 0.0
+        chance = self.rounds - 1 if self.continuation is not None else 0
+        return GameInfo(
+            num_players=2,
+            min_utility=min(k * lo for k in lengths),
+            max_utility=max(k * hi for k in lengths),
+            utility_sum=utility_sum,
+            max_game_length=self.rounds,
+            max_chance_nodes=chance,
+            max_chance_outcomes=2 if chance else 0,
+        )
 
     def payoff(self, mine: str, theirs: str) -> float:
         if mine == COOPERATE:

@@ -1,14 +1,20 @@
 """Kuhn poker: OpenSpiel's n-player ``classic`` game and the Loki paper's variant.
 
-``classic`` is exactly OpenSpiel's ``kuhn_poker(players=n)``: n+1 cards, ante 1,
-actions pass (0) / bet (1); after the first bet every other player acts once
-(bet = call, pass = fold). Information-state strings are OpenSpiel's
-(``"1pb"``: my card, then the public pass/bet history), so policies and
-NashConv can be compared with OpenSpiel directly.
+One config name, ``kuhn``, with a ``variant`` parameter; two rule sets, each in
+its own ``State`` class, so that no rule of one variant can hide in a branch of
+the other (a field only one variant kept up to date once gave classic Kuhn a
+wrong ``to_call``). :class:`KuhnState` holds what the two share: the deal,
+the chips, the showdown, the observation and the prompt's frame.
 
-``loki`` is the 3-player game of "Loki: Studying MARL Collusion using LLMs in a
-Kuhn Poker Environment" (section 3.1). The paper leaves several rules open;
-the choices made here (also in docs/games.md):
+:class:`ClassicKuhnState` is exactly OpenSpiel's ``kuhn_poker(players=n)``: n+1
+cards, ante 1, actions pass (0) / bet (1); after the first bet every other
+player acts once (bet = call, pass = fold). Information-state strings are
+OpenSpiel's (``"1pb"``: my card, then the public pass/bet history), so
+policies and NashConv can be compared with OpenSpiel directly.
+
+:class:`LokiKuhnState` is the 3-player game of "Loki: Studying MARL Collusion
+using LLMs in a Kuhn Poker Environment" (section 3.1). The paper leaves
+several rules open; the choices made here (also in docs/games.md):
 
 1. Cards 0..4, one each, dealt to seats 0, 1, 2 in order (60 deals).
 2. The first player to act is chosen by chance, uniformly ("starting at a
@@ -31,8 +37,10 @@ the choices made here (also in docs/games.md):
 
 from __future__ import annotations
 
+import copy
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from backroom.games.base import (
     CHANCE,
@@ -40,6 +48,7 @@ from backroom.games.base import (
     Action,
     ActionSpec,
     Game,
+    GameInfo,
     IllegalActionError,
     State,
     register,
@@ -66,7 +75,10 @@ LOKI_RULES = (
 
 @register
 class KuhnPoker(Game):
+    """The ``kuhn`` config name: checks the parameters and picks the variant's ``State`` class."""
+
     name = "kuhn"
+    state_class: type[KuhnState]
 
     def __init__(
         self,
@@ -83,6 +95,7 @@ class KuhnPoker(Game):
             self.num_players = 3
             self.num_cards = 5
             self.start: int | Literal["random"] = "random" if start is None else start
+            self.state_class = LokiKuhnState
         else:
             self.num_players = 2 if players is None else players
             if self.num_players < 2:
@@ -91,18 +104,32 @@ class KuhnPoker(Game):
             if start not in (None, 0):
                 raise ValueError("classic kuhn always starts with player 0 (as OpenSpiel)")
             self.start = 0
+            self.state_class = ClassicKuhnState
         if self.start != "random" and not (
             isinstance(self.start, int) and 0 <= self.start < self.num_players
         ):
             raise ValueError(f"start must be 'random' or a seat in 0..{self.num_players - 1}")
-        self.action_names = LOKI_NAMES if variant == "loki" else CLASSIC_NAMES
+
+    @property
+    def info(self) -> GameInfo:
+        # The facts follow from the rules, so the variant's State class states them.
+        return self.state_class.game_info(self)
 
     def params(self) -> dict[str, JSON]:
         return {"variant": self.variant, "players": self.num_players, "start": self.start}
 
 
 class KuhnState(State):
+    """What both variants share: the deal, ante and contributions, the showdown, the views.
+
+    A variant says who may do what (``legal_actions``, ``_move``), how a player's
+    knowledge is written (``information_state``), the rules text of its prompt
+    and its facts (``game_info``).
+    """
+
     game: KuhnPoker
+    #: Action names by number; a name is accepted in place of its number.
+    action_names: ClassVar[tuple[str, ...]]
 
     def __init__(self, game: KuhnPoker, seed: int | None) -> None:
         super().__init__(game, seed)
@@ -110,131 +137,99 @@ class KuhnState(State):
         self.cards: list[int] = []
         self.start: int | None = None if game.start == "random" else game.start
         self.history: list[tuple[int, int]] = []  # (player, action)
-        self.contrib = [1] * n
+        self.contrib = [1] * n  # the ante
         self.folded = [False] * n
-        self.raised = [False] * n
-        self.acted = [False] * n
-        self.max_bet = 1
-        self.first_bettor: int | None = None
         self.to_move: int | None = None
         self.winner: int | None = None
+
+    @classmethod
+    @abstractmethod
+    def game_info(cls, game: KuhnPoker) -> GameInfo:
+        """The variant's :class:`GameInfo` for ``game``'s parameters."""
+
+    def clone(self) -> KuhnState:
+        """A copy of the play; the ``Game`` is shared.
+
+        Every field is a scalar or a list of scalars (or of tuples), so copying
+        the lists is a full copy, and about ten times faster than the generic deep
+        copy — which was most of the time of a recursive solver walking states.
+        ``round_rewards`` is a list of lists but Kuhn never fills it.
+        """
+        new = object.__new__(type(self))
+        new.__dict__ = {k: v[:] if type(v) is list else v for k, v in self.__dict__.items()}
+        if self._rng is not None:
+            new._rng = copy.deepcopy(self._rng)
+        return new
+
+    @property
+    def max_bet(self) -> int:
+        """The highest contribution, which every live player must match.
+
+        Derived, not stored: a stored copy is what one variant once forgot to update.
+        """
+        return max(self.contrib)
 
     # --- chance --------------------------------------------------------------
 
     def _dealing(self) -> bool:
         return len(self.cards) < self.num_players
 
+    def _at_chance(self) -> bool:
+        return self._dealing()
+
     def current_players(self) -> frozenset[int]:
         if self.winner is not None:
             return frozenset()
-        if self._dealing() or self.start is None:
+        if self._at_chance():
             return frozenset({CHANCE})
         assert self.to_move is not None
         return frozenset({self.to_move})
 
     def chance_outcomes(self) -> list[tuple[Action, float]]:
-        if self._dealing():
-            left = [c for c in range(self.game.num_cards) if c not in self.cards]
-            return [(c, 1.0 / len(left)) for c in left]
-        if self.start is None:
-            n = self.num_players
-            return [(p, 1.0 / n) for p in range(n)]
-        raise NotImplementedError("not a chance node")
+        if not self._dealing():
+            raise NotImplementedError("not a chance node")
+        left = [c for c in range(self.game.num_cards) if c not in self.cards]
+        return [(c, 1.0 / len(left)) for c in left]
 
     def _apply_chance(self, outcome: Action) -> None:
-        if self._dealing():
-            if outcome in self.cards or not 0 <= outcome < self.game.num_cards:
-                raise IllegalActionError(f"card {outcome!r} cannot be dealt")
-            self.cards.append(int(outcome))
-        else:
-            self.start = int(outcome)
-        if not self._dealing() and self.start is not None:
+        if not self._dealing():
+            raise IllegalActionError("not a chance node")
+        if outcome in self.cards or not 0 <= outcome < self.game.num_cards:
+            raise IllegalActionError(f"card {outcome!r} cannot be dealt")
+        self.cards.append(int(outcome))
+        if not self._at_chance():
             self.to_move = self.start
 
     # --- moves ---------------------------------------------------------------
 
-    def legal_actions(self, player: int) -> Sequence[Action]:
-        if player != self.to_move or self.winner is not None or self._dealing():
-            return []
-        if self.game.variant == "classic":
-            return [PASS, BET]
-        return [FOLD, CALL] if self.raised[player] else [FOLD, CALL, RAISE]
+    def _may_act(self, player: int) -> bool:
+        return player == self.to_move and self.winner is None and not self._at_chance()
 
     def action_spec(self, player: int) -> ActionSpec:
         legal = self.legal_actions(player)
-        return ActionSpec(
-            choices=tuple(legal), names=tuple(self.game.action_names[a] for a in legal)
-        )
+        return ActionSpec(choices=tuple(legal), names=tuple(self.action_names[a] for a in legal))
 
     def check_action(self, player: int, action: Action) -> Action:
         # Accept an action's name ("raise") as well as its number, for people and LLMs.
-        if isinstance(action, str) and action.lower() in self.game.action_names:
-            action = self.game.action_names.index(action.lower())
+        if isinstance(action, str) and action.lower() in self.action_names:
+            action = self.action_names.index(action.lower())
         if isinstance(action, bool) or not isinstance(action, int):
             raise IllegalActionError(
-                f"action must be one of {list(self.game.action_names)} or its index, not {action!r}"
+                f"action must be one of {list(self.action_names)} or its index, not {action!r}"
             )
         return super().check_action(player, action)
-
-    def default_action(self, player: int) -> Action:
-        # A seat that times out checks when it can and otherwise folds, as a
-        # dealer would rule for an absent player.
-        if self.game.variant == "classic":
-            return PASS
-        return CALL if self.contrib[player] == self.max_bet else FOLD
 
     def _apply(self, actions: Mapping[int, Action]) -> None:
         ((player, action),) = actions.items()
         self.history.append((player, action))
-        if self.game.variant == "classic":
-            self._apply_classic(player, action)
-        else:
-            self._apply_loki(player, action)
+        self._move(player, action)
 
-    def _apply_classic(self, player: int, action: int) -> None:
-        n = self.num_players
-        if action == BET:
-            if self.first_bettor is None:
-                self.first_bettor = player
-            self.contrib[player] += 1
-            # `to_call` in the observation reads max_bet, as in loki: keep it current.
-            self.max_bet = self.contrib[player]
-        elif self.first_bettor is not None:
-            # A pass facing a bet is a fold (OpenSpiel's rules): say so at once, not at showdown.
-            self.folded[player] = True
-        num_actions = len(self.history)
-        if self.first_bettor is None and num_actions == n:
-            self.winner = max(range(n), key=lambda p: self.cards[p])
-        elif self.first_bettor is not None and num_actions == n + self.first_bettor:
-            stayed = [p for p in range(n) if self.contrib[p] == 2]
-            self.winner = max(stayed, key=lambda p: self.cards[p])
-        else:
-            self.to_move = (player + 1) % n
-        if self.winner is not None:
-            self.folded = [self.contrib[p] < max(self.contrib) for p in range(n)]
+    @abstractmethod
+    def _move(self, player: int, action: int) -> None:
+        """Apply one legal move of ``player``: chips, folds, who is next, or the winner."""
 
-    def _apply_loki(self, player: int, action: int) -> None:
-        n = self.num_players
-        self.acted[player] = True
-        if action == FOLD:
-            self.folded[player] = True
-        elif action == RAISE:
-            self.raised[player] = True
-            self.max_bet += 1
-            self.contrib[player] = self.max_bet
-        else:
-            self.contrib[player] = self.max_bet
-        live = [p for p in range(n) if not self.folded[p]]
-        if len(live) == 1:
-            self.winner = live[0]
-            return
-        if all(self.acted[p] and self.contrib[p] == self.max_bet for p in live):
-            self.winner = max(live, key=lambda p: self.cards[p])
-            return
-        nxt = (player + 1) % n
-        while self.folded[nxt]:
-            nxt = (nxt + 1) % n
-        self.to_move = nxt
+    def _showdown(self, live: Sequence[int]) -> None:
+        self.winner = max(live, key=lambda p: self.cards[p])
 
     # --- outcomes ------------------------------------------------------------
 
@@ -251,13 +246,8 @@ class KuhnState(State):
 
     # --- what players see ----------------------------------------------------
 
-    def information_state(self, player: int) -> str:
-        if self.game.variant == "classic":
-            return str(self.cards[player]) + "".join("pb"[a] for _, a in self.history)
-        return f"{self.cards[player]} s{self.start} " + "".join("fcr"[a] for _, a in self.history)
-
     def observation(self, player: int) -> dict[str, JSON]:
-        names = self.game.action_names
+        names = self.action_names
         obs: dict[str, Any] = {
             "game": "kuhn",
             "variant": self.game.variant,
@@ -269,7 +259,7 @@ class KuhnState(State):
             "contributions": list(self.contrib),
             "folded": list(self.folded),
             "to_call": self.max_bet - self.contrib[player],
-            "info_state": self.information_state(player) if not self._dealing() else None,
+            "info_state": None if self._at_chance() else self.information_state(player),
         }
         if self.winner is not None:
             # Showdown reveals the cards of players still in; folded cards stay hidden.
@@ -281,19 +271,15 @@ class KuhnState(State):
         return obs
 
     def card_name(self, card: int) -> str:
-        return LOKI_CARD_NAMES[card] if self.game.variant == "loki" else str(card)
+        return str(card)
+
+    @abstractmethod
+    def rules_text(self) -> str:
+        """The prompt's opening paragraph: the rules, as this variant's players are told them."""
 
     def prompt(self, player: int) -> str:
-        names = self.game.action_names
-        lines = []
-        if self.game.variant == "loki":
-            lines.append(LOKI_RULES)
-        else:
-            lines.append(
-                f"You are playing Kuhn poker with {self.num_players} players and "
-                f"{self.game.num_cards} cards numbered 0 to {self.game.num_cards - 1}; the "
-                "highest card wins. Each player antes 1 chip. On your turn you may pass or bet 1."
-            )
+        names = self.action_names
+        lines = [self.rules_text()]
         if self.history:
             moves = "; ".join(f"player_{p} {names[a]}s" for p, a in self.history)
             lines.append(f"So far: {moves}.")
@@ -310,4 +296,162 @@ class KuhnState(State):
         return "\n\n".join(lines)
 
 
-KuhnPoker.state_class = KuhnState
+class ClassicKuhnState(KuhnState):
+    """OpenSpiel's ``kuhn_poker``: pass/bet, player 0 first, one round after the first bet."""
+
+    action_names = CLASSIC_NAMES
+
+    def __init__(self, game: KuhnPoker, seed: int | None) -> None:
+        super().__init__(game, seed)
+        self.first_bettor: int | None = None
+
+    @classmethod
+    def game_info(cls, game: KuhnPoker) -> GameInfo:
+        """OpenSpiel's values for ``kuhn_poker(players=n)``, all of them attained.
+
+        The worst a seat can do is bet (or call) and lose its 2 chips; the best,
+        bet and be called by every other seat: 2(n − 1). The longest play is
+        n − 1 passes, a bet by the last seat, and the n − 1 answers to it.
+        """
+        n = game.num_players
+        return GameInfo(
+            num_players=n,
+            min_utility=-2.0,
+            max_utility=2.0 * (n - 1),
+            utility_sum=0.0,
+            max_game_length=2 * n - 1,
+            max_chance_nodes=n,
+            max_chance_outcomes=n + 1,
+        )
+
+    def legal_actions(self, player: int) -> Sequence[Action]:
+        return [PASS, BET] if self._may_act(player) else []
+
+    def default_action(self, player: int) -> Action:
+        # A seat that times out passes: a check, or a fold facing a bet.
+        return PASS
+
+    def _move(self, player: int, action: int) -> None:
+        n = self.num_players
+        if action == BET:
+            if self.first_bettor is None:
+                self.first_bettor = player
+            self.contrib[player] += 1
+        elif self.first_bettor is not None:
+            # A pass facing a bet is a fold (OpenSpiel's rules): say so at once, not at showdown.
+            self.folded[player] = True
+        moves = len(self.history)
+        if self.first_bettor is None and moves == n:
+            self._showdown(range(n))
+        elif self.first_bettor is not None and moves == n + self.first_bettor:
+            self._showdown([p for p in range(n) if not self.folded[p]])
+        else:
+            self.to_move = (player + 1) % n
+
+    def information_state(self, player: int) -> str:
+        return str(self.cards[player]) + "".join("pb"[a] for _, a in self.history)
+
+    def rules_text(self) -> str:
+        return (
+            f"You are playing Kuhn poker with {self.num_players} players and "
+            f"{self.game.num_cards} cards numbered 0 to {self.game.num_cards - 1}; the "
+            "highest card wins. Each player antes 1 chip. On your turn you may pass or bet 1."
+        )
+
+
+class LokiKuhnState(KuhnState):
+    """The Loki paper's 3-player game: fold/call/raise, a random first player, one raise each."""
+
+    action_names = LOKI_NAMES
+
+    def __init__(self, game: KuhnPoker, seed: int | None) -> None:
+        super().__init__(game, seed)
+        self.raised = [False] * game.num_players
+        self.acted = [False] * game.num_players
+
+    @classmethod
+    def game_info(cls, game: KuhnPoker) -> GameInfo:
+        """Bounds from the raise cap, all attained; the length found by enumeration.
+
+        A seat puts in at most the highest bet, 4, and wins at most the others'
+        4 + 4 = 8. The longest hand has 9 moves: two checks, then three raises,
+        each but the last answered by one call (a second call would close the
+        betting) and the last by two (``ccrcrcrcc``); ``tests/test_game_info.py``
+        enumerates every hand to confirm it. Chance deals three cards (5, 4, 3
+        outcomes) and, unless ``start`` fixes it, draws the first player.
+        """
+        return GameInfo(
+            num_players=3,
+            min_utility=-4.0,
+            max_utility=8.0,
+            utility_sum=0.0,
+            max_game_length=9,
+            max_chance_nodes=3 + (game.start == "random"),
+            max_chance_outcomes=game.num_cards,
+        )
+
+    # --- chance: the deal, then the first player unless ``start`` fixed it --------
+
+    def _at_chance(self) -> bool:
+        return self._dealing() or self.start is None
+
+    def chance_outcomes(self) -> list[tuple[Action, float]]:
+        if not self._dealing() and self.start is None:
+            n = self.num_players
+            return [(p, 1.0 / n) for p in range(n)]
+        return super().chance_outcomes()
+
+    def _apply_chance(self, outcome: Action) -> None:
+        if self._dealing():
+            super()._apply_chance(outcome)
+            return
+        if self.start is not None:
+            raise IllegalActionError("not a chance node")
+        if isinstance(outcome, bool) or outcome not in range(self.num_players):
+            raise IllegalActionError(f"{outcome!r} is not a seat that can start")
+        self.start = self.to_move = int(outcome)
+
+    # --- moves ---------------------------------------------------------------
+
+    def legal_actions(self, player: int) -> Sequence[Action]:
+        if not self._may_act(player):
+            return []
+        return [FOLD, CALL] if self.raised[player] else [FOLD, CALL, RAISE]
+
+    def default_action(self, player: int) -> Action:
+        # A seat that times out checks when it can and otherwise folds, as a
+        # dealer would rule for an absent player.
+        return CALL if self.contrib[player] == self.max_bet else FOLD
+
+    def _move(self, player: int, action: int) -> None:
+        n = self.num_players
+        self.acted[player] = True
+        if action == FOLD:
+            self.folded[player] = True
+        elif action == RAISE:
+            self.raised[player] = True
+            self.contrib[player] = self.max_bet + 1
+        else:
+            self.contrib[player] = self.max_bet
+        live = [p for p in range(n) if not self.folded[p]]
+        if len(live) == 1:
+            self.winner = live[0]
+            return
+        if all(self.acted[p] and self.contrib[p] == self.max_bet for p in live):
+            self._showdown(live)
+            return
+        nxt = (player + 1) % n
+        while self.folded[nxt]:
+            nxt = (nxt + 1) % n
+        self.to_move = nxt
+
+    # --- what players see ----------------------------------------------------
+
+    def information_state(self, player: int) -> str:
+        return f"{self.cards[player]} s{self.start} " + "".join("fcr"[a] for _, a in self.history)
+
+    def card_name(self, card: int) -> str:
+        return LOKI_CARD_NAMES[card]
+
+    def rules_text(self) -> str:
+        return LOKI_RULES

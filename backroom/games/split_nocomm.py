@@ -42,6 +42,7 @@ from backroom.games.base import (
     Action,
     ActionSpec,
     Game,
+    GameInfo,
     IllegalActionError,
     State,
     register,
@@ -131,6 +132,23 @@ class SplitNoComm(Game):
         self.prompt_overrides = dict(prompts or {})
         self.prompts = merge_prompts(PROMPTS, prompts, self.name)
         self.outcomes = value_outcomes(self.low, self.high)
+
+    @property
+    def info(self) -> GameInfo:
+        """Per round a seat gets between nothing (it claims nothing) and every item at its
+        values (it claims all, the other nothing), in a round whose values have the
+        largest total; both ends are attained. General-sum: over-claims lose value.
+        """
+        best = max(sum(mine) for mine, _ in self.outcomes)
+        return GameInfo(
+            num_players=2,
+            min_utility=0.0,
+            max_utility=float(self.rounds * self.quantity * best),
+            utility_sum=None,
+            max_game_length=self.rounds,
+            max_chance_nodes=self.rounds,
+            max_chance_outcomes=len(self.outcomes),
+        )
 
     def params(self) -> dict[str, JSON]:
         return {

@@ -35,7 +35,7 @@ from backroom.games._common import (
     split_allocation,
     totals_fields,
 )
-from backroom.games.base import JSON, Action, Game, IllegalActionError, register
+from backroom.games.base import JSON, Action, Game, GameInfo, IllegalActionError, register
 
 HANDS = ("rock", "paper", "scissors")
 #: hand -> the hand it has the upper hand over.
@@ -125,6 +125,27 @@ class TrustAndSplit(Game):
         self.names = seat_names(self.name, names, ["Alice", "Bob"])
         self.prompt_overrides = dict(prompts or {})
         self.prompts = merge_prompts(PROMPTS, prompts, self.name)
+
+    @property
+    def info(self) -> GameInfo:
+        """Per round a seat keeps 0 to ``coins`` coins worth the upper or the lower value
+        each, and can hold either hand in any round, so the bounds are attained.
+
+        A round is ``2 · messages_per_round`` messages and one simultaneous
+        proposal; chance draws the first speaker (unless fixed) and every round's hands.
+        """
+        values = (self.upper_value, self.lower_value)
+        per_round = [self.coins * v for v in values] + [0.0]
+        first = self.first_speaker is None
+        return GameInfo(
+            num_players=2,
+            min_utility=self.rounds * min(per_round),
+            max_utility=self.rounds * max(per_round),
+            utility_sum=None,
+            max_game_length=self.rounds * (2 * self.messages_per_round + 1),
+            max_chance_nodes=self.rounds + first,
+            max_chance_outcomes=len(DEALS),
+        )
 
     def value(self, hand: str, other: str) -> float:
         return self.upper_value if is_upper(hand, other) else self.lower_value

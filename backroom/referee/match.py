@@ -13,6 +13,7 @@ that does not answer in time gets the configured default.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import time
@@ -70,6 +71,21 @@ class Observer(Protocol):
     def observe(self, amount: float) -> None: ...
 
 
+def play_seed(spec: MatchSpec) -> int:
+    """The seed a match's agents sample from (``MatchStart.seed``): its own, rerun after rerun.
+
+    A CRN group's members share ``spec.seed`` so they deal alike; if their
+    agents sampled alike too, the group would play one match k times (and a
+    GRPO group would have no spread to learn from). So past the group's first
+    match, the seed is mixed with ``crn_index`` by a fixed hash (not Python's
+    ``hash``, which varies per process).
+    """
+    if spec.crn_index == 0:
+        return spec.seed
+    digest = hashlib.blake2b(f"{spec.seed}/crn/{spec.crn_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # non-negative, fits a signed 64-bit int
+
+
 class MatchReferee(Protocol):
     """What a ``Match`` needs from the referee that runs it.
 
@@ -83,8 +99,7 @@ class MatchReferee(Protocol):
     def log(self) -> logging.Logger: ...
     @property
     def offline(self) -> Container[str]: ...  # agents whose status says offline
-    @property
-    def offline_grace_s(self) -> float: ...
+    def offline_wait(self, agent: str) -> float: ...  # seconds of its grace left (0: none)
     @property
     def public_due(self) -> dict[str, Match]: ...  # matches whose public events wait for a flush
 
@@ -187,6 +202,7 @@ class Match:
                     channels=mine,
                     turn_timeout_s=self.spec.turn_timeout_s,
                     adapter=self.spec.adapters[seat] if seat < len(self.spec.adapters) else None,
+                    seed=play_seed(self.spec),
                 ),
             )
         self.public("started", {"game": self.spec.game, "seats": list(self.spec.seats)})
@@ -238,16 +254,22 @@ class Match:
         self.end_turn()
 
     def seat_offline(self, agent: str) -> None:
-        """An agent's last will said offline: default its open turns after a short grace.
+        """An agent's status says offline: default its open turns once its grace is over.
 
-        Not at once: a broker shutting down publishes every client's will before
-        the referee notices it lost the broker too, and an agent that merely
-        reconnects comes back within the grace.
+        The grace (``offline_grace_s``) runs once, from the moment the status
+        said offline, not once per turn: a broker shutting down publishes every
+        client's will before the referee notices it lost the broker too, and an
+        agent that merely reconnects comes back within it. Past it, a seat of
+        an agent still offline gets its default at once; waiting the grace on
+        every turn made each later match of a killed agent cost a second
+        (``referee.offline_wait``).
         """
         if any(self.spec.seats[seat] == agent for seat in self.pending):
-            asyncio.get_running_loop().call_later(
-                self.referee.offline_grace_s, self._give_up, agent, self.turn_no
-            )
+            wait = self.referee.offline_wait(agent)
+            if wait <= 0:
+                self._give_up(agent, self.turn_no)
+            else:
+                asyncio.get_running_loop().call_later(wait, self._give_up, agent, self.turn_no)
 
     def _give_up(self, agent: str, turn_no: int) -> None:
         if agent not in self.referee.offline or turn_no != self.turn_no:

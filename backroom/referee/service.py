@@ -1,34 +1,46 @@
 """The referee process: takes match requests, runs matches, routes what agents send.
 
-Several referees split the work: match requests arrive through the shared
-subscription ``$share/referees/.../control/matches``, so the broker hands each
-request to one of them. Each referee reads every outbox and acts only on
-messages for its own matches.
+Several referees split the work: match requests arrive through a shared
+subscription ``$share/<group>/.../control/matches``, so the broker hands each
+request to one of them. The group's name is a secret among referees (see
+``Referee._join_group``): Mosquitto lets anyone subscribe to anything, and a
+stranger in the group would be handed requests it cannot read. Each referee
+reads every outbox and acts only on messages for its own matches.
 
 Input handling is the security boundary after the broker's ACL. The sender of
 an outbox message is the agent named in the topic (the ACL lets only that
 identity write there); anything that fails validation gets an ``Error`` with a
 reason in the sender's inbox and is counted in
 ``backroom_invalid_inputs_total``. Nothing an agent sends can stop a match or
-the referee.
+the referee, nor make it send more than it received: one payload (a batch of
+any length) gets at most one ``Error`` back, and each identity's errors come
+out of a token bucket (``ERROR_BURST``, refilled at ``ERROR_RATE_PER_S``);
+errors past it are dropped and counted in ``backroom_errors_dropped_total``.
+What each identity may send is budgeted too (``INPUT_BURST_BYTES``, then
+``INPUT_BYTES_PER_S``): past it, payloads are dropped unread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import re
+import secrets
 import socket
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from backroom import metrics
 from backroom.bus import topics
-from backroom.bus.client import BUSY_MATCHES, Bus, BusConfig, Will
+from backroom.bus.client import Bus, BusConfig, BusError, Will
 from backroom.bus.wire import (
     MAX_PAYLOAD_BYTES,
     Action,
@@ -45,11 +57,78 @@ from backroom.bus.wire import (
     parse,
     parse_all,
 )
+from backroom.games.base import registered_games
 from backroom.referee.episodes import EpisodeLog
 from backroom.referee.match import Match
 
 #: How many finished match ids a referee remembers, to answer late messages and drop duplicate requests.
 FINISHED_MEMORY = 10_000
+#: Error replies an identity may get at once, and how fast its budget refills
+#: (per second). A well-behaved agent gets a handful of errors per match; a
+#: flood from one identity must not become a flood back.
+ERROR_BURST = 100
+ERROR_RATE_PER_S = 20.0
+#: What one identity may send the referee, in outbox bytes: a burst, then a rate.
+#: A busy agent (hundreds of matches in flight) sends some 200 KB/s; past the
+#: budget a payload is dropped before it is parsed (``backroom_inputs_dropped_total``)
+#: and its moves are lost, so that agent's seats time out to their defaults,
+#: while every other agent's matches go on at full speed.
+INPUT_BURST_BYTES = 1 << 20
+INPUT_BYTES_PER_S = 512 * 1024.0
+#: Error budgets kept at once (identities are bounded by the broker's password
+#: file, but the referee does not trust that to bound its memory).
+ERROR_BUDGETS = 10_000
+#: Seconds a referee that proposed a group name waits for rival proposals from
+#: referees started at the same moment on a fresh broker.
+GROUP_SETTLE_S = 0.3
+#: Seconds to wait for the probe that says every retained group name has arrived.
+GROUP_PROBE_TIMEOUT_S = 5.0
+#: What a group name looks like: 128 random bits, so it cannot be guessed.
+GROUP_NAME = re.compile(r"^referees-[0-9a-f]{32}$")
+#: Seconds a referee starting under an identity that was used before stays ready to
+#: be thrown off by a process still logged in under it (``IdentityInUse``). That
+#: process reconnects within about 0.1 s of losing its connection (the bus's first
+#: backoff), so a second leaves room for a busy one.
+IDENTITY_WINDOW_S = 1.0
+#: Seconds after a reconnect during which seats of agents whose status says offline
+#: still wait for them (instead of getting the default at once, past their grace): a
+#: broker that went away sent everyone's will, and agents come back on their own
+#: backoff, up to 3 s after the broker (``bus.connection``).
+RECONNECT_GRACE_S = 5.0
+#: Why a stopping referee voids the matches it runs: not the match's doing, so the
+#: runner asks for them again (``backroom.runner.local``).
+SHUTTING_DOWN = "referee shutting down"
+
+T = TypeVar("T")
+
+
+class IdentityInUse(BusError):
+    """Another process is logged in under this referee's identity: this one does not start.
+
+    The broker keeps one connection per identity (the MQTT client id is the
+    username), so two referees under one name throw each other off, round and
+    round, each voiding its matches in flight every time.
+    """
+
+
+class TokenBucket:
+    """``capacity`` tokens, refilled at ``rate`` per second; ``take`` spends one when there is one."""
+
+    __slots__ = ("at", "capacity", "rate", "tokens")
+
+    def __init__(self, capacity: float, rate: float, now: float) -> None:
+        self.capacity = capacity
+        self.rate = rate
+        self.tokens = capacity
+        self.at = now
+
+    def take(self, now: float, n: float = 1) -> bool:
+        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= n:
+            self.tokens -= n
+            return True
+        return False
 
 
 class Referee:
@@ -58,9 +137,12 @@ class Referee:
         config: BusConfig,
         runs_dir: str | Path = "runs",
         referee_id: str | None = None,
-        max_matches: int = 10_000,
         offline_grace_s: float = 1.0,
         public_interval_s: float = 0.25,
+        error_burst: int = ERROR_BURST,
+        error_rate_per_s: float = ERROR_RATE_PER_S,
+        input_burst_bytes: int = INPUT_BURST_BYTES,
+        input_bytes_per_s: float = INPUT_BYTES_PER_S,
     ) -> None:
         self.config = config
         self.id = (
@@ -68,7 +150,6 @@ class Referee:
         )
         self.log = logging.getLogger("backroom.referee")
         self.episodes = EpisodeLog(runs_dir)
-        self.max_matches = max_matches
         self.offline_grace_s = offline_grace_s
         self.public_interval_s = public_interval_s
         self.public_due: dict[str, Match] = {}
@@ -77,53 +158,222 @@ class Referee:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.finished_ids: OrderedDict[str, None] = OrderedDict()
         self.offline: set[str] = set()
+        self.offline_since: dict[str, float] = {}  # agent -> monotonic time its status said offline
         self.kinds: dict[str, str] = {}
         self.batching: set[str] = set()  # agents whose status says they read batched inboxes
         self._counters: dict[tuple[str, str], Any] = {}
         self._latency: dict[tuple[str, str], Any] = {}
+        self.error_burst = error_burst
+        self.error_rate_per_s = error_rate_per_s
+        self._budgets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self.input_burst_bytes = input_burst_bytes
+        self.input_bytes_per_s = input_bytes_per_s
+        self._inputs: OrderedDict[str, TokenBucket] = OrderedDict()
+        # While an outbox payload is judged: its sender, its first refusal, how many more.
+        self._judging: str | None = None
+        self._held: Error | None = None
+        self._held_more = 0
+        #: The shared-subscription group this referee reads requests in (None until joined).
+        self.group: str | None = None
+        self.groups: dict[str, str] = {}  # referee -> the group it says it reads in
+        self._probed = asyncio.Event()
         self.bus: Bus | None = None
         self.idle = asyncio.Event()
         self.idle.set()
+        # While starting: whether a status of this identity was retained (someone used
+        # it before), and whether the connection was taken away (someone still does).
+        self._starting = False
+        self._used_before = False
+        self._taken = asyncio.Event()
+        #: Until when (monotonic) offline agents are waited for after a reconnect.
+        self._settle_until = 0.0
 
     # --- lifecycle -----------------------------------------------------------------
 
     async def __aenter__(self) -> Referee:
+        """Connect, join the referees' group, announce ``online``; ``IdentityInUse`` if taken.
+
+        The session expires with the connection (expiry 0): the broker then
+        forgets this referee's place in the shared-subscription group the
+        moment it is gone. With an expiry, a referee killed outright kept being
+        handed its share of the match requests for that long, queued for a
+        session nobody would resume. A referee that reconnects subscribes
+        again, and voids what it was running anyway (``_on_disconnect``).
+
+        No process can look whether its identity is online without logging in
+        under it, which throws off whoever is (the client id is the username).
+        So a referee starting under a name used before (a status of it is
+        retained) stays ready for ``IDENTITY_WINDOW_S`` to be thrown off in
+        turn: a process still logged in under the name reconnects at once, and
+        this one then stops, without reconnecting, instead of taking the name
+        back again and again. The other process loses its connection once.
+        """
         name = self.config.username or "referee"
         self.bus = Bus(
-            self.config,
+            replace(self.config, session_expiry_s=0),
             will=Will(topics.status(name), dump(Status(state="offline", kind="referee"))),
-            on_connect=[self._announce],
+            on_connect=[self._announce, self._reconnected],
             on_disconnect=[self._on_disconnect],
             role="referee",
         )
-        # Subscribed before connecting, so "online" is announced only once
-        # requests and outboxes are being read.
+        # "online" is announced only once requests and outboxes are being read.
         await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
         await self.bus.subscribe(topics.ALL_OUTBOXES, self._on_outbox)
-        await self.bus.subscribe(topics.CONTROL_MATCHES_SHARED, self._on_request)
-        await self.bus.__aenter__()
+        await self.bus.subscribe(topics.REFEREE_GROUPS, self._on_group)
+        await self.bus.subscribe(topics.referee_probe(name), self._on_probe)
+        self._starting = True
+        try:
+            await self.bus.__aenter__()
+            connected = time.monotonic()
+            group = await self._unless_taken(self._join_group(name))
+            if self._used_before:
+                left = connected + IDENTITY_WINDOW_S - time.monotonic()
+                await self._unless_taken(asyncio.sleep(max(0.0, left)))
+            await self.bus.subscribe(topics.control_matches_shared(group), self._on_request)
+        except IdentityInUse:
+            await self.bus.close()
+            raise
+        finally:
+            self._starting = False
+        self.group = group
+        await self._announce()
         return self
+
+    async def _unless_taken(self, step: Awaitable[T]) -> T:
+        """``step``'s result, unless the connection is taken away first: then ``IdentityInUse``."""
+        name = self.config.username or "referee"
+        work = asyncio.ensure_future(step)
+        taken = asyncio.ensure_future(self._taken.wait())
+        try:
+            await asyncio.wait({work, taken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, taken):
+                if not task.done():
+                    task.cancel()
+        if self._taken.is_set():
+            raise IdentityInUse(
+                f"referee identity {name!r} is in use: another process logged in as {name!r} "
+                "took the connection back while this referee was starting (or the broker went "
+                "away). Stop that process, or start this referee under an identity of its own "
+                "(`backroom credentials add NAME --role referee`)."
+            )
+        return work.result()
 
     async def __aexit__(self, *exc: object) -> None:
         for match in list(self.matches.values()):
-            match.void("referee shutting down")
+            match.void(SHUTTING_DOWN)
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=5)
         if self.bus is not None:
+            if self.group is not None:
+                await self._goodbye()
             await self.bus.close()
+
+    async def _goodbye(self) -> None:
+        """Say ``offline``, and take this referee's group record away.
+
+        A normal disconnect sends no will: without this, a referee that stopped
+        left ``online`` retained for good, and runners would count on it. The
+        group record goes too (an empty retained message deletes it), so the
+        records of referees that runs started and stopped do not pile up on a
+        shared broker, nor lead a later referee into a group nobody reads in;
+        the referees still running keep theirs.
+        """
+        assert self.bus is not None
+        name = self.config.username or "referee"
+        offline = Status(state="offline", kind="referee")
+        with contextlib.suppress(Exception):  # the broker gone: the will says offline
+            await asyncio.wait_for(
+                asyncio.gather(
+                    self.bus.publish(topics.status(name), offline, retain=True),
+                    self.bus.publish(topics.referee_group(name), b"", retain=True),
+                ),
+                2,
+            )
 
     async def serve_forever(self) -> None:
         async with self:
             await asyncio.Event().wait()
 
+    async def _reconnected(self) -> None:
+        if self.group is not None:  # not the first connect: the broker was away
+            self._settle_until = time.monotonic() + RECONNECT_GRACE_S
+
     async def _announce(self) -> None:
+        if self.group is None:
+            return  # connected, but not reading requests yet: ``__aenter__`` announces
         assert self.bus is not None
         name = self.config.username or "referee"
+        # Again on every connect: a broker that lost its retained messages learns
+        # the group back from the referees that read in it.
+        await self.bus.publish(topics.referee_group(name), self.group.encode(), retain=True)
         await self.bus.publish(
             topics.status(name), Status(state="online", kind="referee"), retain=True
         )
 
+    async def _join_group(self, name: str) -> str:
+        """The shared-subscription group this referee reads match requests in.
+
+        The broker's ACL cannot keep anyone out of a group (Mosquitto does not
+        check subscriptions, see ``backroom.bus.auth``), so the group's name is
+        the lock: 128 random bits, kept retained under ``control/referees/``,
+        which only referees may read. A referee adopts the name the referees
+        before it use; the first one on a broker makes one up. Referees started
+        at the same moment on a fresh broker may each propose one: each waits
+        ``GROUP_SETTLE_S`` for the others' and all take the smallest.
+        """
+        assert self.bus is not None
+        await self._probe(name)
+        if not self.groups:
+            mine = f"referees-{secrets.token_hex(16)}"
+            await self.bus.publish(topics.referee_group(name), mine.encode(), retain=True)
+            await asyncio.sleep(GROUP_SETTLE_S)
+            self.groups.setdefault(name, mine)
+        return min(self.groups.values())
+
+    async def _probe(self, name: str) -> None:
+        """Return once every retained group name has arrived.
+
+        The broker sends a subscription's retained messages before it handles
+        the client's next packet, so the referee's own message on its probe
+        topic comes back after all of them.
+        """
+        assert self.bus is not None
+        self._probed.clear()
+        await self.bus.publish(topics.referee_probe(name), b"probe")
+        try:
+            await asyncio.wait_for(self._probed.wait(), GROUP_PROBE_TIMEOUT_S)
+        except TimeoutError:
+            self.log.warning(
+                "no echo from the broker in %ss; choosing a group anyway", GROUP_PROBE_TIMEOUT_S
+            )
+
+    def _on_probe(self, _topic: str, _payload: bytes) -> None:
+        self._probed.set()
+
+    def _on_group(self, topic: str, payload: bytes) -> None:
+        referee = topic.split("/")[-2]
+        name = payload.decode(errors="replace")
+        if not GROUP_NAME.match(name):
+            self.groups.pop(referee, None)  # an emptied (or foreign) record
+            return
+        self.groups[referee] = name
+        if self.group is not None and name != self.group:
+            self.log.warning(
+                "referee %s reads match requests in another group than this one: "
+                "restart the referees so they settle on one",
+                referee,
+            )
+
     async def _on_disconnect(self) -> None:
+        if self._starting:
+            # Thrown off while starting: a process still logged in under this
+            # identity took the connection back (``__aenter__``). Stay off rather
+            # than throw it off again.
+            self._taken.set()
+            if self.bus is not None:
+                await self.bus.close()
+            return
         # Messages sent while the broker was away may be lost both ways, so a
         # match in flight can no longer be refereed fairly: void it, and say so.
         for match in list(self.matches.values()):
@@ -153,9 +403,11 @@ class Referee:
             self._publish_refusal(msg, str(exc))
             return
         self.matches[match.id] = match
-        self._busy_or_not()
         if msg.reply_to:
-            ack = Event(match=match.id, kind="accepted", data={"referee": self.id})
+            # "identity": whose status tells the runner when this referee is gone
+            # (its will), and with it the matches it accepted.
+            data = {"referee": self.id, "identity": self.config.username or "referee"}
+            ack = Event(match=match.id, kind="accepted", data=data)
             self.send(topics.inbox(msg.reply_to), ack, batch=msg.reply_batches)
         self.idle.clear()
         self._spawn(self._run_match(match))
@@ -165,7 +417,6 @@ class Referee:
             await match.run()
         finally:
             self.matches.pop(match.id, None)
-            self._busy_or_not()
             self.finished_ids[match.id] = None
             while len(self.finished_ids) > FINISHED_MEMORY:
                 self.finished_ids.popitem(last=False)
@@ -173,11 +424,37 @@ class Referee:
                 self.idle.set()
 
     def _on_outbox(self, topic: str, payload: bytes) -> None:
+        """Judge every message of one payload; answer its refusals with one ``Error`` at most.
+
+        A 64 KB batch holds some 21,000 ``{}``: answering each would turn one
+        message from an agent into thousands from the referee. Every refusal
+        is still counted (``backroom_invalid_inputs_total``, the match's
+        ``invalid_inputs``); the reply names the first and how many more.
+        """
         agent = topics.agent_of(topic)
         if agent is None:
             return
-        for msg in parse_all(payload, MAX_PAYLOAD_BYTES):
-            self._from_agent(agent, msg)
+        if not self._input_allowed(agent, len(payload)):
+            metrics.INPUTS_DROPPED.inc()
+            self._send_error(
+                agent,
+                Error(
+                    reason="rate_limited",
+                    detail=f"over {self.input_bytes_per_s / 1024:.0f} KiB/s: payload dropped unread",
+                ),
+            )
+            return
+        self._judging = agent
+        try:
+            for msg in parse_all(payload, MAX_PAYLOAD_BYTES):
+                self._from_agent(agent, msg)
+        finally:
+            held, more = self._held, self._held_more
+            self._judging, self._held, self._held_more = None, None, 0
+        if held is not None:
+            if more:
+                held.detail = f"{held.detail} (and {more} more refused in the same payload)"
+            self._send_error(agent, held)
 
     def _from_agent(self, agent: str, msg: Any) -> None:
         if isinstance(msg, WireError):
@@ -210,23 +487,37 @@ class Referee:
             return
         if agent is None or not isinstance(msg, Status):
             return
+        if self._starting and agent == (self.config.username or "referee"):
+            self._used_before = True
         if msg.kind:
-            self.kinds[agent] = msg.kind
+            # A label value, so from a closed set: the kind is whatever the agent says.
+            self.kinds[agent] = metrics.kind_label(msg.kind)
         (self.batching.add if msg.batches else self.batching.discard)(agent)
         if msg.state == "offline":
+            if agent not in self.offline:
+                self.offline_since[agent] = time.monotonic()
             self.offline.add(agent)
             for match in self.matches.values():
                 match.seat_offline(agent)
         else:
             self.offline.discard(agent)
+            self.offline_since.pop(agent, None)
 
-    def _busy_or_not(self) -> None:
-        """Many matches in flight: let outgoing batches linger to fill (``Bus.set_busy``)."""
-        if self.bus is not None:
-            self.bus.set_busy(len(self.matches) >= BUSY_MATCHES)
+    def offline_wait(self, agent: str) -> float:
+        """Seconds of ``agent``'s offline grace left: its seats wait that long, then default.
+
+        The grace counts from when its status said offline, once
+        (``Match.seat_offline``): an agent that went away a while ago costs
+        later matches nothing. Within ``RECONNECT_GRACE_S`` of this referee's
+        reconnect, every offline agent is waited for until then.
+        """
+        now = time.monotonic()
+        since = self.offline_since.get(agent, now)
+        return max(since + self.offline_grace_s, self._settle_until) - now
 
     def kind_of(self, agent: str) -> str:
-        return self.kinds.get(agent, "unknown")
+        """The agent's kind as a metric label (``metrics.kind_label``)."""
+        return self.kinds.get(agent, metrics.UNKNOWN_KIND)
 
     # --- outbound ------------------------------------------------------------------
 
@@ -238,10 +529,7 @@ class Referee:
         """
         self._counter("out", getattr(msg, "type", "?")).inc()
         assert self.bus is not None
-        if batch:
-            self.bus.publish_batched(topic, msg)
-        else:
-            self.bus.publish_nowait(topic, msg)
+        self.bus.publish(topic, msg, batch=batch)
 
     def public_pending(self, match: Match) -> None:
         """``match`` queued public events: send them at most every ``public_interval_s``.
@@ -299,17 +587,56 @@ class Referee:
         match: str | None = None,
         ref_seq: int | None = None,
     ) -> None:
+        """Count a refused message and answer it (once per payload, within the agent's budget)."""
         metrics.INVALID_INPUTS.labels(reason=reason).inc()
-        self.send_to(agent, Error(match=match, reason=reason, detail=detail, ref_seq=ref_seq))
+        error = Error(match=match, reason=reason, detail=detail, ref_seq=ref_seq)
+        if self._judging == agent:
+            if self._held is None:
+                self._held = error
+            else:
+                self._held_more += 1
+            return
+        self._send_error(agent, error)
+
+    def _input_allowed(self, agent: str, size: int) -> bool:
+        """Spend ``size`` bytes of ``agent``'s input budget; False when it is spent."""
+        now = time.monotonic()
+        bucket = self._inputs.get(agent)
+        if bucket is None:
+            bucket = self._inputs[agent] = TokenBucket(
+                self.input_burst_bytes, self.input_bytes_per_s, now
+            )
+            while len(self._inputs) > ERROR_BUDGETS:
+                self._inputs.popitem(last=False)
+        else:
+            self._inputs.move_to_end(agent)
+        return bucket.take(now, size)
+
+    def _send_error(self, agent: str, error: Error) -> None:
+        """Send ``error`` if ``agent``'s token bucket has a token; else drop it and count it."""
+        now = time.monotonic()
+        bucket = self._budgets.get(agent)
+        if bucket is None:
+            bucket = self._budgets[agent] = TokenBucket(
+                self.error_burst, self.error_rate_per_s, now
+            )
+            while len(self._budgets) > ERROR_BUDGETS:
+                self._budgets.popitem(last=False)
+        else:
+            self._budgets.move_to_end(agent)
+        if bucket.take(now):
+            self.send_to(agent, error)
+        else:
+            metrics.ERRORS_DROPPED.inc()
 
     async def finished(self, match: Match, record: EpisodeRecord) -> None:
         record_json = record.model_dump_json().encode()  # the longest message: serialised once
-        await self.episodes.append(record.run, record_json)
+        await self.episodes.append(record.run, record_json, record.spec.run_stamp)
         metrics.MATCHES_FINISHED.labels(game=record.game, outcome=record.reason).inc()
         assert self.bus is not None
         self._counter("out", "episode").inc()
-        self.bus.publish_batched(
-            topics.episodes(record.game), dump_episode(record.match, record_json)
+        self.bus.publish(
+            topics.episodes(record.game), dump_episode(record.match, record_json), batch=True
         )
 
     def _publish_refusal(self, msg: MatchRequest, why: str) -> None:
@@ -337,8 +664,12 @@ class Referee:
         self.finished_ids[msg.match] = None
 
         async def publish() -> None:
-            await self.episodes.append(record.run, record.model_dump_json().encode())
-            metrics.MATCHES_FINISHED.labels(game=record.game, outcome="error").inc()
+            await self.episodes.append(
+                record.run, record.model_dump_json().encode(), record.spec.run_stamp
+            )
+            # A refused request may name any game: the label takes registered ones only.
+            game = record.game if record.game in registered_games() else metrics.OTHER
+            metrics.MATCHES_FINISHED.labels(game=game, outcome="error").inc()
             assert self.bus is not None
             self._counter("out", "episode").inc()
             await self.bus.publish(

@@ -4,9 +4,17 @@ Generated, never hand-written, from the same code the local launcher uses, so
 the containers enforce exactly the identities and ACL the tests check.
 Layout under ``DIR`` (default ``compose/generated``):
 
-* ``mosquitto/`` — ``mosquitto.conf``, ``passwd``, ``acl`` (mounted into the broker);
+* ``mosquitto/`` — ``mosquitto.conf``, ``passwd``, ``acl`` (mounted into the broker)
+  and ``healthcheck.password`` (mode 0600): the password of ``healthcheck``, an
+  observer identity the broker's container healthcheck logs in with;
 * ``secrets/`` — ``credentials.json`` and ``<identity>.env`` (mode 0600; the
-  env files carry each service's username, password and broker URL).
+  env files carry each service's username, password and broker URL), and
+  ``serve.env``, the API key of the ``gpu`` profile's ``serve-model``.
+
+Every identity a service of the compose file logs in as is created here, also
+those of services in profiles (``referees``: ``referee-1`` to ``-3``; ``gpu``:
+``qwen``, ``qwen-local``), because
+Compose reads a service's ``env_file`` even when its profile is off.
 """
 
 from __future__ import annotations
@@ -20,9 +28,16 @@ from backroom.bus.broker import mosquitto_config
 
 SERVICES: list[tuple[str, Role]] = [
     ("referee", "referee"),
+    *((f"referee-{i}", "referee") for i in (1, 2, 3)),  # the `referees` profile
     ("runner", "runner"),
     ("trainer", "trainer"),
+    ("web-observer", "observer"),  # the web front end's spectating identity
+    ("healthcheck", "observer"),  # the broker's healthcheck: may only read
+    ("qwen", "agent"),  # the `gpu` profile's agents
+    ("qwen-local", "agent"),
 ]
+#: The identity the broker container's healthcheck logs in with (an observer: it reads, never writes).
+HEALTHCHECK = "healthcheck"
 
 
 def compose_init(
@@ -59,7 +74,12 @@ def compose_init(
             log_dest="stdout",
         )
     )
-    written = [conf, broker_dir / "passwd", broker_dir / "acl", store.path]
+    # Read by the healthcheck, which runs as root in the broker's container.
+    health = broker_dir / "healthcheck.password"
+    fd = os.open(health, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(store.get(HEALTHCHECK).password)
+    written = [conf, broker_dir / "passwd", broker_dir / "acl", health, store.path]
     for cred in store.load().values():
         env = secrets / f"{cred.username}.env"
         fd = os.open(env, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -70,4 +90,18 @@ def compose_init(
                 f"BACKROOM_PASSWORD={cred.password}\n"
             )
         written.append(env)
+    # serve-model refuses to listen beyond loopback without an API key: the `gpu`
+    # profile's server and the agents that use it share this one (kept on re-init).
+    serve = secrets / "serve.env"
+    if not serve.exists():
+        fd = os.open(serve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"BACKROOM_SERVE_KEY={secrets_token()}\n")
+    written.append(serve)
     return written
+
+
+def secrets_token() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(24)

@@ -7,6 +7,12 @@ engines and agents themselves at load: a config that could only produce
 ``error`` episodes is refused before a broker or process starts.
 Channel and coalition members may be given as seat indices or agent ids; the
 runner turns them into seats per match (seats can rotate between matches).
+
+Agents of kind ``model`` play with the run's ``model:`` block (``ModelChoice``:
+a model-backed kind and its options, default ``local``, SmolLM2 in the agent's
+process). One field thus moves every model player of a config between the
+local model and an OpenAI-compatible server (``{kind: llm, options:
+{base_url: ...}}``); the agents keep their own options (prompts, memory).
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ if TYPE_CHECKING:
 #: The kind of an agent the run does not start: someone else's process (a
 #: notebook, another machine) that joins with its own identity.
 EXTERNAL = "external"
+
+#: The kind of an agent that plays with the run's ``model:`` block (``ModelChoice``).
+MODEL = "model"
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -98,6 +107,38 @@ class AgentEntry(BaseModel):
         return self
 
 
+class ModelChoice(BaseModel):
+    """What every ``kind: model`` agent of a run plays with: a model-backed kind and its options.
+
+    Each such agent becomes an agent of ``kind`` whose options are these
+    options updated by its own (key by key: the agent's win). Keep what only
+    one backend understands here (``local``: ``max_new_tokens``, ``device``;
+    ``llm``: ``base_url``, ``model``, ``api_key_env``, ``max_tokens``) and what
+    both take (prompts, memory, ``collusion``) on the agents, so replacing this
+    one field switches backends.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = "local"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("kind")
+    @classmethod
+    def _a_startable_kind(cls, kind: str) -> str:
+        known = [k for k in agent_kind_names() if k != EXTERNAL]
+        if kind not in known:
+            raise ValueError(f"unknown agent kind {kind!r} for `model`; known: {', '.join(known)}")
+        return kind
+
+    def resolve(self, agent: dict[str, Any]) -> dict[str, Any]:
+        """A raw ``kind: model`` agent entry as the agent it stands for."""
+        own = agent.get("options") or {}
+        if not isinstance(own, dict):
+            return {**agent, "kind": self.kind}  # AgentEntry reports the bad options
+        return {**agent, "kind": self.kind, "options": {**self.options, **own}}
+
+
 class RunChannel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -138,6 +179,29 @@ class RunConfig(BaseModel):
     transform: RunTransform = Field(default_factory=RunTransform)
     agent_processes: Literal["separate", "single"] = "separate"
     referees: int = Field(default=1, ge=1)
+    model: ModelChoice = Field(
+        default_factory=ModelChoice, description="what the agents of kind `model` play with"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_agents(cls, data: Any) -> Any:
+        """Agents of kind ``model`` become agents of the ``model:`` block's kind, with its options."""
+        if not isinstance(data, dict) or not isinstance(data.get("agents"), list):
+            return data
+        if not any(isinstance(a, dict) and a.get("kind") == MODEL for a in data["agents"]):
+            return data
+        try:
+            choice = ModelChoice.model_validate(data.get("model") or {})
+        except ValidationError as exc:  # reported at `model.…`, not as every agent's bad kind
+            raise _field_errors(
+                [(("model", *e["loc"]), _message(e)) for e in exc.errors()]
+            ) from None
+        agents = [
+            choice.resolve(a) if isinstance(a, dict) and a.get("kind") == MODEL else a
+            for a in data["agents"]
+        ]
+        return {**data, "agents": agents}
 
     @field_validator("game")
     @classmethod
@@ -227,6 +291,7 @@ class RunConfig(BaseModel):
                     on_timeout=self.on_timeout,
                     seed=self.seed + group,
                     crn_group=f"{self.run}-g{group}" if self.crn > 1 else None,
+                    crn_index=i % self.crn,
                     run=self.run,
                 ),
             )

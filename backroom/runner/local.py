@@ -4,6 +4,14 @@ On one machine the runner starts a broker (when no URL is given), the
 referee(s) and every agent as separate OS processes — the same processes a
 user would start by hand on many machines — then submits match requests with
 at most ``concurrency`` in flight and gathers one episode per match.
+
+Faults (docs/operations.md, "Faults"): a match accepted by a referee that
+then goes away (its process dead, or its status offline past
+``REFEREE_GRACE_S``) is requested again, and so is one voided because its
+referee stopped; the first episode of a match is kept and later ones counted
+(``Faults.duplicates``). When no referee is left the run fails with the dead
+referee's log, rather than wait. An agent that goes offline is reported at
+once, and at the end with the number of matches its seats were defaulted in.
 """
 
 from __future__ import annotations
@@ -12,28 +20,93 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backroom import metrics
 from backroom.bus import topics
 from backroom.bus.auth import CredentialStore, Role
-from backroom.bus.broker import Broker, die_with_parent, reload_broker
-from backroom.bus.client import BUSY_MATCHES, Bus, BusConfig
-from backroom.bus.wire import EpisodeRecord, MatchRequest, Status, WireError, parse, parse_all
+from backroom.bus.broker import Broker, die_with_parent, read_pid, reload_broker
+from backroom.bus.client import Bus, BusConfig
+from backroom.bus.wire import (
+    EpisodeRecord,
+    Event,
+    MatchRequest,
+    Status,
+    Trace,
+    WireError,
+    parse,
+    parse_all,
+)
+from backroom.referee.episodes import new_run_dir
+from backroom.referee.service import SHUTTING_DOWN
 from backroom.runner.config import EXTERNAL, RunConfig
 
 #: Seconds into the wait for processes to come online before the runner says who is missing.
 SLOW_START_S = 10.0
+#: Seconds a referee whose status says offline has to come back before the runner asks
+#: again for the matches it accepted. Not at once: a broker shutting down sends every
+#: client's will, and a referee that reconnects voids those matches itself (their
+#: episodes say so); its reconnect backoff reaches 2 s (times 0.5 to 1.5), so it may
+#: take 3 s once the broker is back. The time counts from the runner's own reconnect
+#: at the latest. A referee process of the run's own that died is not waited for.
+REFEREE_GRACE_S = 5.0
+#: Times a match voided because its referee stopped is asked for again; then the void stands.
+RERUNS = 3
 
 
 class RunError(RuntimeError):
     pass
+
+
+@dataclass
+class Departure:
+    """An agent of the run whose status said offline while the run played."""
+
+    agent: str
+    at: float  # time.time() of the status
+    back_at: float | None = None  # when its status said online again
+    defaulted: int = 0  # matches since ``at`` in which a seat of it got the timeout default
+
+    def line(self) -> str:
+        """What the run says of it: ``agent X went offline at ... (its seats got defaults in N matches)``."""
+        text = f"agent {self.agent} went offline at {_clock(self.at)}"
+        if self.back_at is not None:
+            text += f", back at {_clock(self.back_at)}"
+        return f"{text} (its seats got defaults in {self.defaulted} matches)"
+
+
+@dataclass
+class Faults:
+    """What went wrong during a run, and what the runner did about it."""
+
+    #: Referees that went away while the run played (identities).
+    referees_lost: list[str] = field(default_factory=list)
+    #: Matches requested again: accepted by a referee that went away, or voided by one stopping.
+    rerequested: int = 0
+    #: Requests sent again because no referee acknowledged them in time.
+    resubmitted: int = 0
+    #: Episodes of a match past its first (dropped; a match asked for again ran twice).
+    duplicates: int = 0
+    #: Lines of such episodes taken out of the run's ``episodes.jsonl`` (``dedupe_episodes``).
+    duplicates_on_disk: int = 0
+    #: Ids a match was asked for again under -> the run's id of that match. A match
+    #: played again gets a new id (``<id>.r<n>``): agents drop a turn they answered
+    #: before, by match, turn and seat, so a rerun under the old id would time out.
+    reruns: dict[str, str] = field(default_factory=dict)
+    departures: list[Departure] = field(default_factory=list)
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
 
 
 @dataclass(repr=False)
@@ -44,6 +117,7 @@ class RunResult:
     run_dir: Path
     broker_url: str
     play_seconds: float  # first request out to last episode in
+    faults: Faults = field(default_factory=Faults)
 
     @property
     def matches_per_second(self) -> float:
@@ -69,6 +143,37 @@ class PlayClock:
     ended: float = 0.0
 
 
+@dataclass(frozen=True)
+class RunNames:
+    """The identities of a run's own processes: the runner and the referees it starts."""
+
+    runner: str
+    referees: tuple[str, ...]
+    #: Made up for this run (removed from a broker it did not start when it ends).
+    own: bool = False
+
+
+def run_names(config: RunConfig, nonce: str | None = None) -> RunNames:
+    """``runner-<run>-<nonce>`` and ``referee-<run>-<nonce>[-<i>]``, or the fixed names.
+
+    The MQTT client id is the username, so two processes under one identity
+    throw each other off the broker, round and round: two ``backroom run`` on
+    one broker, both as ``runner`` and both starting a ``referee``, both hung.
+    A name with a fresh nonce is no other process's. ``nonce=None`` gives the
+    fixed ``runner``, ``referee``, ``referee-1``, ...: for a broker whose
+    identities the run cannot add (compose's read-only credentials), and for
+    scripts that start a stack by hand.
+    """
+    if nonce is None:
+        referees = tuple("referee" if i == 0 else f"referee-{i}" for i in range(config.referees))
+        return RunNames("runner", referees)
+    base = f"{config.run[:40]}-{nonce}"  # 64 characters at most, with "referee-" and "-99"
+    referees = tuple(
+        f"referee-{base}" if i == 0 else f"referee-{base}-{i}" for i in range(config.referees)
+    )
+    return RunNames(f"runner-{base}", referees, own=True)
+
+
 @dataclass
 class Stack:
     """The processes a run started; ``stop`` ends them all (a crash cannot leave orphans behind)."""
@@ -80,6 +185,13 @@ class Stack:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     #: Identities this run added to a broker it did not start: they outlive the run.
     created: list[str] = field(default_factory=list)
+    #: Identities made up for this run on a broker it did not start: ``stop`` removes them.
+    ephemeral: list[str] = field(default_factory=list)
+    #: Names of the run's own processes (None: the fixed ``runner``, ``referee``, ...).
+    names: RunNames | None = None
+    #: The run's referee processes: process name -> identity.
+    referees: dict[str, str] = field(default_factory=dict)
+    nonce: str = field(default_factory=lambda: secrets.token_hex(3))
 
     def start_broker(
         self,
@@ -104,12 +216,40 @@ class Stack:
             self.url = url
             self.credentials = CredentialStore(credentials_dir)
 
-    def identity(self, username: str, role: Role = "agent") -> BusConfig:
+    def can_add_identities(self) -> bool:
+        """Whether an identity added now can log in: its broker is ours, or rereads the store.
+
+        Not so for compose's runner (its credentials are mounted read-only) nor
+        for credentials copied from a broker on another host (no pid file to
+        send SIGHUP to).
+        """
+        if self.broker is not None:
+            return True
+        if self.credentials is None or not os.access(self.credentials.dir, os.W_OK):
+            return False
+        store = self.credentials.path
+        if store.exists() and not os.access(store, os.W_OK):
+            return False
+        pid = read_pid(self.credentials.dir)
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+    def identity(self, username: str, role: Role = "agent", ephemeral: bool = False) -> BusConfig:
+        """Connection settings for ``username``, added to the store (and the broker) when new.
+
+        ``ephemeral``: made up for this run, so ``stop`` removes it again from a
+        broker the run did not start.
+        """
         assert self.credentials is not None
         known = username in self.credentials.load()
         cred = self.credentials.add(username, role=role)
         if not known and self.broker is None:
-            self.created.append(username)
+            (self.ephemeral if ephemeral else self.created).append(username)
         if not known:
             # A broker we started, or one whose pid file sits beside the
             # credentials (`backroom broker --dir`), rereads them now.
@@ -133,6 +273,9 @@ class Stack:
     def dead(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() is not None]
 
+    def exit_code(self, name: str) -> int | None:
+        return self.procs[name].poll()
+
     def log_tail(self, name: str, lines: int = 15) -> str:
         path = self.run_dir / "logs" / f"{name}.log"
         try:
@@ -151,16 +294,21 @@ class Stack:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        if self.ephemeral and self.credentials is not None:
+            # Their processes are gone: on someone else's broker, leave nothing behind.
+            for name in self.ephemeral:
+                self.credentials.remove(name)
+            self.ephemeral.clear()
+            reload_broker(self.credentials.dir)
         if self.broker is not None:
             self.broker.stop()
 
 
-def identities(config: RunConfig) -> list[tuple[str, Role]]:
+def identities(config: RunConfig, names: RunNames | None = None) -> list[tuple[str, Role]]:
     """Every identity a run needs, so a broker we start knows them all from its first second."""
-    refs: list[tuple[str, Role]] = [
-        ("referee" if i == 0 else f"referee-{i}", "referee") for i in range(config.referees)
-    ]
-    return [*refs, ("runner", "runner"), *((a.id, "agent") for a in config.agents)]
+    names = names or run_names(config)
+    refs: list[tuple[str, Role]] = [(r, "referee") for r in names.referees]
+    return [*refs, (names.runner, "runner"), *((a.id, "agent") for a in config.agents)]
 
 
 def _env(cfg: BusConfig) -> dict[str, str]:
@@ -188,12 +336,14 @@ def start_processes(
     def metrics_args() -> list[str]:
         return ["--metrics-port", str(next(ports))] if ports else []
 
+    names = stack.names or run_names(config)
     if referees:
-        for i in range(config.referees):
-            name = "referee" if i == 0 else f"referee-{i}"
-            cfg = stack.identity(name, role="referee")
+        for i, identity in enumerate(names.referees):
+            name = "referee" if i == 0 else f"referee-{i}"  # the process, and its log file
+            cfg = stack.identity(identity, role="referee", ephemeral=names.own)
             stack.spawn(name, ["referee", "--runs-dir", str(runs_dir), *metrics_args()], _env(cfg))
-            waiting.append(name)
+            stack.referees[name] = identity
+            waiting.append(identity)
     local = [a for a in config.agents if a.kind != EXTERNAL]
     for a in config.agents:
         stack.identity(a.id)  # external agents get their identity too, to be handed out
@@ -230,45 +380,118 @@ async def run_matches(
     clock: PlayClock | None = None,
     on_notice: Callable[[str], None] | None = None,
     external: list[str] | None = None,
+    run_stamp: str | None = None,
+    faults: Faults | None = None,
+    referee_grace_s: float = REFEREE_GRACE_S,
 ) -> list[EpisodeRecord]:
     """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
 
     With ``traces_path``, every trace a trainable agent publishes for one of
     these matches (prompt and completion tokens, log-probs, the raw request and
-    reply of an API model) is appended there as JSON lines.
+    reply of an API model) is appended there as JSON lines. With ``run_stamp``,
+    every request names it, so referees write ``runs/<run>/<run_stamp>/``: this
+    run's own directory, never an earlier run's file.
 
     ``on_notice`` hears, while the run waits, whom it waits for: at once for
     ``external`` (identities whose process someone else starts; default: the
     config's ``external`` agents), and after ``SLOW_START_S`` for any process
     still missing, so a wait for a process nobody starts is never silent.
+    Besides ``wait_for``, the run waits for one referee (any status of kind
+    ``referee``) to be online.
+
+    While the run plays, a submitting task fills the window and this one
+    watches the referees, so a submit waiting on a full window never keeps a
+    dead referee from being noticed. Matches a referee accepted and did not
+    finish are requested again when it goes away: at once when its process
+    (one of ``stack``'s) died, after ``referee_grace_s`` when its status says
+    offline; each time under a new id (``Faults.reruns``), and the first
+    episode of a match, under any of its ids, is the one kept. With no referee
+    left, the run fails: at once when the run's own referees all died, after
+    ``ready_timeout_s`` when others may come back. ``on_notice`` hears of each
+    referee lost and each agent gone offline; ``faults`` gets the counts.
     """
+    faults = faults if faults is not None else Faults()
+    notice = on_notice or (lambda _msg: None)
     online: set[str] = set()
     ready = asyncio.Event()
     episodes: dict[str, EpisodeRecord] = {}
     window = asyncio.Semaphore(config.concurrency)
     all_done = asyncio.Event()
     nonce = f"{int(time.time() * 1000) % 10**10:010d}"
+    specs = [spec for _, spec in config.match_specs()]
     match_ids = [f"{config.run}.{nonce}.{suffix}" for suffix, _ in config.match_specs()]
     wanted = set(match_ids)
-    sent: dict[str, tuple[MatchRequest, float]] = {}  # submitted, not yet acknowledged
+    # Requests go out under attempt ids: a match's own id, then ``<id>.r<n>``.
+    slot_of: dict[str, str] = {m: m for m in match_ids}  # attempt id -> the match's id
+    current: dict[str, str] = {}  # match id -> the attempt id asked for last
+    requests: dict[str, MatchRequest] = {}  # by attempt id
+    sent: dict[str, float] = {}  # attempt id -> when submitted (or again), not acknowledged
+    owner: dict[str, str] = {}  # attempt id -> the referee that accepted it (no episode yet)
+    tries: Counter[str] = Counter()  # match id -> attempts asked for after the first
+    voids: Counter[str] = Counter()  # match id -> times voided because its referee stopped
+    referees_up: set[str] = set()  # referees whose status says online
+    referees_down: dict[str, float] = {}  # referee -> monotonic time its status said offline
+    lost: set[str] = set()  # referees given up on; their matches asked for again
+    agent_ids = {a.id for a in config.agents}
+    away: dict[str, Departure] = {}  # agents offline now
+    playing = False
     me = bus_config.username or "runner"
 
+    def check_ready() -> None:
+        if referees_up and all(w in online for w in wait_for):
+            ready.set()
+
     def on_status(topic: str, payload: bytes) -> None:
-        agent = topics.agent_of(topic)
+        name = topics.agent_of(topic)
         try:
             msg = parse(payload)
         except WireError:
             return
-        if agent and isinstance(msg, Status):
-            (online.add if msg.state == "online" else online.discard)(agent)
-            if all(w in online for w in wait_for):
-                ready.set()
+        if name is None or not isinstance(msg, Status):
+            return
+        up = msg.state == "online"
+        (online.add if up else online.discard)(name)
+        if msg.kind == "referee":
+            if up:
+                referees_up.add(name)
+                referees_down.pop(name, None)
+                lost.discard(name)  # back: what it takes from now on is its own again
+            else:
+                referees_up.discard(name)
+                referees_down.setdefault(name, time.monotonic())
+        elif name in agent_ids and playing:
+            departed(name, up)
+        check_ready()
+
+    def departed(agent: str, up: bool) -> None:
+        """An agent's status changed mid-run: say so now (its seats play the default meanwhile)."""
+        if not up and agent not in away:
+            away[agent] = departure = Departure(agent, time.time())
+            faults.departures.append(departure)
+            notice(
+                f"agent {agent} went offline at {_clock(departure.at)}: its seats get the "
+                f"timeout default ({config.on_timeout}) until it is back"
+            )
+        elif up and agent in away:
+            departure = away.pop(agent)
+            departure.back_at = time.time()
+            notice(f"agent {agent} is back online at {_clock(departure.back_at)}")
 
     def on_ack(_topic: str, payload: bytes) -> None:
         # A referee acknowledges each request it takes in the runner's own inbox.
         for msg in parse_all(payload):
-            if not isinstance(msg, WireError) and msg.match:
-                sent.pop(msg.match, None)
+            if isinstance(msg, WireError) or not msg.match:
+                continue
+            sent.pop(msg.match, None)
+            match_id = slot_of.get(msg.match, "")
+            if isinstance(msg, Event) and msg.kind == "accepted" and match_id in current:
+                if match_id in episodes or current[match_id] != msg.match:
+                    continue
+                referee = _referee_identity(msg.data)
+                if referee in lost:  # its acknowledgement trailed the news of its death
+                    ask_again(match_id)
+                else:
+                    owner[msg.match] = referee
 
     def on_episode_msg(_topic: str, payload: bytes) -> None:
         for msg in parse_all(payload):
@@ -276,10 +499,22 @@ async def run_matches(
                 on_episode_record(getattr(msg, "record", None))
 
     def on_episode_record(record: EpisodeRecord | None) -> None:
-        if record is None or record.match not in wanted or record.match in episodes:
-            return  # someone else's run, or a redelivery
-        episodes[record.match] = record
+        if record is None or record.match not in slot_of:
+            return  # someone else's run
+        match_id = slot_of[record.match]
+        owner.pop(record.match, None)
+        if match_id in episodes:
+            faults.duplicates += 1  # a redelivery, or a match asked for again that ran twice
+            return
+        stopped = record.reason == "voided" and record.detail == SHUTTING_DOWN
+        if stopped and voids[match_id] < RERUNS:
+            voids[match_id] += 1
+            if record.match == current[match_id]:  # not asked for again already
+                ask_again(match_id)  # its referee stopped: not the match's doing
+            return
+        episodes[match_id] = record
         sent.pop(record.match, None)
+        sent.pop(current[match_id], None)
         window.release()
         if on_episode:
             on_episode(record, len(episodes))
@@ -287,6 +522,36 @@ async def run_matches(
             all_done.set()
             if clock is not None:
                 clock.ended = time.perf_counter()
+
+    def ask(attempt: str) -> None:
+        sent[attempt] = time.monotonic()
+        # Batched: requests released together (a batch of episodes came back) go out as one message.
+        bus.publish(topics.CONTROL_MATCHES, requests[attempt], batch=True)
+
+    def ask_again(match_id: str) -> None:
+        """Ask for ``match_id`` under a new attempt id; the old attempt is forgotten."""
+        faults.rerequested += 1
+        tries[match_id] += 1
+        old = current[match_id]
+        attempt = f"{match_id}.r{tries[match_id]}"
+        requests[attempt] = requests[old].model_copy(update={"match": attempt})
+        current[match_id] = attempt
+        slot_of[attempt] = match_id
+        faults.reruns[attempt] = match_id
+        sent.pop(old, None)
+        owner.pop(old, None)
+        ask(attempt)
+
+    async def submit() -> None:
+        for match_id, spec in zip(match_ids, specs, strict=True):
+            await window.acquire()
+            if run_stamp is not None:
+                spec = spec.model_copy(update={"run_stamp": run_stamp})
+            requests[match_id] = MatchRequest(
+                match=match_id, spec=spec, reply_to=me, reply_batches=True
+            )
+            current[match_id] = match_id
+            ask(match_id)
 
     async def resubmit() -> None:
         """Send again what no referee acknowledged: a broker restart can drop a request.
@@ -298,77 +563,246 @@ async def run_matches(
         while True:
             await asyncio.sleep(ack_timeout_s / 2)
             now = time.monotonic()
-            for match_id, (request, at) in list(sent.items()):
-                if now - at > ack_timeout_s:
-                    sent[match_id] = (request, now)
-                    await bus.publish(topics.CONTROL_MATCHES, request)
+            for attempt, at in list(sent.items()):
+                if now - at > ack_timeout_s and slot_of[attempt] not in episodes:
+                    faults.resubmitted += 1
+                    ask(attempt)
+
+    def lose(referee: str, why: str) -> None:
+        """Give ``referee`` up: ask again for every match it accepted and did not finish."""
+        if referee in lost:
+            return
+        lost.add(referee)
+        referees_up.discard(referee)
+        referees_down.pop(referee, None)
+        faults.referees_lost.append(referee)
+        mine = [a for a, r in owner.items() if r == referee]
+        for attempt in mine:
+            del owner[attempt]
+            if current[slot_of[attempt]] == attempt:
+                ask_again(slot_of[attempt])
+        notice(
+            f"referee {referee} is gone ({why}); asked again for its {len(mine)} unfinished matches"
+        )
+
+    no_referee_since: float | None = None
+
+    async def reconnected() -> None:
+        """Restart the grace of every referee seen going offline: the broker was away too.
+
+        A broker that goes down sends the wills of everyone, the referees'
+        among them, and they can only say ``online`` again once it is back.
+        """
+        now = time.monotonic()
+        for referee in referees_down:
+            referees_down[referee] = now
+
+    def watch_referees() -> None:
+        """Lose referees that went away; fail when none is left (``RunError``)."""
+        nonlocal no_referee_since
+        now = time.monotonic()
+        dead: list[str] = []
+        if stack is not None:
+            dead = [n for n in stack.dead() if n in stack.referees]
+            for name in dead:
+                code = stack.exit_code(name)
+                lose(stack.referees[name], f"its process {name} exited with {code}")
+        for referee, since in list(referees_down.items()):
+            if now - since >= referee_grace_s:
+                lose(referee, f"offline for {referee_grace_s:.0f}s")
+        if referees_up - lost:
+            no_referee_since = None
+            return
+        left = len(wanted) - len(episodes)
+        if stack is not None and stack.referees and len(dead) == len(stack.referees):
+            name = dead[0]
+            tail = stack.log_tail(name)
+            raise RunError(
+                f"referee {name} ({stack.referees[name]}) died (exit code "
+                f"{stack.exit_code(name)}) and no referee is left to run the {left} unfinished "
+                "matches; the run stops here. "
+                + (f"Its log ends:\n{tail}" if tail else "Its log is empty.")
+            )
+        if no_referee_since is None:
+            no_referee_since = now
+            notice(f"no referee is online: waiting up to {ready_timeout_s:.0f}s for one")
+        elif now - no_referee_since > ready_timeout_s:
+            raise RunError(
+                f"no referee online for {ready_timeout_s:.0f}s with {left} matches unfinished"
+            )
 
     trace_file = traces_path.open("ab") if traces_path is not None else None
 
-    def on_trace(_topic: str, payload: bytes) -> None:
+    seated = {m: spec.seats for m, spec in zip(match_ids, specs, strict=True)}
+
+    def on_trace(topic: str, payload: bytes) -> None:
+        """Record a trace of this run, only as the agent its topic names and only from its seat.
+
+        Any identity may publish on its own ``traces/{agent}`` topic (the ACL
+        proves that much), and what it writes inside is its own word: an
+        unseated agent could sign its traces "alice". So the sender is the
+        topic's agent, the trace must say the same, and the match must seat
+        that agent (at ``trace.seat``, when given); anything else is dropped
+        and counted in ``backroom_traces_rejected_total``.
+        """
         try:
             msg = parse(payload)
         except WireError:
             return
-        if trace_file is not None and msg.match in wanted:
+        if trace_file is None or not isinstance(msg, Trace) or msg.match not in slot_of:
+            return  # not a trace of this run
+        sender = topic.rsplit("/", 1)[-1]
+        seats = seated[slot_of[msg.match]]
+        if msg.agent != sender:
+            metrics.TRACES_REJECTED.labels(reason="forged").inc()
+        elif sender not in seats or (
+            msg.seat is not None and not (0 <= msg.seat < len(seats) and seats[msg.seat] == sender)
+        ):
+            metrics.TRACES_REJECTED.labels(reason="not_seated").inc()
+        else:
             trace_file.write(payload.rstrip(b"\n") + b"\n")
 
-    async with Bus(bus_config, role="runner") as bus:
+    async with Bus(bus_config, role="runner", on_connect=[reconnected]) as bus:
         await bus.subscribe(topics.ALL_STATUS, on_status)
         if trace_file is not None:
             await bus.subscribe(topics.ALL_TRACES, on_trace)
         await bus.subscribe(topics.episodes(config.game), on_episode_msg)
         await bus.subscribe(topics.inbox(me), on_ack)
-        if not wait_for:
-            ready.set()
+        check_ready()
         deadline = time.monotonic() + ready_timeout_s
         slow_at = time.monotonic() + SLOW_START_S
-        notice = on_notice or (lambda _msg: None)
         others = (
             [a.id for a in config.agents if a.kind == EXTERNAL] if external is None else external
         )
-        if [w for w in wait_for if w in others]:
+        if [w for w in wait_for if w in others] or not referees_up:
             with contextlib.suppress(TimeoutError):  # the retained "online" of one already up
                 await asyncio.wait_for(ready.wait(), 0.2)
         if awaited := [w for w in wait_for if w in others and w not in online]:
             notice(_waiting_notice(awaited, bus_config, stack, ready_timeout_s))
         while not ready.is_set():
+            missing = sorted(set(wait_for) - online) + ([] if referees_up else ["a referee"])
             if slow_at and time.monotonic() > slow_at:
                 slow_at = 0.0
                 left = round(deadline - time.monotonic())
-                notice(
-                    f"still waiting for {', '.join(sorted(set(wait_for) - online))} ({left}s left)"
-                )
+                notice(f"still waiting for {', '.join(missing)} ({left}s left)")
             if stack is not None and (dead := stack.dead()):
                 raise RunError(
                     f"process {dead[0]} exited before the run started:\n{stack.log_tail(dead[0])}"
                 )
             if time.monotonic() > deadline:
-                missing = sorted(set(wait_for) - online)
                 raise RunError(f"not online after {ready_timeout_s}s: {missing}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ready.wait(), 0.1)
-        resubmitter = asyncio.create_task(resubmit())
+        playing = True
         if clock is not None:
             clock.started = time.perf_counter()
-        bus.set_busy(config.concurrency >= BUSY_MATCHES)
-        for match_id, (_, spec) in zip(match_ids, config.match_specs(), strict=False):
-            await window.acquire()
-            request = MatchRequest(match=match_id, spec=spec, reply_to=me, reply_batches=True)
-            sent[match_id] = (request, time.monotonic())
-            # Batched: requests released together (a batch of episodes came back)
-            # go out as one message; an unacknowledged one is resubmitted.
-            bus.publish_batched(topics.CONTROL_MATCHES, request)
-        while not all_done.is_set():
-            if stack is not None and (dead := [d for d in stack.dead() if d.startswith("referee")]):
-                raise RunError(f"referee {dead[0]} died:\n{stack.log_tail(dead[0])}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(all_done.wait(), 0.5)
-        resubmitter.cancel()
+        submitter = asyncio.create_task(submit())
+        resubmitter = asyncio.create_task(resubmit())
+        try:
+            while not all_done.is_set():
+                if submitter.done() and (error := submitter.exception()) is not None:
+                    raise error
+                watch_referees()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(all_done.wait(), 0.2)
+        finally:
+            submitter.cancel()
+            resubmitter.cancel()
         await asyncio.sleep(0.2)  # traces of the last decisions are still on their way
     if trace_file is not None:
         trace_file.close()
-    return [episodes[m] for m in match_ids]
+    result = [episodes[m] for m in match_ids]
+    for departure in faults.departures:
+        departure.defaulted = _defaulted(result, departure)
+        notice(departure.line())
+    return result
+
+
+def _referee_identity(data: dict[str, Any]) -> str:
+    """The identity of the referee that sent an ``accepted`` event: its status topic's name."""
+    identity = data.get("identity")
+    if isinstance(identity, str):
+        return identity
+    referee = str(data.get("referee", ""))  # a referee before "identity": "<name>@<host>:<pid>"
+    return referee.split("@", 1)[0]
+
+
+def _defaulted(episodes: Iterable[EpisodeRecord], departure: Departure) -> int:
+    """Matches that ended after ``departure.at`` (and began before its return) with a seat of
+    its agent defaulted."""
+    count = 0
+    for ep in episodes:
+        if ep.ended_at < departure.at:
+            continue
+        if departure.back_at is not None and ep.started_at > departure.back_at:
+            continue
+        if any(ep.seats[seat] == departure.agent for seat in ep.timeouts):
+            count += 1
+    return count
+
+
+async def already_online(bus_config: BusConfig, names: Iterable[str]) -> list[str]:
+    """Which of ``names`` a retained status says online, read as ``bus_config``.
+
+    ``bus_config`` must be an identity no other process uses (this run's own
+    runner): no process can look at a status without logging in, and logging
+    in under a name that is online throws its process off (the client id is
+    the username). The SUBACK of a second subscription comes after the
+    retained statuses of the first.
+    """
+    wanted = set(names)
+    state: dict[str, str] = {}
+
+    def on_status(topic: str, payload: bytes) -> None:
+        name = topics.agent_of(topic)
+        try:
+            msg = parse(payload)
+        except WireError:
+            return
+        if name in wanted and isinstance(msg, Status):
+            state[name] = msg.state
+
+    async with Bus(bus_config, role="runner") as bus:
+        await bus.subscribe(topics.ALL_STATUS, on_status)
+        await bus.subscribe(topics.inbox(bus_config.username or "runner"), lambda *_: None)
+    return sorted(n for n, s in state.items() if s == "online")
+
+
+def dedupe_episodes(
+    path: Path, kept: Iterable[EpisodeRecord], reruns: dict[str, str] | None = None
+) -> int:
+    """Keep in ``path`` only the lines of the episodes the runner kept; return how many went.
+
+    A match asked for again (its referee went away, or stopped) may have run
+    twice, or left a voided record: the first referee can write its record and
+    die before its episode gets out. The runner keeps the first episode it
+    received of each match, and the file keeps the same one, in its order.
+    ``reruns`` maps the ids a match was asked for again under to its own.
+    """
+    if not path.exists():
+        return 0
+    reruns = reruns or {}
+    chosen = {reruns.get(ep.match, ep.match): (ep.match, ep.referee) for ep in kept}
+    lines = path.read_bytes().splitlines(keepends=True)
+    out: list[bytes] = []
+    dropped = 0
+    for line in lines:
+        try:
+            record = json.loads(line)
+            attempt, referee = record["match"], record["referee"]
+        except (ValueError, KeyError, TypeError):
+            out.append(line)  # not ours to judge
+            continue
+        match = reruns.get(attempt, attempt)
+        if match in chosen and chosen[match] != (attempt, referee):
+            dropped += 1
+            continue
+        out.append(line)
+    if dropped:
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_bytes(b"".join(out))
+        os.replace(tmp, path)
+    return dropped
 
 
 def _waiting_notice(
@@ -401,18 +835,41 @@ async def run_local(
     ``on_notice`` hears whom the run waits for and, when a run on someone
     else's broker fails, which identities it added there (they stay: a process
     may be using them, and ``backroom credentials remove`` takes them away).
+
+    The runner and the referees it starts get identities of this run's own
+    (``run_names``), removed again from a broker the run did not start; where
+    the run cannot add identities, the fixed ``runner`` and ``referee``. On a
+    broker the run did not start, it refuses to start a process whose identity
+    a retained status says is online: that process would be thrown off.
     """
     runs, run_dir = _prepare_dirs(runs_dir, config.run)
     stack = Stack(run_dir)
     external: list[str] | None = None  # None: the config's `external` agents
+    faults = Faults()
     try:
-        stack.start_broker(broker_url, credentials_dir, identities(config))
+        names = run_names(config, stack.nonce) if broker_url is None else None
+        stack.start_broker(broker_url, credentials_dir, identities(config, names))
+        if names is None:  # someone else's broker: our own names only where we can add them
+            names = run_names(config, stack.nonce if stack.can_add_identities() else None)
+        stack.names = names
+        bus_config = stack.identity(names.runner, role="runner", ephemeral=names.own)
+        if stack.broker is None:
+            if names.own:
+                await asyncio.sleep(0.3)  # the broker rereads its files (SIGHUP) before we log in
+            if spawn:
+                mine = [*names.referees, *(a.id for a in config.agents if a.kind != EXTERNAL)]
+                if taken := await already_online(bus_config, mine):
+                    raise RunError(
+                        f"already online on {stack.url}: {', '.join(taken)}. Another process "
+                        "logs in under each (another `backroom run` of these agents?), and "
+                        "starting a second one would throw it off the broker: stop it, rename "
+                        "the agents, or play with --no-spawn against the running ones"
+                    )
         if spawn:
             waiting = start_processes(stack, config, runs, metrics_port)
         else:
-            waiting = ["referee"] + [a.id for a in config.agents]
+            waiting = [a.id for a in config.agents]  # and a referee, any (run_matches)
             external = waiting
-        bus_config = stack.identity("runner", role="runner")
         t0 = time.perf_counter()
         clock = PlayClock()
         episodes = await run_matches(
@@ -426,9 +883,17 @@ async def run_local(
             clock=clock,
             on_notice=on_notice,
             external=external,
+            run_stamp=run_dir.name,
+            faults=faults,
         )
         seconds = time.perf_counter() - t0
-        return RunResult(config, episodes, seconds, run_dir, stack.url, clock.ended - clock.started)
+        stack.stop()  # the referees write what they still have before the file is checked
+        faults.duplicates_on_disk = dedupe_episodes(
+            run_dir / "episodes.jsonl", episodes, faults.reruns
+        )
+        return RunResult(
+            config, episodes, seconds, run_dir, stack.url, clock.ended - clock.started, faults
+        )
     except BaseException as exc:
         if stack.created and stack.credentials is not None:
             added = (
@@ -445,25 +910,42 @@ async def run_local(
 
 
 def _prepare_dirs(runs_dir: str | Path, run: str) -> tuple[Path, Path]:
+    """The runs directory and this run's fresh ``runs/<run>/<UTC stamp>/`` (``latest`` points to it).
+
+    Fresh on every run so that a second run, or a failed one, never appends to
+    an earlier run's episodes, traces or logs.
+    """
     runs = Path(runs_dir).resolve()
-    (runs / run).mkdir(parents=True, exist_ok=True)
-    return runs, runs / run
+    return runs, new_run_dir(runs, run)
 
 
 def summarize(result: RunResult) -> dict[str, Any]:
-    """Per agent: matches, mean raw return, mean return after the transform, timeouts; outcomes."""
+    """Per agent: matches, seats, mean raw return and return after the transform per seat,
+    timeouts; outcomes; faults (``Faults``: referees lost, matches asked for again,
+    duplicates, and each agent that went offline, with the matches its seats were
+    defaulted in).
+
+    An agent may hold several seats of one match (the beauty contest's 24
+    seats, four agents): it played the match once, so ``matches`` counts
+    matches and ``seats`` the seats held, over which the means are taken.
+    """
     per: dict[str, dict[str, float]] = {}
     outcomes: dict[str, int] = {}
     for ep in result.episodes:
         outcomes[ep.reason] = outcomes.get(ep.reason, 0) + 1
-        for seat, agent in enumerate(ep.seats):
-            row = per.setdefault(agent, {"matches": 0, "raw": 0.0, "reward": 0.0, "timeouts": 0})
+        for agent in dict.fromkeys(ep.seats):
+            row = per.setdefault(
+                agent, {"matches": 0, "seats": 0, "raw": 0.0, "reward": 0.0, "timeouts": 0}
+            )
             row["matches"] += 1
+        for seat, agent in enumerate(ep.seats):
+            row = per[agent]
+            row["seats"] += 1
             row["raw"] += ep.raw_returns[seat]
             row["reward"] += ep.returns[seat]
             row["timeouts"] += ep.timeouts.count(seat)
     for row in per.values():
-        n = max(1, int(row["matches"]))
+        n = max(1, int(row["seats"]))
         row["raw"] /= n
         row["reward"] /= n
-    return {"agents": per, "outcomes": outcomes}
+    return {"agents": per, "outcomes": outcomes, "faults": asdict(result.faults)}

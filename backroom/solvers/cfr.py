@@ -30,6 +30,13 @@ Variants, chosen by ``algo``:
 * ``dcfr`` — Discounted CFR (Brown & Sandholm 2019), default α = 1.5, β = 0,
   γ = 2: after iteration ``t`` positive regrets are multiplied by
   ``t^α/(t^α+1)``, negative ones by ``t^β/(t^β+1)`` and the average by ``(t/(t+1))^γ``.
+
+Full-width CFR is deterministic and starts from the uniform strategy. Games
+with several equilibria (three-player Kuhn, Loki) may end on a different one
+from a different start, so ``seed`` starts from random positive regrets
+instead, ``R⁰(I, a) ~ Exp(init_scale)`` — a random first strategy by regret
+matching. Regret matching's bound ``‖R⁺_T‖² ≤ ‖R⁺_0‖² + Σ_t ‖r_t‖²`` only gains
+that constant term, so average regret still vanishes.
 """
 
 from __future__ import annotations
@@ -126,7 +133,9 @@ class CFRSolver:
     strategy), …, within one iteration, as OpenSpiel's solvers do; ``False``
     updates every player from the same profile. Both cost about the same per
     iteration here (the work is per player either way), and alternating
-    converges faster per iteration, so it is the default.
+    converges faster per iteration, so it is the default. ``seed`` starts from
+    random regrets instead of zero (see the module docstring), to look for
+    other equilibria.
     """
 
     def __init__(
@@ -138,6 +147,8 @@ class CFRSolver:
         alpha: float = 1.5,
         beta: float = 0.0,
         gamma: float = 2.0,
+        seed: int | None = None,
+        init_scale: float = 1.0,
     ) -> None:
         if algo not in ALGOS:
             raise ValueError(f"algo must be one of {ALGOS}, not {algo!r}")
@@ -149,6 +160,8 @@ class CFRSolver:
         n, num_slots = tree.num_players, tree.num_slots
         self.n = n
         self.regret = np.zeros(num_slots)
+        if seed is not None:  # R⁰(I, a) ~ Exp(init_scale): a random first strategy
+            self.regret[:] = np.random.default_rng(seed).exponential(init_scale, num_slots)
         self.avg = np.zeros(num_slots)  # cumulative (weighted) realization plans
         self._sigma = tree.uniform()
         self._x = np.ones(num_slots)

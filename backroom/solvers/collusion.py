@@ -19,7 +19,13 @@ average over deals is the paper's 0.0078. Extra profiles, reported alongside:
 * ``team_br`` — the team's best response to that fixed policy (the most an
   unaware CFR player can lose to colluders);
 * ``distilled`` — each colluder plays the Algorithm 3 distillation of the team
-  strategy (its own card only, no channel) against the team solve's third player.
+  strategy (its own card only, no channel) against the team solve's third player;
+* ``paper`` — the paper's own construction: Algorithm 3 applied to the
+  colluders' *individual* three-player CFR strategies (query {hand, bets,
+  folds}, pooled over both colluders; :func:`~backroom.solvers.team.distill_individual_policy`),
+  the third player keeping its CFR strategy. No card is shared, so this
+  measures what pooling the two CFR strategies changes, not what knowing the
+  partner's card is worth; it is the reading comparable with the paper's 0.0078.
 """
 
 from __future__ import annotations
@@ -37,12 +43,15 @@ import numpy as np
 from backroom.games.base import Game, make_game
 from backroom.solvers.cfr import CFRSolver
 from backroom.solvers.evaluate import best_response, nash_conv
+from backroom.solvers.policy_file import write_policy
 from backroom.solvers.team import (
     TEAM,
     TeamSolution,
     build_team_tree,
+    distill_individual_policy,
     distill_team_policy,
     lift_policy,
+    paper_state,
     solve_team,
 )
 from backroom.solvers.tree import FloatArray, GameTree, build_tree
@@ -51,6 +60,17 @@ Deal = tuple[int, ...]
 #: The hands of the paper's Table 1, as [card of A, card of B, card of C].
 PAPER_HANDS: tuple[Deal, ...] = ((0, 1, 4), (2, 3, 4), (3, 4, 0))
 PAPER_AVERAGE_ADVANTAGE = 0.0078
+#: What each reading (profile) of a :class:`CollusionReport` is, for printouts.
+READINGS: dict[str, str] = {
+    "cfr": "every seat plays the three-player CFR policy (the baseline)",
+    "team": "team solve: colluders share cards, C runs CFR against them",
+    "team_vs_unaware": "team strategy vs C's unchanged three-player CFR policy",
+    "team_br": "team's best response to C's three-player CFR policy",
+    "distilled": "Algorithm 3 on the team strategy (own card only) vs the team solve's C",
+    "paper": "paper's construction: Algorithm 3 on the colluders' individual CFR strategies vs CFR C",
+}
+#: Where docs/solvers.md explains why our averages differ from the paper's.
+WHY_DIFFERENT_DOC = 'docs/solvers.md, "Why our average differs from the paper\'s 0.0078"'
 
 
 def per_deal_values(
@@ -141,6 +161,16 @@ class CollusionReport:
         }
 
 
+def why_different(report: CollusionReport) -> str:
+    """One line for printouts: why our average is not the paper's 0.0078, and where the doc says more."""
+    adv = report.summary["average_advantage"]
+    return (
+        f"why ours differs: the paper applies Algorithm 3 to each colluder's own three-player CFR "
+        f"strategy (no card shared; reading 'paper' here: {adv['paper']:+.4f}), while 'team' "
+        f"({adv['team']:+.4f}) is the exact worth of sharing cards; see {WHY_DIFFERENT_DOC}"
+    )
+
+
 def analyse_collusion(
     game: Game | None = None,
     iterations: int = 20_000,
@@ -148,25 +178,38 @@ def analyse_collusion(
     team: Sequence[int] = (0, 1),
     algo: str = "cfr+",
     team_iterations: int | None = None,
+    cfr_policy: Mapping[str, Mapping[str, float]] | None = None,
 ) -> CollusionReport:
-    """Solve the game both ways and tabulate per-deal values (see the module docstring)."""
+    """Solve the game both ways and tabulate per-deal values (see the module docstring).
+
+    ``cfr_policy`` (a policy file's ``policy``) stands for the three-player
+    solve: given, the all-CFR profile is that policy, so a run whose third
+    player played a shipped policy is compared with what it actually played,
+    and only the team game is solved (``team_iterations``, else ``iterations``).
+    """
     game = game or make_game("kuhn", variant="loki")
     team = tuple(team)
-    tree = build_tree(game)
-    solver = CFRSolver(tree, algo)
-    solver.run(iterations)
-    cfr = solver.average_policy()
-    cfr_policy = tree.policy_dict(cfr)
+    tree = build_tree(game, features=paper_state)
+    solved = cfr_policy is None
+    if cfr_policy is None:
+        solver = CFRSolver(tree, algo)
+        solver.run(iterations)
+        cfr = solver.average_policy()
+    else:
+        cfr = tree.sigma_from_policy({k: dict(v) for k, v in cfr_policy.items()})
+    cfr_rows = tree.policy_dict(cfr)
 
     team_tree = build_team_tree(game, team)
     sol: TeamSolution = solve_team(game, team, team_iterations or iterations, algo, tree=team_tree)
     team_policy = sol.policy()
-    vs_unaware = team_tree.sigma_from_policy(_merge(team_policy, cfr_policy))
-    lifted = lift_policy(team_tree, cfr_policy)
+    vs_unaware = team_tree.sigma_from_policy(_merge(team_policy, cfr_rows))
+    lifted = lift_policy(team_tree, cfr_rows)
     br_value, br_sigma = best_response(team_tree, lifted, TEAM, with_response=True)
     assert br_sigma is not None
     distilled = distill_team_policy(sol)
-    distilled_sigma = tree.sigma_from_policy({**cfr_policy, **_merge({}, team_policy), **distilled})
+    distilled_sigma = tree.sigma_from_policy({**cfr_rows, **_merge({}, team_policy), **distilled})
+    paper = distill_individual_policy(tree, cfr, team)
+    paper_sigma = tree.sigma_from_policy({**cfr_rows, **paper})
 
     deals, v_cfr = per_deal_values(tree, cfr)
     values = {"cfr": v_cfr}
@@ -175,6 +218,7 @@ def analyse_collusion(
         ("team_vs_unaware", team_tree, vs_unaware),
         ("team_br", team_tree, br_sigma),
         ("distilled", tree, distilled_sigma),
+        ("paper", tree, paper_sigma),
     ):
         d, v = per_deal_values(t, s)
         index = {deal: i for i, deal in enumerate(d)}
@@ -185,10 +229,11 @@ def analyse_collusion(
         team=team,
         deals=deals,
         values=values,
-        policies={"cfr": cfr_policy, "team": team_policy, "distilled": distilled},
+        policies={"cfr": cfr_rows, "team": team_policy, "distilled": distilled, "paper": paper},
     )
     report.summary = {
-        "iterations": iterations,
+        "iterations": iterations if solved else None,
+        "cfr_policy": "solved" if solved else "given",
         "team_iterations": team_iterations or iterations,
         "algo": algo,
         "cfr_nash_conv": nash_conv(tree, cfr),
@@ -200,6 +245,7 @@ def analyse_collusion(
             name: report.average_advantage(name) for name in values if name != "cfr"
         },
         "paper_average_advantage": PAPER_AVERAGE_ADVANTAGE,
+        "readings": {name: READINGS.get(name, "") for name in values},
         "mean_values": {name: v.mean(axis=0).tolist() for name, v in values.items()},
     }
     return report
@@ -242,7 +288,7 @@ def plot_heatmap(
     cards = grid.shape[1]
     limit = float(np.nanmax(np.abs(grid))) or 1.0
     norm = TwoSlopeNorm(vcenter=0.0, vmin=-limit, vmax=limit)
-    names = _card_names(report, cards)
+    names = card_names(report, cards)
     cmap = colormaps["RdBu_r"].with_extremes(bad="#d9d9d9")  # grey: impossible deal
     a_seat, b_seat = report.team[:2]
     cols = (cards + 1) // 2
@@ -271,6 +317,8 @@ def plot_heatmap(
         axc.set_title(f"C holds {names[c]}", fontsize=9)
         axc.set_xticks(range(cards), names, fontsize=6)
         axc.set_yticks(range(cards), names, fontsize=6)
+    if profile in READINGS:
+        fig.suptitle(f"reading '{profile}': {READINGS[profile]}", fontsize=10)
     fig.colorbar(im, ax=fig.axes, shrink=0.85, label="Δ coalition payoff (R_A + R_B) / 2 per deal")
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -278,7 +326,8 @@ def plot_heatmap(
     return out
 
 
-def _card_names(report: CollusionReport, cards: int) -> list[str]:
+def card_names(report: CollusionReport, cards: int) -> list[str]:
+    """Axis labels of a heatmap: "3:K" for Loki's cards (index and face), the index otherwise."""
     if report.game == "kuhn" and report.params.get("variant") == "loki":
         from backroom.games.kuhn import LOKI_CARD_NAMES
 
@@ -311,14 +360,24 @@ def hand_evs_from_episodes(
         r = rec if isinstance(rec, Mapping) else rec.model_dump()
         if r.get("reason", "normal") not in ("normal",):
             continue
-        obs = r.get("final_observations") or []
-        cards = [o.get("card") for o in obs] if obs else []
-        if len(cards) != len(r["seats"]) or any(c is None for c in cards):
-            state = make_game(r["game"], **r["params"]).new_initial_state(r["seed"])
-            cards = [state.observation(s).get("card") for s in range(len(r["seats"]))]
         returns = r["raw_returns"] if raw else r["returns"]
-        sums[tuple(int(c) for c in cards)].append(float(returns[seat]))
+        sums[deal_of(r)].append(float(returns[seat]))
     return {h: (float(np.mean(v)), len(v)) for h, v in sums.items()}
+
+
+def deal_of(record: Mapping[str, Any]) -> Deal:
+    """The cards of every seat in an episode record (a JSON dict), as ``per_deal_values`` keys them.
+
+    From the final observations' ``card`` fields; a record without them (an
+    older referee's) is replayed from its seed, which fixes the deal.
+    """
+    obs = record.get("final_observations") or []
+    n = len(record["seats"])
+    cards = [o.get("card") for o in obs] if obs else []
+    if len(cards) != n or any(c is None for c in cards):
+        state = make_game(record["game"], **record["params"]).new_initial_state(record["seed"])
+        cards = [state.observation(s).get("card") for s in range(n)]
+    return tuple(int(c) for c in cards)
 
 
 def ev_table(
@@ -353,12 +412,16 @@ def write_report(
     report: CollusionReport,
     out_dir: str | Path,
     measured: Mapping[str, Iterable[Any]] | None = None,
+    heatmaps: Sequence[str] = ("team", "paper"),
 ) -> dict[str, Path]:
-    """Policies, per-deal JSON, the heatmap and the EV table under ``out_dir``.
+    """Policies, per-deal JSON, the heatmaps and the EV table under ``out_dir``.
 
     ``measured`` maps a row label (say "LLM Collusion") to episode records of
     Loki Kuhn played by real agents; their per-hand means become extra rows of
-    the table, as the paper's LLM rows.
+    the table, as the paper's LLM rows. One Figure 2 per reading in
+    ``heatmaps``: ``collusion_heatmap.png`` for the team solve (our headline),
+    ``collusion_heatmap_<reading>.png`` for the others, so the paper's own
+    construction sits beside ours.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -366,26 +429,29 @@ def write_report(
     meta = {"iterations": report.summary.get("iterations"), "algo": report.summary.get("algo")}
     for name, policy in report.policies.items():
         path = out / f"{name}_policy.json"
-        path.write_text(
-            json.dumps(
-                {
-                    "game": report.game,
-                    "params": report.params,
-                    "policy": policy,
-                    "meta": {**meta, "kind": name, "team": list(report.team)},
-                },
-                indent=1,
-            )
+        write_policy(
+            path,
+            {
+                "game": report.game,
+                "params": report.params,
+                "policy": policy,
+                "meta": {**meta, "kind": name, "team": list(report.team)},
+            },
         )
         files[f"{name}_policy"] = path
     (out / "collusion.json").write_text(json.dumps(report.to_json(), indent=1))
     files["json"] = out / "collusion.json"
-    files["heatmap"] = plot_heatmap(report, out / "collusion_heatmap.png")
+    for name in heatmaps:
+        if name in report.values:
+            suffix = "" if name == "team" else f"_{name}"
+            key = "heatmap" if name == "team" else f"heatmap_{name}"
+            files[key] = plot_heatmap(report, out / f"collusion_heatmap{suffix}.png", name)
     victim = report.victims[0]
     rows: dict[str, Mapping[Deal, float | tuple[float, int]]] = {
         "CFR": hand_values(report, "cfr", PAPER_HANDS, victim),
         "CFR Collusion": hand_values(report, "team", PAPER_HANDS, victim),
         "CFR Collusion vs unaware C": hand_values(report, "team_vs_unaware", PAPER_HANDS, victim),
+        "CFR Collusion, paper's construction": hand_values(report, "paper", PAPER_HANDS, victim),
     }
     for label, records in (measured or {}).items():
         rows[label] = hand_evs_from_episodes(records, victim)

@@ -8,7 +8,8 @@ rewards. So the two seats become **one solver player**, the *team*:
 * its information set at a colluder's turn is both colluders' information
   states together (the mover's card, the partner's card, the public
   history), so the team plays a *joint* strategy with perfect recall;
-* its utility is ``u_A + u_B``; the third player's is ``u_C``. Kuhn is zero-sum,
+* its utility is ``u_A + u_B``; the third player's is ``u_C``. Kuhn is zero-sum
+  (its ``GameInfo`` says so, and the tree builder checks it on every terminal),
   so ``u_team = −u_C``: the team game is a **two-player zero-sum game**.
 
 We run CFR on that game for both sides at once — the third player *runs CFR
@@ -32,6 +33,11 @@ state. :func:`distill_strategy` is that algorithm as written;
 :func:`distill_team_policy` applies it to the team strategy to get, for each
 colluder, a policy keyed by its *own* information state (partner's card
 marginalised out), which the ``table`` agent can play without a channel.
+:func:`distill_individual_policy` is the paper's own use of it: the input is
+the colluders' *individual* three-player CFR strategies, and the query is the
+paper's coarse state {hand, bets, folds} (:func:`paper_state`), so both
+colluders play one strategy pooled over every state of either colluder with
+the same card, bets and folds — no card is shared.
 """
 
 from __future__ import annotations
@@ -107,7 +113,7 @@ class TeamSolution:
     iterations: int
     algo: str
     values: FloatArray  # expected utility per solver player (team first)
-    exploitability: float  # of the team game (two-player zero-sum: NashConv / 2)
+    exploitability: float  # of the team game (two-player constant-sum: NashConv / 2; else NaN)
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -116,12 +122,17 @@ class TeamSolution:
         return float(self.values[TEAM])
 
     def guaranteed_value(self) -> float:
-        """``min_C u_team(τ, C)``: the team's value when every other seat best-responds."""
-        total = 0.0
-        for p in range(1, self.tree.num_players):
-            br, _ = best_response(self.tree, self.sigma, p)
-            total += br
-        return -total if self.tree.num_players == 2 else float("nan")
+        """``min_C u_team(τ, C)``: the team's value when every other seat best-responds.
+
+        With one opponent in a game whose returns sum to a constant ``S`` (the
+        engine's ``GameInfo.utility_sum``; 0 for Kuhn), ``u_team = S − u_C``, so the
+        minimum is ``S − BR_C``; otherwise no one best response gives it, and it is NaN.
+        """
+        info = self.tree.info
+        if self.tree.num_players != 2 or info is None or info.utility_sum is None:
+            return float("nan")
+        br, _ = best_response(self.tree, self.sigma, 1)
+        return info.utility_sum - br
 
     def policy(self) -> dict[str, dict[str, float]]:
         """Team keys for colluders' turns, plain information states for the others."""
@@ -142,7 +153,9 @@ def solve_team(
     solver = CFRSolver(tree, algo)
     solver.run(iterations)
     sigma = solver.average_policy()
-    expl = exploitability(tree, sigma) if tree.num_players == 2 else float("nan")
+    info = tree.info
+    two_player_constant_sum = tree.num_players == 2 and info is not None and info.constant_sum
+    expl = exploitability(tree, sigma) if two_player_constant_sum else float("nan")
     return TeamSolution(
         tree=tree,
         sigma=sigma,
@@ -239,4 +252,72 @@ def distill_team_policy(solution: TeamSolution) -> dict[str, dict[str, float]]:
     for label, acts in actions.items():
         row = num[label] / den[label] if den[label] > 0 else np.full(len(acts), 1.0 / len(acts))
         out[label] = {json.dumps(a): float(p) for a, p in zip(acts, row, strict=True)}
+    return out
+
+
+def paper_state(state: State, seat: int) -> str:
+    """Algorithm 3's query for ``seat``'s turn: {hand, bets, folds}, plus the legal actions.
+
+    The paper's states are "hand, bets, folds": the mover's card, every seat's
+    chips in the pot and who has folded, in seat order (the engine's
+    ``card``/``contributions``/``folded`` observation fields) — not the order
+    of moves nor who started, which the engine's information state keeps. The
+    legal actions are part of the key because under the one-raise-per-player
+    rule two such states can differ in whether the mover may still raise; the
+    paper's fixed three-action space hides that, and pooling a raise
+    probability into a state that cannot raise would not be a strategy.
+    """
+    obs = state.observation(seat)
+    missing = [f for f in ("card", "contributions", "folded") if obs.get(f) is None]
+    if missing:
+        raise ValueError(f"{state.game.name} observations lack {missing}: no {{hand, bets, folds}}")
+    return json.dumps(
+        [obs["card"], obs["contributions"], obs["folded"], list(state.legal_actions(seat))]
+    )
+
+
+def distill_individual_policy(
+    tree: GameTree, sigma: FloatArray, seats: Collection[int]
+) -> dict[str, dict[str, float]]:
+    """Loki Algorithm 3 on individual strategies: the paper's "CFR Collusion" construction.
+
+    ``tree`` is the per-seat game tree built with ``features=paper_state`` and
+    ``sigma`` the three-player CFR profile. For each of ``seats``' information
+    states the query is its {hand, bets, folds}; the answer averages the CFR
+    strategy of every information state of *any* of ``seats`` with that same
+    query, weighted by the probability that play reaches it under ``sigma``
+    (the "CFR state probability"):
+    ``σ̂(q) = Σ_{I: q(I)=q, player(I)∈seats} reach(I) σ(I) / Σ reach(I)``, uniform if
+    that sum is 0 (lines 13-16). Returns ``{information state: {action: prob}}``
+    for the seats' own states, playable as they are. Grouped rather than
+    scanned, so linear in the tree; :func:`distill_strategy` is the same sum.
+    """
+    if not tree.node_features:
+        raise ValueError(
+            "build the tree with features=paper_state to distill individual strategies"
+        )
+    if tree.num_players != tree.num_seats:
+        raise ValueError("individual strategies live on a per-seat tree, not a team tree")
+    feature: dict[int, str] = {}
+    for iset, feat in zip(tree.node_infoset.tolist(), tree.node_features, strict=True):
+        if feature.setdefault(iset, feat) != feat:
+            raise ValueError(
+                f"information state {tree.infoset_key[iset]!r} has different features in "
+                f"different histories: {feature[iset]} vs {feat}"
+            )
+    reach = tree.infoset_reach(sigma)  # weight ← CFR state probability
+    members = [i for i in tree.real_infosets() if int(tree.infoset_player[i]) in seats]
+    num: dict[str, FloatArray] = {}
+    den: dict[str, float] = defaultdict(float)
+    for i in members:
+        s, k = int(tree.infoset_start[i]), int(tree.infoset_size[i])
+        q = feature[i]
+        num[q] = num.get(q, np.zeros(k)) + reach[i] * sigma[s : s + k]  # 9: += weight · strategy
+        den[q] += float(reach[i])  # 10: norm_factor += weight
+    out: dict[str, dict[str, float]] = {}
+    for i in members:
+        q, k = feature[i], int(tree.infoset_size[i])
+        row = num[q] / den[q] if den[q] > 0 else np.full(k, 1.0 / k)  # 13-16
+        acts = tree.infoset_actions[i]
+        out[tree.infoset_key[i]] = {json.dumps(a): float(p) for a, p in zip(acts, row, strict=True)}
     return out

@@ -45,7 +45,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from backroom.games.base import CHANCE, Action, Game, State
+from backroom.games.base import CHANCE, Action, Game, GameInfo, State
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -112,6 +112,14 @@ class GameTree:
     node_label: list[str]  # the engine's own information-state string of the mover
     num_nodes: int = 0  # histories enumerated (chance + decision + terminal)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: ``features(state, mover)`` of every decision node when the tree was built with
+    #: ``features=`` (a coarser view of the mover's situation, e.g. Loki Algorithm 3's
+    #: {hand, bets, folds}); empty otherwise.
+    node_features: list[str] = field(default_factory=list)
+    #: The engine's declared facts (per seat), checked against every terminal by
+    #: :func:`build_tree`. Solver players' utilities are sums of seats' returns, so a
+    #: constant-sum game stays constant-sum, with the same sum, on a team tree.
+    info: GameInfo | None = None
 
     @property
     def num_slots(self) -> int:
@@ -266,12 +274,15 @@ class _Builder:
         key: InfosetKey,
         label: InfosetKey,
         max_nodes: int,
+        features: InfosetKey | None = None,
     ) -> None:
         self.game = game
         self.owner = owner
         self.n = max(owner) + 1
         self.key = key
         self.label = label
+        self.features = features
+        self.node_features: list[str] = []
         self.max_nodes = max_nodes
         self.count = 0
         # information sets; ids 0..n-1 are the root dummies with one action each
@@ -376,10 +387,30 @@ class _Builder:
         iset = self.infoset(player, key, legal, seqs[player])
         label = self.label(state, seat)
         self.nodes.append((iset, cp, seqs, seat, label))
+        if self.features is not None:
+            self.node_features.append(self.features(state, seat))
         start = self.iset_start[iset]
         for k, action in enumerate(legal):
             new = (*seqs[:player], start + k, *seqs[player + 1 :])
             self.decide(state, movers, {**chosen, seat: action}, cp, new, path)
+
+    def check_info(self, info: GameInfo) -> None:
+        """Every terminal keeps the engine's declared bounds and sum, or the declaration is wrong.
+
+        Solvers rely on the facts (a team's guaranteed value is ``utility_sum``
+        minus a best response), so an engine that misstates them is stopped here.
+        """
+        returns = np.array([t[2][self.n :] for t in self.terms], dtype=np.float64)
+        tol = 1e-9 * max(1.0, abs(info.min_utility), abs(info.max_utility))
+        what = f"{self.game.name} {self.game.params()} declares {info}, but a terminal"
+        if returns.min() < info.min_utility - tol or returns.max() > info.max_utility + tol:
+            raise ValueError(f"{what} returns {returns.min()}..{returns.max()}")
+        if info.utility_sum is not None:
+            sums = returns.sum(axis=1)
+            if np.abs(sums - info.utility_sum).max() > tol * len(self.owner):
+                raise ValueError(
+                    f"{what} sums to {sums[np.argmax(np.abs(sums - info.utility_sum))]}"
+                )
 
     def finish(self, meta: dict[str, Any]) -> GameTree:
         n = self.n
@@ -465,6 +496,8 @@ class _Builder:
             node_label=[t[4] for t in self.nodes],
             num_nodes=self.count,
             meta=meta,
+            node_features=self.node_features,
+            info=self.game.info,
         )
 
 
@@ -475,6 +508,7 @@ def build_tree(
     owner: Sequence[int] | None = None,
     key: InfosetKey | None = None,
     estimate_samples: int = 64,
+    features: InfosetKey | None = None,
 ) -> GameTree:
     """Enumerate ``game`` once into a :class:`GameTree`.
 
@@ -485,8 +519,14 @@ def build_tree(
     estimate the size from random walks and refuse games estimated at more
     than ``max_nodes`` histories; the enumeration also stops with
     :class:`TreeTooLargeError` the moment it passes ``max_nodes``.
+    ``features(state, seat)``, if given, is recorded for every decision node
+    (``node_features``): the tree walk is the one place that sees engine
+    states, so coarser views of a node (Loki Algorithm 3's query) are taken here.
+    The game's declared :class:`~backroom.games.base.GameInfo` is checked
+    against every terminal and kept as ``tree.info``.
     """
-    seats = game.num_players
+    info = game.info
+    seats = info.num_players
     own = tuple(range(seats)) if owner is None else tuple(int(o) for o in owner)
     if len(own) != seats or sorted(set(own)) != list(range(max(own) + 1)):
         raise ValueError(
@@ -498,13 +538,17 @@ def build_tree(
             f"{game.name} {game.params()} has an estimated {estimate:,.0f} histories (inf: over 1e15), more than "
             f"max_nodes={max_nodes:,}; too large to enumerate (raise max_nodes if you have the memory)"
         )
-    builder = _Builder(game, own, key or default_key, default_key, max_nodes)
+    builder = _Builder(game, own, key or default_key, default_key, max_nodes, features)
     import sys
 
+    # The walk recurses once per chance node and, per move, once per mover plus
+    # twice more (``visit``, the last ``decide``): the declared longest play bounds it.
+    depth = info.max_chance_nodes + info.max_game_length * (seats + 2) + 1
     limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10_000))
+    sys.setrecursionlimit(max(limit, 1_000 + 2 * depth))
     try:
         builder.visit(game.new_initial_state(), 1.0, tuple(range(builder.n)), ())
     finally:
         sys.setrecursionlimit(limit)
+    builder.check_info(info)
     return builder.finish({"estimated_nodes": estimate})

@@ -43,6 +43,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backroom.bus.wire import EpisodeRecord, Trace
+from backroom.referee.episodes import resolve_run_dir
 from backroom.runner.config import ConfigError
 from backroom.trainer.config import TrainConfig
 from backroom.trainer.learner import LoraSettings
@@ -513,7 +514,9 @@ class DpoSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    source: str = Field(description="run directory with episodes.jsonl and traces.jsonl")
+    source: str = Field(
+        description="run directory with episodes.jsonl and traces.jsonl (runs/<run>: its latest run)"
+    )
     beta: float = Field(default=0.1, gt=0)
     lr: float = Field(default=5e-5, gt=0)
     epochs: float = Field(default=1.0, gt=0)
@@ -542,7 +545,10 @@ def run_dpo(config: TrainConfig, run_dir: Path) -> str:
     Returns a one-paragraph summary for the console.
     """
     settings = dpo_settings(config)
-    source = Path(settings.source)
+    try:  # runs/<run> stands for its latest run: one run's episodes, never several
+        source = resolve_run_dir(settings.source)
+    except FileNotFoundError as exc:
+        raise DpoError(f"dpo.source: {exc}") from None
     episodes_path, traces_path = source / "episodes.jsonl", source / "traces.jsonl"
     for path in (episodes_path, traces_path):
         if not path.is_file():

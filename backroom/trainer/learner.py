@@ -161,7 +161,7 @@ class Learner:
     #
     # The decisions of a batch share a long head (system prompt, rules), and a
     # scored decision's candidates share their whole prompt. So one forward pass
-    # packs them as the agent's scorer does (``Backend._score_chunk``): the
+    # packs them as the agent's scorer does (``backroom/agents/model/scoring.py``): the
     # common prefix of the micro-batch is encoded ONCE (with gradient; its
     # key/value cache is repeated for every row), and each row holds one
     # decision's own prompt tail followed by all its completions, under a 4D

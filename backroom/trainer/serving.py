@@ -9,12 +9,16 @@ few files fetched once per version; it binds 127.0.0.1 unless asked.
 
 ``announce_to_servers`` tells OpenAI-compatible servers with vLLM's runtime
 LoRA API (vLLM, ``backroom serve-model``) to load a new version under the name
-``{policy}@{version}``, so ``llm`` agents can play it by that model name.
+``{policy}@{version}``, so ``llm`` agents can play it by that model name. It
+sends the version's sha256 and size (``serve-model`` fetches an http(s)
+adapter only with them, and checks a local one against them) and the servers'
+API key, ``$BACKROOM_SERVE_KEY``, as a Bearer token.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from http import HTTPStatus
@@ -26,6 +30,7 @@ from typing import Any
 import httpx
 
 from backroom.agents.adapters import ADAPTER_FILES
+from backroom.agents.serve import KEY_ENV
 from backroom.bus.wire import AdapterRef
 
 log = logging.getLogger("backroom.trainer")
@@ -92,22 +97,23 @@ class AdapterServer:
 
 
 async def announce_to_servers(
-    servers: list[str], ref: AdapterRef, timeout_s: float = 120.0
+    servers: list[str], ref: AdapterRef, timeout_s: float = 120.0, api_key: str | None = None
 ) -> dict[str, str]:
     """POST ``/v1/load_lora_adapter`` to each server; per server "ok" or the reason it failed.
 
     A server that refuses is logged and reported, never fatal: rollouts that
-    name the version on that server fail on their own, visibly.
+    name the version on that server fail on their own, visibly. ``api_key``
+    (default ``$BACKROOM_SERVE_KEY``) goes to every server as a Bearer token.
     """
     name = f"{ref.policy}@{ref.version}"
+    key = api_key or os.environ.get(KEY_ENV)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"lora_name": name, "lora_path": ref.uri, "sha256": ref.sha256, "size": ref.size}
     results: dict[str, str] = {}
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
         for base in servers:
             try:
-                r = await client.post(
-                    f"{base.rstrip('/')}/v1/load_lora_adapter",
-                    json={"lora_name": name, "lora_path": ref.uri},
-                )
+                r = await client.post(f"{base.rstrip('/')}/v1/load_lora_adapter", json=body)
                 results[base] = (
                     "ok" if r.status_code == 200 else f"HTTP {r.status_code}: {r.text[:200]}"
                 )

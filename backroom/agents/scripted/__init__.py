@@ -1,6 +1,5 @@
 """Scripted agent kinds. Importing this package registers them all."""
 
-from backroom.agents import human_tty as human_tty
 from backroom.agents import llm as llm
 from backroom.agents import local as local
 from backroom.agents.scripted import basic as basic

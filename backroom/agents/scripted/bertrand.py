@@ -1,8 +1,8 @@
 """Scripted Bertrand firms: ``nash-pricer``, ``cartel-pricer``, ``undercutter``, ``tft-pricer``.
 
 They read the market (demand system and parameters) from the observation and
-derive the benchmark prices with ``equilibrium_prices``, so they work for any
-demand parameters a config sets.
+derive the benchmark prices with ``equilibrium_prices`` (``games.bertrand_market``,
+the game's own economics), so they work for any demand parameters a config sets.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from backroom.agents.base import JSON, ScriptedAgent, register_agent
 from backroom.bus.wire import Turn
-from backroom.games.bertrand import Equilibrium, equilibrium_prices
+from backroom.games.bertrand_market import Equilibrium, equilibrium_prices
 
 
 @lru_cache(maxsize=64)

@@ -1,8 +1,12 @@
 """Run a coroutine's first step now, in the caller, and make a task only if it suspends.
 
-A message handler that answers at once (a scripted agent's ``act``)
-otherwise pays for a task and one event-loop iteration before its answer can
-leave: about 40 µs of a Kuhn move (docs/speed.md). Python 3.12 has this
+The agent runtime's scheduling of decisions (``AgentRunner._spawn``). A
+message handler that answers at once (a scripted agent's ``act``) otherwise
+pays for a task and one event-loop iteration before its answer is queued;
+started here, the answer is queued inside the delivery callback and leaves
+with the flush after the delivery (``bus.publish``), before the turn's
+PUBACK: about 40 µs of a Kuhn move, measured again as worth keeping on
+2026-11-23 (docs/speed.md, *One way out*). Python 3.12 has this
 built in (``asyncio.Task(..., eager_start=True)``); 3.11, which backroom
 supports, does not, so on 3.11 the first step is driven by hand and a
 coroutine that suspends is wrapped so a task resumes it where it stopped.

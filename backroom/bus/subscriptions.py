@@ -1,0 +1,64 @@
+"""Subscriptions: which handler gets which message, kept across reconnects.
+
+A handler is ``handler(topic, payload)``, called on the event loop's thread
+straight from the socket read (``bus.paho_fixes``): it must not block, so
+anything slow goes to a task. Filters are remembered and subscribed again on
+every new connection (``bus.connection``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiomqtt
+
+from backroom.bus.errors import NotAuthorizedError
+
+log = logging.getLogger("backroom.bus")
+
+Handler = Callable[[str, bytes], None]
+
+#: Topics whose matching handlers are remembered; past this the cache starts over
+#: (topics are per match, so their number grows with every match).
+ROUTE_CACHE = 10_000
+
+
+class Subscriptions:
+    def __init__(self, count_in: Any) -> None:
+        self.handlers: list[tuple[str, Handler]] = []
+        self._routes: dict[str, list[tuple[str, Handler]]] = {}  # topic -> matching handlers
+        self._count_in = count_in
+
+    def add(self, topic_filter: str, handler: Handler) -> None:
+        self.handlers.append((topic_filter, handler))
+        self._routes.clear()
+
+    async def subscribe(self, client: aiomqtt.Client, topic_filter: str, qos: int = 1) -> None:
+        """SUBSCRIBE on ``client``; the broker's refusal raises ``NotAuthorizedError``."""
+        codes = await client.subscribe(topic_filter, qos=qos)
+        for code in codes:
+            if getattr(code, "is_failure", False):
+                raise NotAuthorizedError(f"broker refused subscription to {topic_filter!r}: {code}")
+
+    async def subscribe_all(self, client: aiomqtt.Client) -> None:
+        """Every filter again, on a new connection."""
+        for topic_filter, _ in self.handlers:
+            await self.subscribe(client, topic_filter)
+
+    def deliver(self, topic: str, payload: bytes) -> None:
+        """Hand one message to every handler whose filter matches; a failing handler is logged."""
+        self._count_in.inc()
+        routes = self._routes.get(topic)
+        if routes is None:
+            if len(self._routes) > ROUTE_CACHE:
+                self._routes.clear()
+            routes = self._routes[topic] = [
+                (f, h) for f, h in self.handlers if aiomqtt.Topic(topic).matches(f)
+            ]
+        for topic_filter, handler in routes:
+            try:
+                handler(topic, payload)
+            except Exception:
+                log.exception("handler for %s failed on %s", topic_filter, topic)

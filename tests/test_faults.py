@@ -1,0 +1,216 @@
+"""Faults mid-run: a referee killed, an agent killed, two processes under one identity.
+
+Each test plays through real processes and a real Mosquitto, and bounds its
+wait: before these were handled, each of them hung or crawled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from backroom.bus import topics
+from backroom.bus.broker import Broker
+from backroom.bus.client import Bus, BusConfig, Will
+from backroom.bus.wire import EpisodeRecord, Status, dump
+from backroom.cli import demo_config
+from backroom.referee.episodes import read_episodes
+from backroom.referee.service import IdentityInUse, Referee
+from backroom.runner.config import RunConfig, parse_config
+from backroom.runner.local import RunError, RunResult, run_local, run_matches, summarize
+from tests.conftest import agents, identity, stack
+
+
+def _config(run: str, matches: int, concurrency: int, **update: object) -> RunConfig:
+    data = demo_config().model_dump()
+    data.update(run=run, matches=matches, concurrency=concurrency, turn_timeout_s=3.0, **update)
+    return parse_config(data, source="test")
+
+
+def _renamed(config: RunConfig, names: dict[str, str]) -> RunConfig:
+    """The same config with its agents renamed (seats, channels and transform follow)."""
+    text = json.dumps(config.model_dump())
+    for old, new in names.items():
+        text = text.replace(f'"{old}"', f'"{new}"')
+    return parse_config(json.loads(text), source="test")
+
+
+def _pid_of_referee(record: EpisodeRecord) -> int:
+    return int(record.referee.rsplit(":", 1)[1])  # "<identity>@<host>:<pid>"
+
+
+def _child_pid(*argv: str) -> int:
+    """The pid of this process's child whose command line holds ``argv`` in order."""
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            args = (entry / "cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == me and any(args[i : i + len(argv)] == list(argv) for i in range(len(args))):
+            return int(entry.name)
+    raise LookupError(f"no child process with {argv}")
+
+
+def test_a_killed_referee_of_two_loses_no_match(tmp_path: Path) -> None:
+    """Its accepted matches are asked for again, the survivor plays the rest, nothing twice."""
+    config = _config("kill-ref", 300, 20, referees=2)
+    killed: dict[str, float | str] = {}
+
+    def on_episode(record: EpisodeRecord, n: int) -> None:
+        if n == 40 and not killed:
+            os.kill(_pid_of_referee(record), signal.SIGKILL)
+            killed.update(referee=record.referee, at=time.time())
+
+    result = asyncio.run(asyncio.wait_for(run_local(config, tmp_path, on_episode=on_episode), 60))
+    assert killed
+    eps = result.episodes
+    assert len({e.match for e in eps}) == 300
+    assert Counter(e.reason for e in eps) == {"normal": 300}
+    dead = str(killed["referee"])
+    assert result.faults.referees_lost == [dead.split("@")[0]]
+    assert result.faults.rerequested >= 1  # it had matches in play
+    # its session went with it: no request queued for it, so next to none to send again
+    assert result.faults.resubmitted <= config.concurrency
+    later = [e for e in eps if e.started_at > float(killed["at"]) + 0.5]
+    assert later and all(e.referee != dead for e in later)
+    on_disk = list(read_episodes(result.run_dir))
+    assert sorted(r["match"] for r in on_disk) == sorted(e.match for e in eps)
+    kept = {e.match: e.referee for e in eps}
+    assert all(kept[r["match"]] == r["referee"] for r in on_disk)
+
+
+def test_the_only_referee_killed_fails_the_run_at_once(tmp_path: Path) -> None:
+    config = _config("kill-only-ref", 1000, 20)
+    killed: list[float] = []
+
+    def on_episode(record: EpisodeRecord, n: int) -> None:
+        if n == 30 and not killed:
+            os.kill(_pid_of_referee(record), signal.SIGKILL)
+            killed.append(time.monotonic())
+
+    with pytest.raises(RunError) as err:
+        asyncio.run(asyncio.wait_for(run_local(config, tmp_path, on_episode=on_episode), 60))
+    assert killed and time.monotonic() - killed[0] < 10
+    assert "died" in str(err.value) and "no referee is left" in str(err.value)
+
+
+def test_a_killed_agent_costs_later_matches_no_grace_and_is_reported(tmp_path: Path) -> None:
+    config = _config("kill-agent", 150, 5)
+    killed: list[float] = []
+    notices: list[str] = []
+
+    def on_episode(_record: EpisodeRecord, n: int) -> None:
+        if n == 20 and not killed:
+            os.kill(_child_pid("--id", "carol"), signal.SIGKILL)
+            killed.append(time.time())
+
+    result: RunResult = asyncio.run(
+        asyncio.wait_for(
+            run_local(config, tmp_path, on_episode=on_episode, on_notice=notices.append), 60
+        )
+    )
+    assert killed
+    # past its one grace (1 s from the will), carol's seat gets the default at once:
+    # no later match waits (each used to wait out the grace again, over 1 s)
+    later = [e for e in result.episodes if e.started_at > killed[0] + 1.2]
+    assert len(later) >= 50
+    assert all(e.reason == "timeout" and 2 in e.timeouts for e in later)
+    assert max(e.ended_at - e.started_at for e in later) < 0.9
+    (gone,) = result.faults.departures
+    assert gone.agent == "carol" and abs(gone.at - killed[0]) < 2 and gone.back_at is None
+    assert gone.defaulted >= len(later)
+    assert any(n.startswith("agent carol went offline at") for n in notices)
+    assert f"(its seats got defaults in {gone.defaulted} matches)" in notices[-1]
+    assert summarize(result)["faults"]["departures"][0]["agent"] == "carol"
+
+
+def test_two_runs_on_one_broker_both_finish(tmp_path: Path) -> None:
+    """Each run's runner and referees have names of their own, removed when it ends."""
+    broker = Broker(tmp_path / "broker").start()
+    try:
+        one = _config("one", 60, 10)
+        two = _renamed(_config("two", 60, 10), {"alice": "dave", "bob": "erin", "carol": "fay"})
+
+        async def both() -> list[RunResult]:
+            runs = [
+                run_local(c, tmp_path / "runs", broker.url, broker.credentials.dir)
+                for c in (one, two)
+            ]
+            return list(await asyncio.wait_for(asyncio.gather(*runs), 60))
+
+        results = asyncio.run(both())
+        left = set(broker.credentials.load())
+    finally:
+        broker.stop()
+    for result in results:
+        assert len({e.match for e in result.episodes}) == 60
+        assert {e.reason for e in result.episodes} == {"normal"}
+    assert not [n for n in left if n.startswith(("runner-", "referee-"))]
+    assert {"alice", "dave"} <= left  # agents' identities stay: someone may start them again
+
+
+async def test_a_second_referee_under_an_online_identity_is_refused(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """The second one stops instead of throwing the first off again and again."""
+    players = agents(("alice", "kuhn-colluder"), ("bob", "kuhn-colluder"), ("carol", "random"))
+    config = _config("second-ref", 30, 5)
+    async with stack(broker, tmp_path / "runs", players) as (first, _runners):
+        second = Referee(identity(broker, "referee", "referee"), runs_dir=tmp_path / "runs2")
+        t0 = time.monotonic()
+        with pytest.raises(IdentityInUse, match="'referee' is in use"):
+            await asyncio.wait_for(second.__aenter__(), 10)
+        assert time.monotonic() - t0 < 3
+        # The second one stays off: it closed its connection for good (and waited for its
+        # supervisor to end) before it raised, and the last login it made was the one the
+        # first one threw off by coming back. So nobody throws the first one off any more.
+        assert second.bus is not None and second.bus.closing
+        assert first.bus is not None
+        await asyncio.wait_for(first.bus.connected.wait(), 10)  # the first one is back
+        thrown_off = first.bus.reconnects
+        assert 1 <= thrown_off <= 2
+        runner = identity(broker, "runner", "runner")
+        eps = await asyncio.wait_for(run_matches(config, runner, ["referee"]), 30)
+        assert first.bus.reconnects == thrown_off  # no more connections lost, over a whole run
+    assert Counter(e.reason for e in eps) == {"normal": 30}
+    assert {e.referee for e in eps} == {first.id}
+
+
+def test_a_run_refuses_to_start_an_agent_already_online(tmp_path: Path) -> None:
+    """Spawning a second alice would throw the first off the broker: the run says so instead."""
+    broker = Broker(tmp_path / "broker").start()
+    try:
+        alice: BusConfig = identity(broker, "alice")
+        time.sleep(0.1)
+
+        async def go() -> tuple[str, int]:
+            offline = dump(Status(state="offline", kind="random"))
+            async with Bus(alice, will=Will(topics.status("alice"), offline)) as bus:
+                await bus.publish(
+                    topics.status("alice"), Status(state="online", kind="random"), retain=True
+                )
+                config = _config("taken", 10, 5)
+                with pytest.raises(RunError) as err:
+                    await asyncio.wait_for(
+                        run_local(config, tmp_path / "runs", broker.url, broker.credentials.dir),
+                        30,
+                    )
+                return str(err.value), bus.reconnects
+
+        message, reconnects = asyncio.run(go())
+    finally:
+        broker.stop()
+    assert "already online" in message and "alice" in message
+    assert reconnects == 0  # the alice that was there was never thrown off

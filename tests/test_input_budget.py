@@ -1,0 +1,50 @@
+"""What one identity may send the referee is budgeted: a flood is dropped unread, others play on.
+
+(Issue finding: a 20,000-message burst from one agent cut everyone's
+throughput by ~60% for seconds.) Past ``input_burst_bytes`` (then
+``input_bytes_per_s``) a payload is dropped before it is parsed, counted in
+``backroom_inputs_dropped_total``, and answered by one ``rate_limited`` error
+out of the sender's error budget; another identity's budget is its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import REGISTRY
+
+from backroom.bus.broker import Broker
+from backroom.bus.wire import Error
+from backroom.referee.service import Referee
+
+from .conftest import RawAgent, identity
+
+
+def dropped() -> float:
+    return REGISTRY.get_sample_value("backroom_inputs_dropped_total") or 0.0
+
+
+async def test_a_flood_is_dropped_unread_and_counted_and_others_are_served(
+    broker: Broker, tmp_path: Path
+) -> None:
+    before = dropped()
+    config = identity(broker, "referee", "referee")
+    async with (
+        Referee(
+            config, runs_dir=tmp_path / "runs", input_burst_bytes=3000, input_bytes_per_s=1.0
+        ) as ref,
+        RawAgent(identity(broker, "mallory")) as mal,
+        RawAgent(identity(broker, "trent")) as trent,
+    ):
+        junk = b"{nope" + b" " * 995  # 1,000 bytes, malformed
+        for _ in range(10):
+            await mal.send(junk)
+        await trent.send(b"{nope")
+        await mal.barrier(ref)
+        await trent.barrier(ref)
+    reasons = [e.reason for e in mal.of(Error)]
+    # three payloads fit the budget and were judged; seven were dropped unread
+    assert reasons.count("malformed") == 3
+    assert reasons.count("rate_limited") == 7
+    assert dropped() - before == 7
+    assert [e.reason for e in trent.of(Error)] == ["malformed"]  # its own budget
