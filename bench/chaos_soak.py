@@ -48,9 +48,10 @@ Exit status 0 when lost and duplicated are 0, 1 otherwise.
 
 ``--fast-referee-restart`` starts a killed referee again at once, as a
 supervisor (``restart: always``) would, instead of after the runner has given
-it up: the same identity says ``online`` again within the runner's
-``REFEREE_GRACE_S``, and the matches the dead process had accepted are never
-asked for again.
+it up: the same identity may say ``online`` again before the runner polled
+the dead process and within its ``REFEREE_GRACE_S``, which would leave the
+matches the dead process had accepted never asked for again (lost). Not yet
+tried.
 
 Run: ``python bench/chaos_soak.py`` (a few minutes; ``--matches``,
 ``--duration``, ``--seed``, ``--interval``). Loopback only.
@@ -73,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 import backroom.runner.local as local
+from backroom.bus import topics
 from backroom.bus.wire import EpisodeRecord, MatchRequest
 from backroom.cli import demo_config
 from backroom.referee.episodes import read_episodes
@@ -153,6 +155,30 @@ def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     pairs = (item.decode().split("=", 1) for item in raw if b"=" in item)
     return {k: v for k, v in pairs if k.startswith("BACKROOM_")}
+
+
+def _diagnose(stack: Stack, say: Any) -> None:
+    """On a failed run: which processes live, who is connected, the retained statuses."""
+    import subprocess
+
+    for name, proc in stack.procs.items():
+        say(f"diagnose: process {name} pid {proc.pid} exit code {proc.poll()}")
+    port = stack.url.rsplit(":", 1)[-1]
+    conns = subprocess.run(
+        ["ss", "-tnpH", "state", "established", f"( dport = :{port} )"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    say(f"diagnose: connections to the broker:\n{conns}")
+    cfg = stack.identity("runner", "runner")
+    login = ["-h", str(cfg.host), "-p", str(cfg.port), "-u", str(cfg.username)]
+    login += ["-P", str(cfg.password), "-i", str(cfg.username)]
+    statuses = subprocess.run(
+        ["mosquitto_sub", *login, "-t", topics.ALL_STATUS, "-v", "-W", "2"],
+        capture_output=True,
+        text=True,
+    )
+    say(f"diagnose: retained statuses:\n{statuses.stdout}{statuses.stderr}")
 
 
 class Chaos:
@@ -305,6 +331,8 @@ async def soak(
             report.error = f"the run did not end within {deadline:.0f} s"
         except RunError as exc:
             report.error = f"RunError: {exc}"
+        if report.error:
+            await asyncio.to_thread(_diagnose, stack, say)
     finally:
         local.MatchRequest = saved  # type: ignore[misc]
         if chaos_task is not None:

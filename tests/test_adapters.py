@@ -1,6 +1,6 @@
 """Adapter versions without a broker: the digest, fetching and checking, the bounded cache.
 
-The cache runs on a real backend (the tiny random Qwen2 of ``test_local_agent``)
+The cache runs on a real backend (the tiny random Qwen2 of ``conftest.tiny_qwen``)
 with real peft adapters; downloads come from a real HTTP server on 127.0.0.1.
 """
 
@@ -22,7 +22,7 @@ from backroom.agents.adapters import (
     adapter_digest,
     fetch_adapter,
 )
-from backroom.agents.backend import Backend, shared_backend
+from backroom.agents.backend import Backend
 from backroom.bus.wire import AdapterRef
 
 from .conftest import eventually, perturbed_adapter, serve_folder
@@ -138,9 +138,11 @@ def test_fetch_refuses_what_a_server_gets_wrong(tmp_path: Path) -> None:
 # --- the cache ---------------------------------------------------------------------------
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def backend(tiny_qwen: tuple[Path, Path]) -> Backend:
-    return shared_backend(str(tiny_qwen[0]), device="cpu")
+    """A backend of this module's own: what these tests leave loaded never reaches the
+    process-wide one that the ``local`` agents and ``serve-model`` of other files share."""
+    return Backend(str(tiny_qwen[0]), device="cpu").load()
 
 
 @pytest.fixture

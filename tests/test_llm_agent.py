@@ -398,7 +398,9 @@ def test_bertrand_planning_window_and_strategy_injection() -> None:
 
 async def test_serve_model_loads_a_lora_adapter_at_run_time(tiny_qwen: tuple[Path, Path]) -> None:
     model_dir, adapter_dir = tiny_qwen
-    backend = shared_backend(str(model_dir), device="cpu")
+    # a backend of its own: the adapters this server loads stay out of the process-wide
+    # backend that other files' `local` agents share
+    backend = Backend(str(model_dir), device="cpu").load()
     async with (
         running_server(serve_model_app(backend, "tiny", adapter_dir=adapter_dir.parent)) as url,
         httpx.AsyncClient(base_url=url, timeout=60) as http,
