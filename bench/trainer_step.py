@@ -82,9 +82,17 @@ import torch
 
 from backroom.agents.backend import Backend, shared_backend, softmax
 from backroom.agents.memory import TALK_BASELINE
+from backroom.agents.model.loading import save_random_qwen
 from backroom.bus.wire import Trace
 from backroom.games import make_game
-from backroom.trainer.learner import Learner, LoraSettings, Sample, StepSettings, sample_of
+from backroom.trainer.learner import (
+    Learner,
+    LoraSettings,
+    Sample,
+    StepSettings,
+    sample_of,
+    shared_prefix,
+)
 
 TARGET = 0.8
 NOTE = """\
@@ -125,52 +133,11 @@ class Result:
 
 
 def make_tiny_qwen(folder: Path) -> Path:
-    """A randomly initialised 2-layer Qwen2 on SmolLM2's tokenizer (as ``tests/conftest.py`` builds it)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    tok = shared_backend().tokenizer
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return save_random_qwen(folder, shared_backend().tokenizer, "tiny")
 
 
 def make_qwen_half_b(folder: Path) -> Path:
-    """A random Qwen2.5-0.5B-size model (24 layers, hidden 896) on SmolLM2's tokenizer, bf16."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    tok = shared_backend().tokenizer
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
-
-# --- the batch ----------------------------------------------------------------------------
+    return save_random_qwen(folder, shared_backend().tokenizer, "0.5b", torch.bfloat16)
 
 
 def ipd_prompts(n: int, seed: int = 0) -> list[str]:
@@ -265,16 +232,6 @@ class Packed:
     targets: Any  # the completion tokens, flattened in (row, completion, token) order
     tokens: int  # prefix once + every row's prompt tail and completions (padding not counted)
     positions_run: int  # prefix + rows x width: what the decoder sees, padding included
-
-
-def shared_prefix(prompts: Sequence[Sequence[int]], minimum: int) -> int:
-    if len(prompts) < 2:
-        return 0
-    first, n = prompts[0], min(len(p) for p in prompts) - 1
-    k = 0
-    while k < n and all(p[k] == first[k] for p in prompts):
-        k += 1
-    return k if k >= minimum else 0
 
 
 def packed(samples: Sequence[Sample], pad_id: int, minimum: int, device: Any, dtype: Any) -> Packed:

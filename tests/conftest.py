@@ -252,28 +252,9 @@ async def drained(ref: Referee, timeout: float = 10.0) -> None:
 
 def make_tiny_qwen(folder: Path) -> Path:
     """A randomly initialised 2-layer Qwen2 on SmolLM2's tokenizer (nothing downloaded): the Qwen code path, fast."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from backroom.agents.model.loading import save_random_qwen
 
-    from backroom.agents.backend import shared_backend
-
-    tok = shared_backend().tokenizer
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return save_random_qwen(folder, shared_backend().tokenizer, "tiny")
 
 
 @pytest.fixture(scope="session")

@@ -182,7 +182,7 @@ class Learner:
         import torch
 
         rows = len(samples)
-        shared = _shared_prefix([s.prompt_ids for s in samples], self.MIN_SHARED_PREFIX)
+        shared = shared_prefix([s.prompt_ids for s in samples], self.MIN_SHARED_PREFIX)
         width = max(len(s.prompt_ids) - shared + sum(map(len, s.completions)) for s in samples)
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         pos = torch.zeros((rows, width), dtype=torch.long)
@@ -404,7 +404,7 @@ class Learner:
         self.optimizer.load_state_dict(state)
 
 
-def _shared_prefix(prompts: Sequence[Sequence[int]], minimum: int) -> int:
+def shared_prefix(prompts: Sequence[Sequence[int]], minimum: int) -> int:
     """Length of the common token prefix worth encoding once (each prompt keeps >= 1 own token)."""
     if len(prompts) < 2:
         return 0

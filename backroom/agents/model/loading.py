@@ -208,3 +208,50 @@ def adapter_kwargs(loaded: Collection[str], adapters: Sequence[str | None]) -> d
         if a and a not in loaded:
             raise ValueError(f"adapter {a!r} is not loaded; loaded: {sorted(loaded)}")
     return {"adapter_names": [a or BASE for a in adapters]}
+
+
+#: Qwen2 shapes for a model of random weights: ``tiny`` (2 layers, hidden 32: the Qwen
+#: code path in tests, in seconds) and ``0.5b`` (Qwen2.5-0.5B's shape: GPU benchmarks).
+RANDOM_QWEN_SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    ),
+    "0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+    ),
+}
+
+
+def save_random_qwen(folder: Path, tokenizer: Any, size: str = "tiny", dtype: Any = None) -> Path:
+    """A randomly initialised Qwen2 on ``tokenizer`` (seeded, nothing downloaded), saved to ``folder``.
+
+    Nothing may download weights here, so the Qwen path is exercised on random
+    weights of the real architecture; tests and benchmarks build it the same way.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        **RANDOM_QWEN_SHAPES[size],
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
