@@ -116,8 +116,14 @@ def _require_kind(kind: str) -> None:
 
 
 def _setup_logging(verbose: bool = False) -> None:
+    """Warnings, or INFO with ``--verbose``; ``BACKROOM_LOG_LEVEL`` (a level name) wins.
+
+    The environment variable reaches the processes that ``backroom run`` starts,
+    whose command lines the user does not write.
+    """
+    level = os.environ.get("BACKROOM_LOG_LEVEL", "").upper() or ("INFO" if verbose else "WARNING")
     logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
+        level=level,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
 

@@ -100,6 +100,7 @@ class Report:
     finished: Counter[str] = field(default_factory=Counter)
     rerun: int = 0  # matches asked for again at least once
     rerequests: int = 0  # requests under a new id, all told
+    rerequest_reasons: Counter[str] = field(default_factory=Counter)
     resubmitted: int = 0
     lost: int = 0
     lost_on_disk: int = 0
@@ -137,6 +138,8 @@ class Report:
             f"re-run (<id>.r<n>):    {self.rerun} matches, {self.rerequests} requests "
             f"({self.referees_lost} referees given up; {self.resubmitted} unacknowledged "
             "requests sent again)",
+            "re-requested because:  "
+            + (", ".join(f"{k} {v}" for k, v in sorted(self.rerequest_reasons.items())) or "-"),
             f"lost:                  {self.lost} (in the file: {self.lost_on_disk})",
             f"duplicated:            {self.duplicated} (in the file: {self.duplicated_on_disk}); "
             f"handled: {self.dropped_duplicates} extra episodes dropped, "
@@ -179,6 +182,15 @@ def _diagnose(stack: Stack, say: Any) -> None:
         text=True,
     )
     say(f"diagnose: retained statuses:\n{statuses.stdout}{statuses.stderr}")
+
+
+async def _progress(got: dict[str, EpisodeRecord], say: Any, every_s: float = 5.0) -> None:
+    """Every ``every_s`` seconds: matches finished so far; a stall shows as ``+0``."""
+    before = 0
+    while True:
+        await asyncio.sleep(every_s)
+        say(f"progress: {len(got)} finished (+{len(got) - before} in {every_s:.0f} s)")
+        before = len(got)
 
 
 class Chaos:
@@ -301,6 +313,7 @@ async def soak(
     faults = Faults()
     chaos_task: asyncio.Task[None] | None = None
     chaos: Chaos | None = None
+    ticker: asyncio.Task[None] | None = None
     t0 = time.monotonic()
     deadline = limit_s if limit_s is not None else duration + 300.0
     episodes: list[EpisodeRecord] | None = None
@@ -325,6 +338,7 @@ async def soak(
         chaos = Chaos(stack, faults, rng, interval, say, {k: WEIGHTS[k] for k in events})
         chaos.fast_referee_restart = fast_referee_restart
         chaos_task = asyncio.create_task(chaos.run(time.monotonic() + duration))
+        ticker = asyncio.create_task(_progress(got, say))
         try:
             episodes = await asyncio.wait_for(play, max(1.0, deadline - (time.monotonic() - t0)))
         except TimeoutError:
@@ -335,6 +349,8 @@ async def soak(
             await asyncio.to_thread(_diagnose, stack, say)
     finally:
         local.MatchRequest = saved  # type: ignore[misc]
+        if ticker is not None:
+            ticker.cancel()
         if chaos_task is not None:
             chaos_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -363,6 +379,7 @@ async def soak(
     report.lost_on_disk = len(set(asked_at) - set(on_disk))
     report.rerun = len(set(faults.reruns.values()))
     report.rerequests = faults.rerequested
+    report.rerequest_reasons = faults.rerequest_reasons
     report.resubmitted = faults.resubmitted
     report.referees_lost = len(faults.referees_lost)
     report.dropped_duplicates = faults.duplicates

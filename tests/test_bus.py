@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
+import sys
 
 import pytest
 
@@ -231,3 +233,65 @@ async def test_a_refused_publish_raises_when_awaited_and_is_logged_when_not(
             await a.publish("backroom/v1/agents/+/outbox", b"{}")
         await a.publish(topics.outbox("alice"), b"{}")  # and the bus goes on
     assert any("refused publish" in r.getMessage() for r in caplog.records)
+
+
+_WRITE_FAILS_IN_HANDLER = """
+import asyncio, os, socket, sys
+from backroom.bus import topics
+from backroom.bus.client import Bus, BusConfig
+
+async def main() -> None:
+    cfg = BusConfig(host=os.environ["H"], port=int(os.environ["P"]), username="alice",
+                    password=os.environ["PW"])
+    got = asyncio.Event()
+    async with Bus(cfg) as bus:
+        def on(_topic: str, _payload: bytes) -> None:
+            if got.is_set():
+                return
+            got.set()
+            # The connection dies under a handler that answers: the answer's write fails
+            # inside paho's on_message callback.
+            bus.connection.client._client.socket().shutdown(socket.SHUT_WR)
+            bus.publish(topics.status("alice"), b"answer")
+        await bus.subscribe(topics.inbox("alice"), on)
+        print("ready", flush=True)
+        await asyncio.wait_for(got.wait(), 10)
+        await asyncio.wait_for(bus.publish(topics.status("alice"), b"after"), 10)
+        print(f"reconnects {bus.reconnects}", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_write_that_fails_inside_a_handler_reconnects_instead_of_deadlocking(
+    broker: Broker,
+) -> None:
+    """The chaos soak's hung referee: a handler's answer written while paho runs its
+    ``on_message`` found the socket dead; paho then closed it and took its (not
+    reentrant) callback lock a second time, on the same thread, and the process
+    stopped for good. Writes from inside a paho callback now wait for the loop.
+    """
+    alice, ref = identity(broker, "alice"), identity(broker, "referee", "referee")
+    env = dict(os.environ, H=alice.host, P=str(alice.port), PW=alice.password or "")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITE_FAILS_IN_HANDLER],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+
+        async def poke() -> None:
+            async with Bus(ref) as r:
+                await r.publish(topics.inbox("alice"), b"question")
+
+        asyncio.run(poke())
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the client hung after a failed write inside a handler (deadlock)")
+    assert proc.returncode == 0, out
+    assert "reconnects 1" in out, out

@@ -24,7 +24,14 @@ from backroom.cli import demo_config
 from backroom.referee.episodes import read_episodes
 from backroom.referee.service import IdentityInUse, Referee
 from backroom.runner.config import RunConfig, parse_config
-from backroom.runner.local import RunError, RunResult, run_local, run_matches, summarize
+from backroom.runner.local import (
+    Faults,
+    RunError,
+    RunResult,
+    run_local,
+    run_matches,
+    summarize,
+)
 from tests.conftest import agents, identity, stack
 
 
@@ -214,3 +221,38 @@ def test_a_run_refuses_to_start_an_agent_already_online(tmp_path: Path) -> None:
         broker.stop()
     assert "already online" in message and "alice" in message
     assert reconnects == 0  # the alice that was there was never thrown off
+
+
+async def test_a_broker_away_longer_than_the_referee_grace_gives_up_no_referee(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Found by the chaos soak: while the runner itself is cut off it sees no status, so
+    the grace of a referee whose will said offline must not run. The broker stays away
+    for 5 s, longer than the 4 s grace: the referee, alive all along, comes back within
+    seconds of the broker and must not be given up (its matches would be asked again).
+    """
+    config = _config("broker-away", 60, 5)
+    players = agents(("alice", "kuhn-colluder"), ("bob", "kuhn-colluder"), ("carol", "cfr"))
+    faults = Faults()
+    restart: list[asyncio.Task[None]] = []
+
+    def on_episode(_record: EpisodeRecord, n: int) -> None:
+        if n == 10 and not restart:
+            restart.append(asyncio.ensure_future(asyncio.to_thread(broker.restart, 5.0)))
+
+    async with stack(broker, tmp_path / "runs", players):
+        episodes = await asyncio.wait_for(
+            run_matches(
+                config,
+                identity(broker, "runner", "runner"),
+                ["alice", "bob", "carol"],
+                on_episode=on_episode,
+                faults=faults,
+                referee_grace_s=4.0,
+            ),
+            90,
+        )
+        await restart[0]
+    assert len({e.match for e in episodes}) == 60
+    assert faults.referees_lost == []
+    assert faults.rerequested == 0

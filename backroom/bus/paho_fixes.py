@@ -22,6 +22,9 @@ this module; nothing else in backroom touches paho's internals.
    the loop's own thread, so ``PahoLink.write`` writes what paho holds in one
    go; aiomqtt's writer takes over only when the socket's buffer is full.
 
+A write from inside a paho callback (every handler that answers a
+delivery) waits for the loop instead, as paho's own writes do: see ``write``.
+
 aiomqtt can also miss a disconnect when the socket dies in the middle of a
 write (only the keepalive notices, seconds later); ``PahoLink.is_connected``
 reads paho's own state for the watchdog in ``bus.connection``.
@@ -80,7 +83,20 @@ class PahoLink:
         return info.mid if qos else 0
 
     def write(self) -> None:
-        """Write what paho holds to the socket now (fix 3)."""
+        """Write what paho holds to the socket now (fix 3), or, inside a paho callback, soon.
+
+        Inside a callback (a handler answering a delivery) paho holds its
+        callback lock, which is not reentrant; a write that finds the socket
+        dead makes paho close it and call ``on_socket_close`` and
+        ``on_disconnect`` under that same lock, on the same thread: the process
+        stopped for good (found by ``bench/chaos_soak.py``, a referee
+        answering while the broker restarted). paho's own ``_packet_queue``
+        writes directly only when it can take that lock; so does this.
+        """
+        if self._paho._in_callback_mutex.locked():
+            if self._write_scheduled is None:
+                self._write_scheduled = self._loop.call_soon(self.write)
+            return
         if self._write_scheduled is not None:
             self._write_scheduled.cancel()  # this call does what it would have done
             self._write_scheduled = None

@@ -92,6 +92,10 @@ class Faults:
     referees_lost: list[str] = field(default_factory=list)
     #: Matches requested again: accepted by a referee that went away, or voided by one stopping.
     rerequested: int = 0
+    #: The same, by why: ``referee lost`` (it had accepted them), ``accepted by a lost
+    #: referee`` (its acknowledgement came after the runner gave it up), ``voided``
+    #: (its referee stopped mid-match).
+    rerequest_reasons: Counter[str] = field(default_factory=Counter)
     #: Requests sent again because no referee acknowledged them in time.
     resubmitted: int = 0
     #: Episodes of a match past its first (dropped; a match asked for again ran twice).
@@ -489,7 +493,7 @@ async def run_matches(
                     continue
                 referee = _referee_identity(msg.data)
                 if referee in lost:  # its acknowledgement trailed the news of its death
-                    ask_again(match_id)
+                    ask_again(match_id, "accepted by a lost referee")
                 else:
                     owner[msg.match] = referee
 
@@ -510,7 +514,7 @@ async def run_matches(
         if stopped and voids[match_id] < RERUNS:
             voids[match_id] += 1
             if record.match == current[match_id]:  # not asked for again already
-                ask_again(match_id)  # its referee stopped: not the match's doing
+                ask_again(match_id, "voided")  # its referee stopped: not the match's doing
             return
         episodes[match_id] = record
         sent.pop(record.match, None)
@@ -528,9 +532,10 @@ async def run_matches(
         # Batched: requests released together (a batch of episodes came back) go out as one message.
         bus.publish(topics.CONTROL_MATCHES, requests[attempt], batch=True)
 
-    def ask_again(match_id: str) -> None:
+    def ask_again(match_id: str, why: str) -> None:
         """Ask for ``match_id`` under a new attempt id; the old attempt is forgotten."""
         faults.rerequested += 1
+        faults.rerequest_reasons[why] += 1
         tries[match_id] += 1
         old = current[match_id]
         attempt = f"{match_id}.r{tries[match_id]}"
@@ -580,7 +585,7 @@ async def run_matches(
         for attempt in mine:
             del owner[attempt]
             if current[slot_of[attempt]] == attempt:
-                ask_again(slot_of[attempt])
+                ask_again(slot_of[attempt], "referee lost")
         notice(
             f"referee {referee} is gone ({why}); asked again for its {len(mine)} unfinished matches"
         )
@@ -591,7 +596,10 @@ async def run_matches(
         """Restart the grace of every referee seen going offline: the broker was away too.
 
         A broker that goes down sends the wills of everyone, the referees'
-        among them, and they can only say ``online`` again once it is back.
+        among them, and they can only say ``online`` again once it is back. The
+        grace runs only while the runner itself is connected (``watch_referees``):
+        a broker restarting again and again (the chaos soak) kept the runner
+        away longer than the grace, and it gave up referees that were fine.
         """
         now = time.monotonic()
         for referee in referees_down:
@@ -607,9 +615,13 @@ async def run_matches(
             for name in dead:
                 code = stack.exit_code(name)
                 lose(stack.referees[name], f"its process {name} exited with {code}")
-        for referee, since in list(referees_down.items()):
-            if now - since >= referee_grace_s:
-                lose(referee, f"offline for {referee_grace_s:.0f}s")
+        if bus.connected.is_set():  # disconnected, the runner sees no status: no one's grace runs
+            for referee, since in list(referees_down.items()):
+                if now - since >= referee_grace_s:
+                    lose(referee, f"offline for {referee_grace_s:.0f}s")
+        else:
+            for referee in referees_down:
+                referees_down[referee] = now
         if referees_up - lost:
             no_referee_since = None
             return
