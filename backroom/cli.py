@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -128,9 +129,12 @@ def _setup_logging(verbose: bool = False) -> None:
     )
 
 
-def _bus_config(broker: str | None, username: str, creds: Path | None) -> BusConfig:
+def _bus_config(
+    broker: str | None, username: str, creds: Path | None, pattern: str | None = None
+) -> BusConfig:
+    """``pattern``: the ``{n}`` pool ``username`` is of; ``BACKROOM_PASSWORD`` serves its names."""
     password = None
-    if os.environ.get("BACKROOM_USERNAME", username) == username:
+    if os.environ.get("BACKROOM_USERNAME", pattern or username) == (pattern or username):
         password = os.environ.get("BACKROOM_PASSWORD")
     if creds is not None:
         try:
@@ -311,7 +315,17 @@ def health(
 @app.command()
 def referee(
     broker_url: BrokerOpt = None,
-    username: Annotated[str, typer.Option("--username", envvar="BACKROOM_USERNAME")] = "referee",
+    username: Annotated[
+        str,
+        typer.Option(
+            "--username",
+            envvar="BACKROOM_USERNAME",
+            help="the referee's identity; with {n} in it, a pool of names (see --pool)",
+        ),
+    ] = "referee",
+    pool: Annotated[
+        int, typer.Option(min=1, max=999, help="names of a {n} pool: {n} = 1 to this")
+    ] = 16,
     credentials: CredsOpt = None,
     runs_dir: RunsOpt = Path("runs"),
     metrics_port: MetricsOpt = 0,
@@ -321,13 +335,42 @@ def referee(
     ] = 0.25,
     verbose: bool = False,
 ) -> None:
-    """Run a referee: takes match requests, runs matches, writes episodes."""
-    from backroom.referee.service import Referee
+    """Run a referee: takes match requests, runs matches, writes episodes.
+
+    A ``--username`` holding ``{n}`` names a pool, ``{n}`` = 1 to ``--pool``: the
+    referee takes a name of it that no other process holds (replicas of one
+    compose service, which share one env file; docs/operations.md).
+    """
+    from backroom.referee.service import Referee, claim_pooled
 
     _setup_logging(verbose)
     metrics.serve(metrics_port)
-    config = _bus_config(broker_url, username, credentials)
-    _serve(Referee(config, runs_dir=runs_dir, public_interval_s=public_interval).serve_forever())
+    if "{n}" not in username:
+        config = _bus_config(broker_url, username, credentials)
+        _serve(
+            Referee(config, runs_dir=runs_dir, public_interval_s=public_interval).serve_forever()
+        )
+        return
+    names = [username.replace("{n}", str(i)) for i in range(1, pool + 1)]
+    # Start at a random name: replicas started together rarely try the same one first.
+    start = secrets.randbelow(len(names))
+    names = names[start:] + names[:start]
+    configs = {n: _bus_config(broker_url, n, credentials, pattern=username) for n in names}
+
+    def make(name: str) -> Referee:
+        return Referee(
+            configs[name], runs_dir=runs_dir, public_interval_s=public_interval, contested=True
+        )
+
+    async def serve() -> None:
+        ref = await claim_pooled(names, make, lambda line: typer.echo(line, err=True))
+        typer.echo(f"referee {ref.config.username} is online", err=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await ref.__aexit__(None, None, None)
+
+    _serve(serve())
 
 
 @app.command()

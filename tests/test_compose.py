@@ -222,7 +222,7 @@ async def test_generated_broker_config_enforces_the_acl(tmp_path: Path) -> None:
             await alice.publish(topics.outbox("alice"), b"{}")
             with pytest.raises(NotAuthorizedError):
                 await alice.publish(topics.outbox("bob"), b"{}")
-        async with Bus(env("referee")) as ref:
+        async with Bus(env("referee-1")) as ref:
             await ref.publish(topics.inbox("bob"), b"{}")
         await asyncio.sleep(0)
     finally:

@@ -425,9 +425,15 @@ def test_compose_stack_comes_up_plays_and_is_observed(docker: None, tmp_path: Pa
             pass
         assert "backroom" in {d["uid"] for d in stack.http("GRAFANA", "/api/search?type=dash-db")}
 
-        # A second referee, with an identity of its own (the `referees` profile).
-        stack.compose("--profile", "referees", "up", "-d", "--no-build", "--no-deps", "referee-1")
-        stack.wait_healthy(["referee-1"])
+        # A second referee: the service scaled, each replica with a name of the pool of its own.
+        stack.compose("up", "-d", "--no-build", "--no-deps", "--scale", "referee=2", "referee")
+        stack.wait_healthy(["referee"])
+        replicas = [
+            c
+            for c in stack.containers()
+            if c["Config"]["Labels"].get("com.docker.compose.service") == "referee"
+        ]
+        assert len(replicas) == 2, replicas
 
         # A few matches first: Prometheus sees a counter rise only from its second sample, so
         # the series the demo fills must exist before it (rates over a run that starts and
@@ -446,7 +452,7 @@ def test_compose_stack_comes_up_plays_and_is_observed(docker: None, tmp_path: Pa
 
         # Every process reconnects after a broker restart (and counts it).
         stack.compose("restart", "mosquitto")
-        stack.wait_healthy(["mosquitto", "referee", "referee-1", "alice", "bob", "carol", "qwen"])
+        stack.wait_healthy(["mosquitto", "referee", "alice", "bob", "carol", "qwen"])
 
         with mallory(stack):
             out = stack.compose(*RUNNER)
@@ -477,10 +483,11 @@ def test_compose_stack_comes_up_plays_and_is_observed(docker: None, tmp_path: Pa
         time.sleep(6)  # a scrape after the last match
         finished = stack.promql('sum(backroom_matches_finished_total{game="kuhn"})')
         assert finished and float(finished[0]["value"][1]) >= 208, finished
-        # Both referees took a share of the requests.
-        shares = stack.promql("sum by (service) (backroom_matches_finished_total)")
-        by_service = {r["metric"]["service"]: float(r["value"][1]) for r in shares}
-        assert by_service.get("referee", 0) > 0 and by_service.get("referee-1", 0) > 0, shares
+        # Both referees took a share of the requests (one target per replica).
+        shares = stack.promql(
+            'sum by (instance) (backroom_matches_finished_total{service="referee"})'
+        )
+        assert len([r for r in shares if float(r["value"][1]) > 0]) == 2, shares
 
         # Every dashboard expression returns data (a finite number somewhere). A rate needs
         # two scrapes of a series: those born in the last match may take a few seconds.

@@ -10,19 +10,24 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from backroom.agents import make_agent
+from backroom.agents.runtime import AgentRunner
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus, BusConfig, Will
-from backroom.bus.wire import EpisodeRecord, Status, dump
+from backroom.bus.errors import IdentityInUse
+from backroom.bus.wire import EpisodeRecord, Status, dump, parse
 from backroom.cli import demo_config
 from backroom.referee.episodes import read_episodes
-from backroom.referee.service import IdentityInUse, Referee
+from backroom.referee.service import Referee
 from backroom.runner.config import RunConfig, parse_config
 from backroom.runner.local import (
     Faults,
@@ -32,7 +37,7 @@ from backroom.runner.local import (
     run_matches,
     summarize,
 )
-from tests.conftest import agents, identity, stack
+from tests.conftest import agents, eventually, identity, stack
 
 
 def _config(run: str, matches: int, concurrency: int, **update: object) -> RunConfig:
@@ -256,3 +261,81 @@ async def test_a_broker_away_longer_than_the_referee_grace_gives_up_no_referee(
     assert len({e.match for e in episodes}) == 60
     assert faults.referees_lost == []
     assert faults.rerequested == 0
+
+
+async def test_a_second_agent_under_an_online_identity_is_refused(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """As for referees: the second alice stops (``IdentityInUse``) instead of throwing the
+    first off again and again; the first, thrown off once, plays on. An agent started
+    again after the first one stopped is not refused."""
+    alice = identity(broker, "alice")
+    players = agents(("alice", "kuhn-colluder"), ("bob", "kuhn-colluder"), ("carol", "random"))
+    config = _config("second-agent", 30, 5)
+    async with stack(broker, tmp_path / "runs", players) as (_ref, runners):
+        first = runners[0]
+        second = AgentRunner(make_agent("kuhn-colluder", "alice"), alice)
+        t0 = time.monotonic()
+        with pytest.raises(IdentityInUse, match="'alice' is in use"):
+            await asyncio.wait_for(second.__aenter__(), 10)
+        assert time.monotonic() - t0 < 3
+        assert second.bus is not None and second.bus.closing
+        assert first.bus is not None
+        await asyncio.wait_for(first.bus.connected.wait(), 10)
+        thrown_off = first.bus.reconnects
+        assert 1 <= thrown_off <= 2
+        runner = identity(broker, "runner", "runner")
+        eps = await asyncio.wait_for(run_matches(config, runner, ["alice", "bob", "carol"]), 30)
+        assert first.bus.reconnects == thrown_off
+        assert Counter(e.reason for e in eps) == {"normal": 30}
+    # every process of the stack has stopped: alice's name is free, and taken at once
+    async with AgentRunner(make_agent("kuhn-colluder", "alice"), alice) as again:
+        assert again.bus is not None and again.bus.connected.is_set()
+
+
+async def test_referees_of_one_name_pool_take_a_name_each(broker: Broker, tmp_path: Path) -> None:
+    """``--scale referee=3``: replicas started together with one ``referee-{n}`` pattern end
+    with three names, each online once; a fourth finds the pool full and says so (exit 2)."""
+    for i in (1, 2, 3):
+        identity(broker, f"referee-{i}", "referee")
+    watcher = identity(broker, "watcher", "observer")
+    online: dict[str, str] = {}
+
+    def on_status(topic: str, payload: bytes) -> None:
+        msg = parse(payload)
+        if isinstance(msg, Status) and msg.kind == "referee":
+            online[topics.agent_of(topic) or ""] = msg.state
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [
+                *(sys.executable, "-m", "backroom", "referee", "--broker", broker.url),
+                *("--credentials", str(broker.credentials.dir), "--username", "referee-{n}"),
+                *("--pool", "3", "--runs-dir", str(tmp_path / "runs")),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    procs = [start() for _ in range(3)]
+    try:
+        async with Bus(watcher) as bus:
+            await bus.subscribe(topics.ALL_STATUS, on_status)
+            want = {"referee-1": "online", "referee-2": "online", "referee-3": "online"}
+            await eventually(lambda: online == want, 30)
+            fourth = start()
+            err, _ = await asyncio.to_thread(fourth.communicate, timeout=60)
+            assert fourth.returncode == 2, err
+            assert "every referee identity of the pool (referee-" in err, err
+            # the three came back from the fourth's tries, and each still holds its name
+            await eventually(lambda: online == want, 15)
+            assert all(p.poll() is None for p in procs)
+    finally:
+        for p in procs:
+            p.terminate()
+        outs = [p.communicate(timeout=20)[0] for p in procs]
+    names = sorted(
+        line.split()[1] for out in outs for line in out.splitlines() if "is online" in line
+    )
+    assert names == ["referee-1", "referee-2", "referee-3"], outs

@@ -27,6 +27,7 @@ from backroom.agents.base import Agent
 from backroom.agents.eager import start_eagerly
 from backroom.bus import presence, topics
 from backroom.bus.client import Bus, BusConfig, Will
+from backroom.bus.errors import IdentityInUse
 from backroom.bus.wire import (
     Action,
     Chat,
@@ -45,6 +46,11 @@ from backroom.bus.wire import (
 )
 
 log = logging.getLogger("backroom.agent")
+
+#: Seconds an agent starting under an identity whose status is on the broker stays
+#: ready to be thrown off by a process still logged in under it (``IdentityInUse``),
+#: as a referee does (``backroom.referee.service.IDENTITY_WINDOW_S``).
+IDENTITY_WINDOW_S = 1.0
 
 
 class AgentRunner:
@@ -74,32 +80,98 @@ class AgentRunner:
         self._closed = asyncio.Event()
         self.status_refresh_s = float(status_refresh_s)
         self._renewing: asyncio.Task[None] | None = None
+        # The identity check at start (``__aenter__``).
+        self._starting = False
+        self._mine = b""
+        self._echo = asyncio.Event()
+        self._earlier = False
+        self._taken = asyncio.Event()
         self._decisions = {
             phase: metrics.AGENT_DECISIONS.labels(kind=agent.kind, phase=phase)
             for phase in ("talk", "act")
         }
 
     async def __aenter__(self) -> AgentRunner:
+        """Connect and announce ``online``; ``IdentityInUse`` if another process holds the id.
+
+        No process can look whether its identity is online without logging in
+        under it, which throws off whoever is (the client id is the username).
+        So the first ``online`` is announced and read back: a status of this
+        identity that arrives before it is an earlier process's (retained),
+        and then this agent stays ready for ``IDENTITY_WINDOW_S`` to be thrown
+        off in turn. A process still logged in under the name reconnects at
+        once, and this one stops without reconnecting, instead of taking the
+        name back again and again; the other loses its connection once. A name
+        never used on this broker costs no wait.
+        """
         await self.agent.setup()
         offline = Status(state="offline", kind=self.agent.kind)
         self.bus = Bus(
             self.config,
             will=Will(topics.status(self.agent.id), dump(offline)),
             on_connect=[self._announce],
+            on_disconnect=[self._on_disconnect],
             role="agent",
         )
         # Subscribe before connecting: the bus subscribes first and announces
         # "online" after, so no turn can arrive before the inbox is read.
         await self.bus.subscribe(topics.inbox(self.agent.id), self._on_inbox)
+        await self.bus.subscribe(topics.status(self.agent.id), self._on_own_status)
         if self.agent.policy:
             await self.bus.subscribe(topics.checkpoint(self.agent.policy), self._on_checkpoint)
         self.agent._trace_sink = self._publish_trace
         self.agent._chat_sink = self._send
-        await self.bus.__aenter__()
+        self._starting = True
+        try:
+            await self.bus.__aenter__()
+            await self._claim()
+        except BaseException:
+            await self.bus.close()
+            raise
+        finally:
+            self._starting = False
         self._renewing = asyncio.get_running_loop().create_task(
             presence.keep_announcing(self._announce, self.status_refresh_s)
         )
         return self
+
+    async def _claim(self) -> None:
+        """Announce the first ``online`` and read it back; see ``__aenter__``."""
+        assert self.bus is not None
+        self._mine = dump(self._online())
+        self.bus.publish(topics.status(self.agent.id), self._mine, retain=True)
+        echo = asyncio.ensure_future(self._echo.wait())
+        taken = asyncio.ensure_future(self._taken.wait())
+        try:
+            await asyncio.wait({echo, taken}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            if self._earlier and not self._taken.is_set():
+                await asyncio.wait({taken}, timeout=IDENTITY_WINDOW_S)
+        finally:
+            echo.cancel()
+            taken.cancel()
+        if self._taken.is_set():
+            raise IdentityInUse(
+                f"agent identity {self.agent.id!r} is in use: another process logged in as "
+                f"{self.agent.id!r} took the connection back while this agent was starting (or "
+                "the broker went away). Stop that process, or start this agent under an id of "
+                "its own (`backroom credentials add ID`)."
+            )
+
+    def _on_own_status(self, _topic: str, payload: bytes) -> None:
+        if not self._starting or self._echo.is_set():
+            return
+        if payload == self._mine:
+            self._echo.set()
+        else:
+            self._earlier = True  # retained: a process before this one used the name
+
+    async def _on_disconnect(self) -> None:
+        if self._starting:
+            # Thrown off while starting: a process still logged in under this identity
+            # took the connection back. Stay off rather than throw it off again.
+            self._taken.set()
+            if self.bus is not None:
+                await self.bus.close()
 
     async def _send(self, msg: Action | Chat) -> None:
         # Not awaited, batched: answers decided in one loop iteration (to many
@@ -146,18 +218,16 @@ class AgentRunner:
     async def wait_closed(self) -> None:
         await self._closed.wait()
 
-    async def _announce(self) -> None:
-        assert self.bus is not None
-        await self.bus.publish(
-            topics.status(self.agent.id),
-            Status(
-                state="online",
-                kind=self.agent.kind,
-                batches=True,
-                heartbeat_s=self.status_refresh_s,
-            ),
-            retain=True,
+    def _online(self) -> Status:
+        return Status(
+            state="online", kind=self.agent.kind, batches=True, heartbeat_s=self.status_refresh_s
         )
+
+    async def _announce(self) -> None:
+        if self._starting:
+            return  # the first connect: ``_claim`` announces
+        assert self.bus is not None
+        await self.bus.publish(topics.status(self.agent.id), self._online(), retain=True)
 
     # --- inbox -----------------------------------------------------------------------
 

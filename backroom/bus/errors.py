@@ -9,3 +9,13 @@ class BusError(RuntimeError):
 
 class NotAuthorizedError(BusError):
     """The broker refused a publish or a subscription: the ACL does not let this identity there."""
+
+
+class IdentityInUse(BusError):
+    """Another process is logged in under this identity: this one does not start.
+
+    The broker keeps one connection per identity (the MQTT client id is the
+    username), so two processes under one name throw each other off, round and
+    round (a referee voiding its matches in flight every time, an agent missing
+    its turns).
+    """

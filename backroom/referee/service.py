@@ -31,7 +31,7 @@ import secrets
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,7 +40,8 @@ from pydantic import BaseModel
 
 from backroom import metrics
 from backroom.bus import topics
-from backroom.bus.client import Bus, BusConfig, BusError, Will
+from backroom.bus.client import Bus, BusConfig, Will
+from backroom.bus.errors import IdentityInUse
 from backroom.bus.wire import (
     MAX_PAYLOAD_BYTES,
     Action,
@@ -102,15 +103,6 @@ SHUTTING_DOWN = "referee shutting down"
 T = TypeVar("T")
 
 
-class IdentityInUse(BusError):
-    """Another process is logged in under this referee's identity: this one does not start.
-
-    The broker keeps one connection per identity (the MQTT client id is the
-    username), so two referees under one name throw each other off, round and
-    round, each voiding its matches in flight every time.
-    """
-
-
 class TokenBucket:
     """``capacity`` tokens, refilled at ``rate`` per second; ``take`` spends one when there is one."""
 
@@ -143,7 +135,11 @@ class Referee:
         error_rate_per_s: float = ERROR_RATE_PER_S,
         input_burst_bytes: int = INPUT_BURST_BYTES,
         input_bytes_per_s: float = INPUT_BYTES_PER_S,
+        contested: bool = False,
     ) -> None:
+        """``contested``: other processes may try this name at the same moment (a name
+        pool, ``claim_pooled``), so stay ready to be thrown off at start even under a
+        name never used before."""
         self.config = config
         self.id = (
             referee_id or f"{config.username or 'referee'}@{socket.gethostname()}:{os.getpid()}"
@@ -183,7 +179,7 @@ class Referee:
         # While starting: whether a status of this identity was retained (someone used
         # it before), and whether the connection was taken away (someone still does).
         self._starting = False
-        self._used_before = False
+        self._used_before = contested
         self._taken = asyncio.Event()
         #: Until when (monotonic) offline agents are waited for after a reconnect.
         self._settle_until = 0.0
@@ -690,3 +686,28 @@ class Referee:
         if self.bus is not None and self.bus.closing:
             return  # a publish cut short by our own shutdown
         self.log.error("referee task failed: %r", task.exception())
+
+
+async def claim_pooled(
+    names: list[str], make: Callable[[str], Referee], say: Callable[[str], None]
+) -> Referee:
+    """The first referee of ``names`` whose identity no other process holds, started.
+
+    For replicas of one service (``docker compose up --scale referee=4``): they
+    share one env file, so one name pattern and one password, and each takes
+    a name of the pool that is free. A name held by a running referee throws
+    that one off once (it reconnects at once and keeps its name; the matches
+    it had in flight are voided); replicas racing for one name settle it
+    within the identity window, since every try waits it (``contested``).
+    Raises ``IdentityInUse`` when every name is taken.
+    """
+    for name in names:
+        ref = make(name)
+        try:
+            return await ref.__aenter__()
+        except IdentityInUse:
+            say(f"referee identity {name!r} is in use; trying the next name of the pool")
+    raise IdentityInUse(
+        f"every referee identity of the pool ({names[0]} to {names[-1]}) is in use: "
+        "stop a referee, or make the pool larger (`--pool N`, and identities for the new names)"
+    )

@@ -12,9 +12,14 @@ Layout under ``DIR`` (default ``compose/generated``):
   ``serve.env``, the API key of the ``gpu`` profile's ``serve-model``.
 
 Every identity a service of the compose file logs in as is created here, also
-those of services in profiles (``referees``: ``referee-1`` to ``-3``; ``gpu``:
-``qwen``, ``qwen-local``), because
+those of services in profiles (``gpu``: ``qwen``, ``qwen-local``), because
 Compose reads a service's ``env_file`` even when its profile is off.
+
+The ``referee`` service scales (``docker compose up --scale referee=4``): its
+replicas share one env file, ``referees.env``, whose username is the pattern
+``referee-{n}`` and whose password is that of every name of the pool,
+``referee-1`` to ``referee-{REFEREE_POOL}``; each replica takes a name no other
+one holds (``backroom referee``, ``referee.service.claim_pooled``).
 """
 
 from __future__ import annotations
@@ -26,9 +31,12 @@ from pathlib import Path
 from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import mosquitto_config
 
+#: Names of the referee pool: at most this many replicas of the ``referee`` service.
+REFEREE_POOL = 16
+#: The username pattern the ``referee`` service's replicas share.
+REFEREE_PATTERN = "referee-{n}"
+
 SERVICES: list[tuple[str, Role]] = [
-    ("referee", "referee"),
-    *((f"referee-{i}", "referee") for i in (1, 2, 3)),  # the `referees` profile
     ("runner", "runner"),
     ("trainer", "trainer"),
     ("web-observer", "observer"),  # the web front end's spectating identity
@@ -56,6 +64,12 @@ def compose_init(
         store.add(name, role=role)
     for agent in agents:
         store.add(agent, role="agent")
+    known = store.load()
+    pool = [REFEREE_PATTERN.replace("{n}", str(i)) for i in range(1, REFEREE_POOL + 1)]
+    shared = known[pool[0]].password if pool[0] in known else secrets_token()
+    for name in pool:
+        if name not in known:
+            store.add(name, role="referee", password=shared)
     broker_dir = root / "mosquitto"
     broker_dir.mkdir(parents=True, exist_ok=True)
     for name in ("passwd", "acl"):
@@ -90,6 +104,15 @@ def compose_init(
                 f"BACKROOM_PASSWORD={cred.password}\n"
             )
         written.append(env)
+    referees = secrets / "referees.env"
+    fd = os.open(referees, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(
+            f"BACKROOM_BROKER=mqtt://{broker_host}:{port}\n"
+            f"BACKROOM_USERNAME={REFEREE_PATTERN}\n"
+            f"BACKROOM_PASSWORD={store.get(pool[0]).password}\n"
+        )
+    written.append(referees)
     # serve-model refuses to listen beyond loopback without an API key: the `gpu`
     # profile's server and the agents that use it share this one (kept on re-init).
     serve = secrets / "serve.env"

@@ -23,6 +23,13 @@ def trainer_identity(config: TrainConfig) -> str:
     return f"trainer-{config.run}"[:64]
 
 
+def referee_identity(config: TrainConfig) -> str:
+    """The referee a run starts: ``referee-<run>``, so that on a shared broker it is no other
+    process's (two under one name throw each other off; ``backroom referee`` refuses to start
+    under a name in use)."""
+    return f"referee-{config.run}"[:64]
+
+
 def player_options(config: TrainConfig) -> dict[str, Any]:
     assert config.hp is not None
     return {
@@ -50,11 +57,12 @@ def start_stack(
     """Start what the run needs (a broker only when no URL is given); return the trainer's connection."""
     stack = Stack(run_dir)
     entries = agent_entries(config)
-    ids: list[tuple[str, Role]] = [("referee", "referee"), (trainer_identity(config), "trainer")]
+    referee = referee_identity(config)
+    ids: list[tuple[str, Role]] = [(referee, "referee"), (trainer_identity(config), "trainer")]
     ids += [(e["id"], "agent") for e in entries]
     stack.start_broker(broker_url, credentials, ids)
     try:
-        ref = stack.identity("referee", role="referee")
+        ref = stack.identity(referee, role="referee")
         stack.spawn("referee", ["referee", "--runs-dir", str(run_dir / "runs")], _env(ref))
         passwords = {e["id"]: stack.identity(e["id"]).password or "" for e in entries}
         env = {
