@@ -123,6 +123,9 @@ def _setup_logging(verbose: bool = False) -> None:
     whose command lines the user does not write.
     """
     level = os.environ.get("BACKROOM_LOG_LEVEL", "").upper() or ("INFO" if verbose else "WARNING")
+    if level not in logging.getLevelNamesMapping():
+        sys.stderr.write(f"backroom: BACKROOM_LOG_LEVEL={level!r} is no log level; using WARNING\n")
+        level = "WARNING"
     logging.basicConfig(
         level=level,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -355,12 +358,13 @@ def referee(
     # Start at a random name: replicas started together rarely try the same one first.
     start = secrets.randbelow(len(names))
     names = names[start:] + names[:start]
-    configs = {n: _bus_config(broker_url, n, credentials, pattern=username) for n in names}
 
     def make(name: str) -> Referee:
-        return Referee(
-            configs[name], runs_dir=runs_dir, public_interval_s=public_interval, contested=True
-        )
+        try:
+            config = _bus_config(broker_url, name, credentials, pattern=username)
+        except typer.BadParameter as exc:
+            raise KeyError(str(exc)) from None  # claim_pooled skips the name
+        return Referee(config, runs_dir=runs_dir, public_interval_s=public_interval, contested=True)
 
     async def serve() -> None:
         ref = await claim_pooled(names, make, lambda line: typer.echo(line, err=True))

@@ -262,13 +262,15 @@ def tiny_qwen_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen") / "model")
 
 
-async def eventually(condition: Callable[[], bool], timeout: float) -> None:
-    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
+async def eventually(
+    condition: Callable[[], bool], timeout: float, why: Callable[[], str] | None = None
+) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds (saying ``why()``)."""
     for _ in range(int(timeout / 0.05) + 1):
         if condition():
             return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"condition still false after {timeout} s")
+    raise AssertionError(f"condition still false after {timeout} s" + (f": {why()}" if why else ""))
 
 
 # --- referee helpers (Runner, loki_spec, play_raw) ---

@@ -269,7 +269,7 @@ def test_a_write_that_fails_inside_a_handler_reconnects_instead_of_deadlocking(
     """The chaos soak's hung referee: a handler's answer written while paho runs its
     ``on_message`` found the socket dead; paho then closed it and took its (not
     reentrant) callback lock a second time, on the same thread, and the process
-    stopped for good. Writes from inside a paho callback now wait for the loop.
+    stopped for good. A write from inside a paho callback now lets go of that lock.
     """
     alice, ref = identity(broker, "alice"), identity(broker, "referee", "referee")
     env = dict(os.environ, H=alice.host, P=str(alice.port), PW=alice.password or "")

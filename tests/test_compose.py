@@ -17,9 +17,10 @@ import pytest
 import yaml
 
 from backroom.bus import topics
+from backroom.bus.auth import CredentialStore
 from backroom.bus.broker import find_mosquitto, free_port
 from backroom.bus.client import Bus, BusConfig, NotAuthorizedError
-from backroom.runner.compose import compose_init
+from backroom.runner.compose import REFEREE_POOL, compose_init
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
@@ -228,3 +229,22 @@ async def test_generated_broker_config_enforces_the_acl(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(5)
+
+
+def test_the_referee_pool_shares_one_password_also_after_an_older_init(tmp_path: Path) -> None:
+    """``--scale referee=N``: every name of the pool logs in with ``referees.env``'s password.
+    A directory made before the pool (its ``referee-2`` with a password of its own) is
+    brought in line, or a replica that drew that name would be refused at login."""
+    store = CredentialStore(tmp_path / "secrets")
+    store.add("referee-2", role="referee")  # as the old `referees` profile made it
+    compose_init(tmp_path, ["alice"])
+    env = dict(
+        line.split("=", 1) for line in (tmp_path / "secrets/referees.env").read_text().split()
+    )
+    assert env["BACKROOM_USERNAME"] == "referee-{n}"
+    creds = store.load()
+    pool = [f"referee-{i}" for i in range(1, REFEREE_POOL + 1)]
+    assert all(creds[n].role == "referee" for n in pool)
+    assert {creds[n].password for n in pool} == {env["BACKROOM_PASSWORD"]}
+    compose_init(tmp_path, ["alice"])  # again: nothing changes
+    assert store.load()["referee-7"].password == env["BACKROOM_PASSWORD"]

@@ -323,13 +323,15 @@ async def test_referees_of_one_name_pool_take_a_name_each(broker: Broker, tmp_pa
         async with Bus(watcher) as bus:
             await bus.subscribe(topics.ALL_STATUS, on_status)
             want = {"referee-1": "online", "referee-2": "online", "referee-3": "online"}
-            await eventually(lambda: online == want, 30)
+            await eventually(lambda: online == want, 30, lambda: f"statuses: {online}")
             fourth = start()
             err, _ = await asyncio.to_thread(fourth.communicate, timeout=60)
             assert fourth.returncode == 2, err
             assert "every referee identity of the pool (referee-" in err, err
+            # its first try read the others' statuses: it tried no second name held online
+            assert err.count("is in use; trying") == 1, err
             # the three came back from the fourth's tries, and each still holds its name
-            await eventually(lambda: online == want, 15)
+            await eventually(lambda: online == want, 15, lambda: f"statuses: {online}, {err}")
             assert all(p.poll() is None for p in procs)
     finally:
         for p in procs:
@@ -339,3 +341,53 @@ async def test_referees_of_one_name_pool_take_a_name_each(broker: Broker, tmp_pa
         line.split()[1] for out in outs for line in out.splitlines() if "is online" in line
     )
     assert names == ["referee-1", "referee-2", "referee-3"], outs
+
+
+async def test_an_agent_started_before_its_broker_waits_for_it(tmp_path: Path) -> None:
+    """The identity check is no reason to give up a start: a broker that is not up yet is
+    waited for as ever (within the connect timeout), and the agent comes online."""
+    broker = Broker(tmp_path / "broker")
+    cred = broker.credentials.add("alice")
+    config = BusConfig(host=broker.host, port=broker.port, username="alice", password=cred.password)
+    runner = AgentRunner(make_agent("random", "alice"), config)
+    starting = asyncio.ensure_future(runner.__aenter__())
+    await asyncio.sleep(1.0)  # the agent is trying to connect meanwhile
+    assert not starting.done()
+    broker.start()
+    try:
+        await asyncio.wait_for(starting, 15)
+        assert runner.bus is not None and runner.bus.connected.is_set()
+        await runner.__aexit__(None, None, None)
+    finally:
+        broker.stop()
+
+
+async def test_a_broker_restart_while_an_agent_checks_its_identity_is_no_takeover(
+    broker: Broker,
+) -> None:
+    """An agent under a name used before waits to be thrown off; the broker restarting in that
+    window drops its connection too, which is not another process: it starts, and says
+    ``online`` once more after the reconnect."""
+    alice = identity(broker, "alice")
+    async with AgentRunner(make_agent("random", "alice"), alice):
+        pass  # alice's status is retained now: the next start waits to be thrown off
+    runner = AgentRunner(make_agent("random", "alice"), alice)
+    starting = asyncio.ensure_future(runner.__aenter__())
+    await eventually(lambda: runner._claiming and runner._echo.is_set(), 10)
+    await asyncio.to_thread(broker.restart, 0.3)
+    await asyncio.wait_for(starting, 20)
+    try:
+        assert runner.bus is not None and runner.bus.reconnects >= 1
+        watcher = identity(broker, "watcher", "observer")
+        states: list[str] = []
+
+        def on(_topic: str, payload: bytes) -> None:
+            msg = parse(payload)
+            if isinstance(msg, Status):
+                states.append(msg.state)
+
+        async with Bus(watcher) as bus:
+            await bus.subscribe(topics.status("alice"), on)
+            await eventually(lambda: states[-1:] == ["online"], 10)
+    finally:
+        await runner.__aexit__(None, None, None)

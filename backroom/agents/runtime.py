@@ -27,6 +27,7 @@ from backroom.agents.base import Agent
 from backroom.agents.eager import start_eagerly
 from backroom.bus import presence, topics
 from backroom.bus.client import Bus, BusConfig, Will
+from backroom.bus.connection import broker_reachable
 from backroom.bus.errors import IdentityInUse
 from backroom.bus.wire import (
     Action,
@@ -82,6 +83,7 @@ class AgentRunner:
         self._renewing: asyncio.Task[None] | None = None
         # The identity check at start (``__aenter__``).
         self._starting = False
+        self._claiming = False  # connected, and reading its first status back
         self._mine = b""
         self._echo = asyncio.Event()
         self._earlier = False
@@ -124,16 +126,26 @@ class AgentRunner:
         self._starting = True
         try:
             await self.bus.__aenter__()
+            self._claiming = True
             await self._claim()
         except BaseException:
             await self.bus.close()
+            await self.agent.close()
             raise
         finally:
-            self._starting = False
+            self._starting = self._claiming = False
         self._renewing = asyncio.get_running_loop().create_task(
             presence.keep_announcing(self._announce, self.status_refresh_s)
         )
         return self
+
+    def _in_use(self) -> IdentityInUse:
+        return IdentityInUse(
+            f"agent identity {self.agent.id!r} is in use: another process logged in as "
+            f"{self.agent.id!r} took the connection back while this agent was starting. "
+            "Stop that process, or start this agent under an id of its own "
+            "(`backroom credentials add ID`)."
+        )
 
     async def _claim(self) -> None:
         """Announce the first ``online`` and read it back; see ``__aenter__``."""
@@ -149,13 +161,11 @@ class AgentRunner:
         finally:
             echo.cancel()
             taken.cancel()
-        if self._taken.is_set():
-            raise IdentityInUse(
-                f"agent identity {self.agent.id!r} is in use: another process logged in as "
-                f"{self.agent.id!r} took the connection back while this agent was starting (or "
-                "the broker went away). Stop that process, or start this agent under an id of "
-                "its own (`backroom credentials add ID`)."
-            )
+        if not self._taken.is_set():
+            if self.bus.reconnects:  # the broker went away meanwhile: announce again
+                self.bus.publish(topics.status(self.agent.id), self._online(), retain=True)
+            return
+        raise self._in_use()
 
     def _on_own_status(self, _topic: str, payload: bytes) -> None:
         if not self._starting or self._echo.is_set():
@@ -166,9 +176,10 @@ class AgentRunner:
             self._earlier = True  # retained: a process before this one used the name
 
     async def _on_disconnect(self) -> None:
-        if self._starting:
-            # Thrown off while starting: a process still logged in under this identity
-            # took the connection back. Stay off rather than throw it off again.
+        if self._claiming and await broker_reachable(self.config):
+            # Thrown off while starting, the broker up: a process still logged in under
+            # this identity took the connection back. Stay off rather than throw it off
+            # again. (With the broker gone, the bus reconnects as ever.)
             self._taken.set()
             if self.bus is not None:
                 await self.bus.close()

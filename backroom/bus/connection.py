@@ -286,3 +286,23 @@ def _is_auth_failure(exc: aiomqtt.MqttCodeError) -> bool:
     rc = exc.rc
     value = getattr(rc, "value", rc)
     return value in (4, 5, 0x86, 0x87)
+
+
+async def broker_reachable(config: BusConfig, timeout_s: float = 1.0) -> bool:
+    """Whether the broker accepts a TCP connection now (no MQTT: nobody is logged in or out).
+
+    Tells why a connection just dropped: with the broker gone (restarting,
+    unreachable) this is False; with the broker there, another client most
+    likely logged in under this identity (Mosquitto closes the older connection
+    without a DISCONNECT saying why).
+    """
+    try:
+        _reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(config.host, config.port), timeout_s
+        )
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True

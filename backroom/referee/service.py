@@ -41,6 +41,7 @@ from pydantic import BaseModel
 from backroom import metrics
 from backroom.bus import topics
 from backroom.bus.client import Bus, BusConfig, Will
+from backroom.bus.connection import broker_reachable
 from backroom.bus.errors import IdentityInUse
 from backroom.bus.wire import (
     MAX_PAYLOAD_BYTES,
@@ -172,6 +173,8 @@ class Referee:
         #: The shared-subscription group this referee reads requests in (None until joined).
         self.group: str | None = None
         self.groups: dict[str, str] = {}  # referee -> the group it says it reads in
+        #: Referees whose status says online (``claim_pooled`` skips their names).
+        self.referees_online: set[str] = set()
         self._probed = asyncio.Event()
         self.bus: Bus | None = None
         self.idle = asyncio.Event()
@@ -179,6 +182,7 @@ class Referee:
         # While starting: whether a status of this identity was retained (someone used
         # it before), and whether the connection was taken away (someone still does).
         self._starting = False
+        self._claiming = False  # connected, not yet started
         self._used_before = contested
         self._taken = asyncio.Event()
         #: Until when (monotonic) offline agents are waited for after a reconnect.
@@ -220,6 +224,7 @@ class Referee:
         self._starting = True
         try:
             await self.bus.__aenter__()
+            self._claiming = True
             connected = time.monotonic()
             group = await self._unless_taken(self._join_group(name))
             if self._used_before:
@@ -230,7 +235,7 @@ class Referee:
             await self.bus.close()
             raise
         finally:
-            self._starting = False
+            self._starting = self._claiming = False
         self.group = group
         await self._announce()
         return self
@@ -249,8 +254,8 @@ class Referee:
         if self._taken.is_set():
             raise IdentityInUse(
                 f"referee identity {name!r} is in use: another process logged in as {name!r} "
-                "took the connection back while this referee was starting (or the broker went "
-                "away). Stop that process, or start this referee under an identity of its own "
+                "took the connection back while this referee was starting. Stop that process, "
+                "or start this referee under an identity of its own "
                 "(`backroom credentials add NAME --role referee`)."
             )
         return work.result()
@@ -363,9 +368,11 @@ class Referee:
 
     async def _on_disconnect(self) -> None:
         if self._starting:
-            # Thrown off while starting: a process still logged in under this
-            # identity took the connection back (``__aenter__``). Stay off rather
-            # than throw it off again.
+            if not (self._claiming and await broker_reachable(self.config)):
+                return  # not connected yet, or the broker went away: the bus tries again
+            # Thrown off while starting, the broker up: a process still logged in
+            # under this identity took the connection back (``__aenter__``). Stay
+            # off rather than throw it off again.
             self._taken.set()
             if self.bus is not None:
                 await self.bus.close()
@@ -488,6 +495,10 @@ class Referee:
         if msg.kind:
             # A label value, so from a closed set: the kind is whatever the agent says.
             self.kinds[agent] = metrics.kind_label(msg.kind)
+        if msg.kind == "referee":
+            (self.referees_online.add if msg.state == "online" else self.referees_online.discard)(
+                agent
+            )
         (self.batching.add if msg.batches else self.batching.discard)(agent)
         if msg.state == "offline":
             if agent not in self.offline:
@@ -695,18 +706,30 @@ async def claim_pooled(
 
     For replicas of one service (``docker compose up --scale referee=4``): they
     share one env file, so one name pattern and one password, and each takes
-    a name of the pool that is free. A name held by a running referee throws
-    that one off once (it reconnects at once and keeps its name; the matches
-    it had in flight are voided); replicas racing for one name settle it
-    within the identity window, since every try waits it (``contested``).
-    Raises ``IdentityInUse`` when every name is taken.
+    a name of the pool that is free. Trying a name a running referee holds
+    throws that one off (once or twice: the bus's clean-start pre-login and its
+    login; it reconnects at once and keeps its name, voiding the matches it had
+    in flight); that try also reads every referee's status, so later tries skip
+    the names online and a claim throws off at most one referee. Replicas
+    racing for one name settle it within the identity window, since every try
+    waits it (``contested``). Raises ``IdentityInUse`` when every name is taken.
     """
+    online: set[str] = set()
     for name in names:
-        ref = make(name)
+        if name in online:
+            continue
+        try:
+            ref = make(name)
+        except KeyError as exc:  # no credentials for this name of the pool
+            say(f"skipping {name!r}: {exc.args[0]}")
+            continue
         try:
             return await ref.__aenter__()
         except IdentityInUse:
-            say(f"referee identity {name!r} is in use; trying the next name of the pool")
+            # It read every referee's retained status meanwhile: skip the names online,
+            # so the rest of the claim throws nobody else off.
+            online |= ref.referees_online
+            say(f"referee identity {name!r} is in use; trying a free name of the pool")
     raise IdentityInUse(
         f"every referee identity of the pool ({names[0]} to {names[-1]}) is in use: "
         "stop a referee, or make the pool larger (`--pool N`, and identities for the new names)"

@@ -68,7 +68,9 @@ def compose_init(
     pool = [REFEREE_PATTERN.replace("{n}", str(i)) for i in range(1, REFEREE_POOL + 1)]
     shared = known[pool[0]].password if pool[0] in known else secrets_token()
     for name in pool:
-        if name not in known:
+        if name in known and known[name].password != shared:
+            store.remove(name)  # made before the pool (compose's old `referees` profile)
+        if name not in known or known[name].password != shared:
             store.add(name, role="referee", password=shared)
     broker_dir = root / "mosquitto"
     broker_dir.mkdir(parents=True, exist_ok=True)

@@ -24,10 +24,10 @@ def trainer_identity(config: TrainConfig) -> str:
 
 
 def referee_identity(config: TrainConfig) -> str:
-    """The referee a run starts: ``referee-<run>``, so that on a shared broker it is no other
-    process's (two under one name throw each other off; ``backroom referee`` refuses to start
-    under a name in use)."""
-    return f"referee-{config.run}"[:64]
+    """The referee a run starts: ``referee-train-<run>``, so that on a shared broker it is no
+    other process's (two under one name throw each other off; ``backroom referee`` refuses to
+    start under a name in use), nor one of compose's pool (``referee-<n>``)."""
+    return f"referee-train-{config.run}"[:64]
 
 
 def player_options(config: TrainConfig) -> dict[str, Any]:
