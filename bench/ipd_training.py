@@ -39,13 +39,19 @@ def scaled(path: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     config["seed"] = seed
     config["steps"] = args.steps
     config["params"] = {**config.get("params", {}), "rounds": args.rounds}
-    config["hyper"] = {**config.get("hyper", {}), "batch_size": args.batch, "lr": args.lr}
+    extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.hyper)}
+    config["hyper"] = {
+        **config.get("hyper", {}),
+        "batch_size": args.batch,
+        "lr": args.lr,
+        **extra,
+    }
     config["evaluation"] = {
         **config["evaluation"],
         "every": args.eval_every,
         "matches": args.eval_matches,
     }
-    config["run"] = f"{config['run']}-s{seed}"
+    config["run"] = f"{config['run']}{args.tag}-s{seed}"
     return dict(config)
 
 
@@ -127,6 +133,14 @@ def main() -> None:
     p.add_argument("--eval-matches", type=int, default=2)
     p.add_argument("--algorithms", nargs="+", default=["grpo", "adalign"], choices=sorted(EXAMPLES))
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "ipd-training")
+    p.add_argument(
+        "--hyper",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more overrides of the preset, e.g. beta=2.0 (values as YAML)",
+    )
+    p.add_argument("--tag", default="", help="appended to the run names, e.g. -beta2")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(
