@@ -114,6 +114,7 @@ class Report:
     rerun_after_chaos_s: float = 0.0  # last kept <id>.r<n> started this long after the chaos ended
     events: Counter[str] = field(default_factory=Counter)
     referees_lost: int = 0
+    referees_revived: int = 0
     seconds: float = 0.0
     error: str = ""
     run_dir: str = ""
@@ -136,8 +137,8 @@ class Report:
             f"finished:              {done} ({reasons})",
             f"voided (void stands):  {self.finished.get('voided', 0)}",
             f"re-run (<id>.r<n>):    {self.rerun} matches, {self.rerequests} requests "
-            f"({self.referees_lost} referees given up; {self.resubmitted} unacknowledged "
-            "requests sent again)",
+            f"({self.referees_lost} referees given up, {self.referees_revived} of them alive "
+            f"after all; {self.resubmitted} unacknowledged requests sent again)",
             "re-requested because:  "
             + (", ".join(f"{k} {v}" for k, v in sorted(self.rerequest_reasons.items())) or "-"),
             f"lost:                  {self.lost} (in the file: {self.lost_on_disk})",
@@ -382,6 +383,7 @@ async def soak(
     report.rerequest_reasons = faults.rerequest_reasons
     report.resubmitted = faults.resubmitted
     report.referees_lost = len(faults.referees_lost)
+    report.referees_revived = len(faults.referees_revived)
     report.dropped_duplicates = faults.duplicates
     report.deduped_on_disk = faults.duplicates_on_disk
     report.most_attempts = max((int(a.rsplit(".r", 1)[1]) for a in faults.reruns), default=0)

@@ -90,6 +90,8 @@ class Faults:
 
     #: Referees that went away while the run played (identities).
     referees_lost: list[str] = field(default_factory=list)
+    #: Referees given up that then took a match requested after that: alive after all.
+    referees_revived: list[str] = field(default_factory=list)
     #: Matches requested again: accepted by a referee that went away, or voided by one stopping.
     rerequested: int = 0
     #: The same, by why: ``referee lost`` (it had accepted them), ``accepted by a lost
@@ -436,6 +438,8 @@ async def run_matches(
     referees_up: set[str] = set()  # referees whose status says online
     referees_down: dict[str, float] = {}  # referee -> monotonic time its status said offline
     lost: set[str] = set()  # referees given up on; their matches asked for again
+    lost_at: dict[str, float] = {}  # referee -> time.monotonic() it was given up
+    first_asked: dict[str, float] = {}  # attempt id -> time.monotonic() first requested
     agent_ids = {a.id for a in config.agents}
     away: dict[str, Departure] = {}  # agents offline now
     playing = False
@@ -492,10 +496,28 @@ async def run_matches(
                 if match_id in episodes or current[match_id] != msg.match:
                     continue
                 referee = _referee_identity(msg.data)
+                if referee in lost and first_asked[msg.match] > lost_at[referee]:
+                    revive(referee, msg.match)
                 if referee in lost:  # its acknowledgement trailed the news of its death
                     ask_again(match_id, "accepted by a lost referee")
                 else:
                     owner[msg.match] = referee
+
+    def revive(referee: str, match: str) -> None:
+        """``referee``, given up, took a request sent after that: it is alive, count on it.
+
+        A live referee can be given up: after a broker restart a stale ``offline`` of
+        it can arrive after its fresh ``online`` (the runner's session hands over what
+        it queued), and a referee announces itself only when it connects. Given up for
+        good, every match it went on taking was asked for again, and ran twice: 2,396
+        of 20,000 in one chaos soak. An acknowledgement of a request sent *before* it
+        was given up may trail its death, so that match is asked for again.
+        """
+        lost.discard(referee)
+        referees_up.add(referee)
+        referees_down.pop(referee, None)
+        faults.referees_revived.append(referee)
+        notice(f"referee {referee} is alive after all (it took {match}): counted on again")
 
     def on_episode_msg(_topic: str, payload: bytes) -> None:
         for msg in parse_all(payload):
@@ -529,6 +551,7 @@ async def run_matches(
 
     def ask(attempt: str) -> None:
         sent[attempt] = time.monotonic()
+        first_asked.setdefault(attempt, sent[attempt])
         # Batched: requests released together (a batch of episodes came back) go out as one message.
         bus.publish(topics.CONTROL_MATCHES, requests[attempt], batch=True)
 
@@ -578,6 +601,7 @@ async def run_matches(
         if referee in lost:
             return
         lost.add(referee)
+        lost_at[referee] = time.monotonic()
         referees_up.discard(referee)
         referees_down.pop(referee, None)
         faults.referees_lost.append(referee)
