@@ -14,7 +14,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,6 +54,21 @@ def _renamed(config: RunConfig, names: dict[str, str]) -> RunConfig:
     for old, new in names.items():
         text = text.replace(f'"{old}"', f'"{new}"')
     return parse_config(json.loads(text), source="test")
+
+
+async def _play_demo(
+    broker: Broker,
+    config: RunConfig,
+    on_episode: Callable[[EpisodeRecord, int], None],
+    faults: Faults,
+    **kw: Any,
+) -> list[EpisodeRecord]:
+    """``config`` (the demo's alice, bob and carol) run by a runner on ``broker``, within 90 s."""
+    runner = identity(broker, "runner", "runner")
+    seated = ["alice", "bob", "carol"]
+    return await asyncio.wait_for(
+        run_matches(config, runner, seated, on_episode=on_episode, faults=faults, **kw), 90
+    )
 
 
 def _pid_of_referee(record: EpisodeRecord) -> int:
@@ -246,17 +263,7 @@ async def test_a_broker_away_longer_than_the_referee_grace_gives_up_no_referee(
             restart.append(asyncio.ensure_future(asyncio.to_thread(broker.restart, 5.0)))
 
     async with stack(broker, tmp_path / "runs", players):
-        episodes = await asyncio.wait_for(
-            run_matches(
-                config,
-                identity(broker, "runner", "runner"),
-                ["alice", "bob", "carol"],
-                on_episode=on_episode,
-                faults=faults,
-                referee_grace_s=4.0,
-            ),
-            90,
-        )
+        episodes = await _play_demo(broker, config, on_episode, faults, referee_grace_s=4.0)
         await restart[0]
     assert len({e.match for e in episodes}) == 60
     assert faults.referees_lost == []
@@ -414,17 +421,8 @@ async def test_a_live_referee_given_up_by_mistake_is_counted_on_again(
                     topics.status("referee"), Status(state="offline", kind="referee"), retain=True
                 )
 
-        episodes = await asyncio.wait_for(
-            run_matches(
-                config,
-                identity(broker, "runner", "runner"),
-                ["alice", "bob", "carol"],
-                on_episode=on_episode,
-                faults=faults,
-                referee_grace_s=0.5,
-                ready_timeout_s=20,
-            ),
-            90,
+        episodes = await _play_demo(
+            broker, config, on_episode, faults, referee_grace_s=0.5, ready_timeout_s=20
         )
     assert len({e.match for e in episodes}) == 200
     assert faults.referees_lost == ["referee"]

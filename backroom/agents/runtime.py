@@ -139,14 +139,6 @@ class AgentRunner:
         )
         return self
 
-    def _in_use(self) -> IdentityInUse:
-        return IdentityInUse(
-            f"agent identity {self.agent.id!r} is in use: another process logged in as "
-            f"{self.agent.id!r} took the connection back while this agent was starting. "
-            "Stop that process, or start this agent under an id of its own "
-            "(`backroom credentials add ID`)."
-        )
-
     async def _claim(self) -> None:
         """Announce the first ``online`` and read it back; see ``__aenter__``."""
         assert self.bus is not None
@@ -165,7 +157,12 @@ class AgentRunner:
             if self.bus.reconnects:  # the broker went away meanwhile: announce again
                 self.bus.publish(topics.status(self.agent.id), self._online(), retain=True)
             return
-        raise self._in_use()
+        raise IdentityInUse(
+            f"agent identity {self.agent.id!r} is in use: another process logged in as "
+            f"{self.agent.id!r} took the connection back while this agent was starting. "
+            "Stop that process, or start this agent under an id of its own "
+            "(`backroom credentials add ID`)."
+        )
 
     def _on_own_status(self, _topic: str, payload: bytes) -> None:
         if not self._starting or self._echo.is_set():

@@ -93,9 +93,9 @@ class PahoLink:
         ``bench/chaos_soak.py``: a referee answering while the broker
         restarted). So the lock is let go for the write and taken back after
         (paho runs only on the loop's thread once connected: the holder is this
-        thread). Deferring the write to the next loop iteration instead cost 8-10%
-        of the bus's rate at 100 matches in flight (``bench/bus_overhead.py
-        --only rate``, three alternating runs each).
+        thread). Deferring the write to the next loop iteration instead cost about
+        10% of the bus's rate at 100 matches in flight (``bench/bus_overhead.py
+        --quick --only rate``, three alternating runs each).
         """
         if self._write_scheduled is not None:
             self._write_scheduled.cancel()  # this call does what it would have done

@@ -70,8 +70,7 @@ def compose_init(
     for name in pool:
         if name in known and known[name].password != shared:
             store.remove(name)  # made before the pool (compose's old `referees` profile)
-        if name not in known or known[name].password != shared:
-            store.add(name, role="referee", password=shared)
+        store.add(name, role="referee", password=shared)
     broker_dir = root / "mosquitto"
     broker_dir.mkdir(parents=True, exist_ok=True)
     for name in ("passwd", "acl"):
@@ -96,25 +95,13 @@ def compose_init(
     with os.fdopen(fd, "w") as f:
         f.write(store.get(HEALTHCHECK).password)
     written = [conf, broker_dir / "passwd", broker_dir / "acl", health, store.path]
+    url = f"mqtt://{broker_host}:{port}"
     for cred in store.load().values():
-        env = secrets / f"{cred.username}.env"
-        fd = os.open(env, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(
-                f"BACKROOM_BROKER=mqtt://{broker_host}:{port}\n"
-                f"BACKROOM_USERNAME={cred.username}\n"
-                f"BACKROOM_PASSWORD={cred.password}\n"
-            )
-        written.append(env)
-    referees = secrets / "referees.env"
-    fd = os.open(referees, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(
-            f"BACKROOM_BROKER=mqtt://{broker_host}:{port}\n"
-            f"BACKROOM_USERNAME={REFEREE_PATTERN}\n"
-            f"BACKROOM_PASSWORD={store.get(pool[0]).password}\n"
+        written.append(
+            _write_env(secrets / f"{cred.username}.env", url, cred.username, cred.password)
         )
-    written.append(referees)
+    # The referee service's replicas share one: the pool's pattern and password.
+    written.append(_write_env(secrets / "referees.env", url, REFEREE_PATTERN, shared))
     # serve-model refuses to listen beyond loopback without an API key: the `gpu`
     # profile's server and the agents that use it share this one (kept on re-init).
     serve = secrets / "serve.env"
@@ -124,6 +111,16 @@ def compose_init(
             f.write(f"BACKROOM_SERVE_KEY={secrets_token()}\n")
     written.append(serve)
     return written
+
+
+def _write_env(path: Path, url: str, username: str, password: str) -> Path:
+    """A service's env file (mode 0600): broker URL, username, password."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(
+            f"BACKROOM_BROKER={url}\nBACKROOM_USERNAME={username}\nBACKROOM_PASSWORD={password}\n"
+        )
+    return path
 
 
 def secrets_token() -> str:
