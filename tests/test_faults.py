@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from backroom.agents import make_agent
+from backroom.agents import make_agent, runtime
 from backroom.agents.runtime import AgentRunner
 from backroom.bus import topics
 from backroom.bus.broker import Broker
@@ -370,11 +370,13 @@ async def test_an_agent_started_before_its_broker_waits_for_it(tmp_path: Path) -
 
 
 async def test_a_broker_restart_while_an_agent_checks_its_identity_is_no_takeover(
-    broker: Broker,
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An agent under a name used before waits to be thrown off; the broker restarting in that
     window drops its connection too, which is not another process: it starts, and says
     ``online`` once more after the reconnect."""
+    # A window long enough that the restart below surely falls inside it.
+    monkeypatch.setattr(runtime, "IDENTITY_WINDOW_S", 5.0)
     alice = identity(broker, "alice")
     async with AgentRunner(make_agent("random", "alice"), alice):
         pass  # alice's status is retained now: the next start waits to be thrown off
