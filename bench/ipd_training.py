@@ -122,6 +122,26 @@ def plot(results: dict[str, dict[int, Path]], out: Path) -> list[str]:
     return paths
 
 
+def compare(run_dirs: list[Path], out: Path) -> str:
+    """Cooperation rate and choice entropy by step of finished or stopped runs, one line each."""
+    from backroom.analysis.plotting import figure, save
+
+    fig = figure(10, 4)
+    coop, entropy = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for run_dir in run_dirs:
+        rows, _ = curves(run_dir)
+        steps = [r["step"] for r in rows]
+        coop.plot(steps, [r["cooperation_rate"] for r in rows], marker=".", label=run_dir.name)
+        entropy.plot(steps, [r["entropy"] for r in rows], marker=".", label=run_dir.name)
+    coop.set_ylabel("cooperation rate (share of A) in rollouts")
+    coop.set_ylim(0, 1)
+    entropy.set_ylabel("entropy of the trained choices (nats; ln 2 = 0.69)")
+    for ax in (coop, entropy):
+        ax.set_xlabel("training step")
+        ax.legend(loc="best", fontsize=7)
+    return save(fig, out, "ipd_runs_compared")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -141,8 +161,18 @@ def main() -> None:
         help="more overrides of the preset, e.g. beta=2.0 (values as YAML)",
     )
     p.add_argument("--tag", default="", help="appended to the run names, e.g. -beta2")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="train nothing: draw these runs' cooperation and entropy by step into --out",
+    )
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.compare:
+        print("plot:", compare(args.compare, args.out))
+        return
     print(
         f"scaled from the paper: rounds {args.rounds} (10), batch {args.batch} matches (128), lr {args.lr} "
         f"(3e-6), steps {args.steps}, SmolLM2-135M (2-12B models); seeds {args.seeds}"

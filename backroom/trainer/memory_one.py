@@ -1,0 +1,169 @@
+"""The trainer's credit on a policy small enough for the paper's number of steps.
+
+An LLM run on a CPU affords a few dozen steps; the paper's Advantage
+Alignment run took 3000. This module asks, in seconds, what the *credit*
+(``advantages.py``, imported, not copied) does over hundreds of steps when the
+policy is not the bottleneck: the classic memory-one IPD policy, five logits
+for P(A) in the first round and after each of (AA, AB, BA, BB) (own move, then
+the other's). The rest is what ``backroom train`` does with ``preset: ipd``:
+rewards over 5, discount 0.9, the leave-one-out baseline over the batch
+(k = 1), equation 1 with gamma 0.9, REINFORCE with an entropy bonus, the loss
+over the number of decisions, Adam, gradient norm 1, and an agent buffer of
+earlier policies played with probability rho (a buffer seat is not trained;
+its advantage is still the A^2 of equation 1). Play is on-policy, so the TIS
+weights of ``learner.py`` would all be 1 and are left out.
+
+Tit-for-tat here is P(A) high first and after (., A), low after (., B). It is
+what Advantage Alignment reaches from a cooperative start and what naive GRPO
+does not (``tests/test_trainer_memory_one.py``; ``bench/ipd_memory_one.py``
+runs seeds and draws the curves). A credit variant that fails this check will
+not do better on an LLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from backroom.trainer.advantages import advantage_alignment, discounted_returns, loo_advantages
+
+#: The row player's payoff, index 0 = A (cooperate), 1 = B: the paper's R 3, T 5, S 0, P 1.
+PAYOFF = np.array([[3.0, 0.0], [5.0, 1.0]])
+#: A memory-one state: the first round, or (own last move, the other's last move).
+STATES = ("first", "AA", "AB", "BA", "BB")
+#: Fixed opponents as logits per state (a large logit is a sure A).
+SURE = 30.0
+BASELINES = {
+    "always-a": np.full(5, SURE),
+    "always-b": np.full(5, -SURE),
+    "tft": np.array([SURE, SURE, -SURE, SURE, -SURE]),
+}
+
+
+@dataclass
+class Settings:
+    """The paper's IPD column (section 11) where it applies; lr is for five raw logits."""
+
+    algorithm: str = "adalign"  # or "grpo"
+    rounds: int = 10
+    batch: int = 8  # matches per step
+    steps: int = 150
+    lr: float = 0.2
+    beta: float = 0.5
+    aa_gamma: float = 0.9
+    discount: float = 0.9
+    reward_norm: float = 5.0
+    entropy: float = 0.01
+    rho: float = 0.5
+    buffer_every: int = 10
+    buffer_size: int = 64
+    init_coop: float = 0.97  # SmolLM2-135M's P(A) on the paper's prompt
+
+
+@dataclass
+class Result:
+    p_a: dict[str, float]  # final P(A) per state
+    returns: dict[str, float]  # learner's mean return per match against each opponent
+    #: the share of A played by seat 0 (always the live policy) in each step's rollouts
+    coop_by_step: list[float] = field(default_factory=list)
+
+    @property
+    def is_tit_for_tat(self) -> bool:
+        p = self.p_a
+        return p["first"] > 0.8 and p["AA"] > 0.8 and p["AB"] < 0.2 and p["BB"] < 0.2
+
+    @property
+    def is_always_b(self) -> bool:
+        return all(v < 0.2 for v in self.p_a.values())
+
+
+def play(
+    seat0: np.ndarray, seat1: np.ndarray, n: int, rounds: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n matches between logit tables, one (5,) or one per match (n, 5).
+
+    Returns states, actions (0 = A) and rewards, each (n, 2, rounds).
+    """
+    tables = tuple(np.broadcast_to(t, (n, len(STATES))) for t in (seat0, seat1))
+    states = np.zeros((n, 2, rounds), dtype=np.int64)
+    actions = np.zeros((n, 2, rounds), dtype=np.int64)
+    rewards = np.zeros((n, 2, rounds))
+    for t in range(rounds):
+        for seat in (0, 1):
+            if t:  # 1 + 2 * own + other: AA 1, AB 2, BA 3, BB 4
+                states[:, seat, t] = 1 + 2 * actions[:, seat, t - 1] + actions[:, 1 - seat, t - 1]
+            p_a = 1 / (1 + np.exp(-tables[seat][np.arange(n), states[:, seat, t]]))
+            actions[:, seat, t] = rng.random(n) >= p_a
+        rewards[:, 0, t] = PAYOFF[actions[:, 0, t], actions[:, 1, t]]
+        rewards[:, 1, t] = PAYOFF[actions[:, 1, t], actions[:, 0, t]]
+    return states, actions, rewards
+
+
+def credit(rewards: np.ndarray, s: Settings) -> np.ndarray:
+    """(n, 2, rounds) credit per decision, as ``assign_credit`` computes it for k = 1."""
+    n, seats, rounds = rewards.shape
+    per_seat = rewards.reshape(-1, rounds).tolist()
+    g = np.stack([discounted_returns(r, s.discount, s.reward_norm) for r in per_seat])
+    # k = 1: every trajectory its own group, so the baseline is the rest of the batch
+    adv = loo_advantages(g, groups=range(n * seats)).reshape(n, seats, rounds)
+    if s.algorithm == "grpo":
+        return adv
+    return np.stack(
+        [
+            [advantage_alignment(adv[i, j], adv[i, 1 - j], s.beta, s.aa_gamma) for j in (0, 1)]
+            for i in range(n)
+        ]
+    )
+
+
+def evaluate(
+    theta: np.ndarray, rounds: int, rng: np.random.Generator, matches: int = 256
+) -> dict[str, float]:
+    """The learner's mean return per match against the paper's baselines and itself."""
+    opponents = {**BASELINES, "self": theta}
+    return {
+        name: float(play(theta, other, matches, rounds, rng)[2][:, 0].sum(axis=1).mean())
+        for name, other in opponents.items()
+    }
+
+
+def train(s: Settings, seed: int) -> Result:
+    """One run: every random choice from ``seed``, like a match's from its seed and seat."""
+    if s.algorithm not in ("grpo", "adalign"):
+        raise ValueError(f"algorithm must be 'grpo' or 'adalign', got {s.algorithm!r}")
+    rng = np.random.default_rng(seed)
+    logit0 = float(np.log(s.init_coop / (1 - s.init_coop)))
+    theta = torch.full((len(STATES),), logit0, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.Adam([theta], lr=s.lr)
+    buffer: list[np.ndarray] = []
+    coop: list[float] = []
+    for step in range(s.steps):
+        now = theta.detach().numpy().copy()
+        if step % s.buffer_every == 0:
+            buffer = [*buffer, now][-s.buffer_size :]
+        # Each match is self-play (both seats trained) or, with probability rho,
+        # against a buffer policy in seat 1 that is played but not trained.
+        vs_buffer = rng.random(s.batch) < s.rho
+        opponents = np.stack([buffer[rng.integers(len(buffer))] if b else now for b in vs_buffer])
+        states, actions, rewards = play(now, opponents, s.batch, s.rounds, rng)
+        c = torch.as_tensor(credit(rewards, s))
+
+        logit = theta[torch.as_tensor(states)]
+        logp_a, logp_b = F.logsigmoid(logit), F.logsigmoid(-logit)
+        logp = torch.where(torch.as_tensor(actions) == 0, logp_a, logp_b)
+        entropy = -(logp_a.exp() * logp_a + logp_b.exp() * logp_b)
+        trained = torch.ones_like(logp)
+        trained[torch.as_tensor(vs_buffer), 1] = 0.0
+        # loss = sum_i [ -credit_i * log pi(a_i) - ent_coef * H_i ] / N over trained decisions
+        loss = ((-c * logp - s.entropy * entropy) * trained).sum() / trained.sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([theta], 1.0)
+        opt.step()
+        coop.append(float((actions[:, 0] == 0).mean()))
+    final = theta.detach().numpy()
+    p_a = {k: float(1 / (1 + np.exp(-v))) for k, v in zip(STATES, final, strict=True)}
+    return Result(p_a=p_a, returns=evaluate(final, s.rounds, rng), coop_by_step=coop)
