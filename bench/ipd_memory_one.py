@@ -53,8 +53,12 @@ def plot(runs: dict[str, dict[int, Result]], out: Path, width: int) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    algorithms = ["grpo", "adalign"]
-    p.add_argument("--algorithms", nargs="+", default=algorithms, choices=algorithms)
+    p.add_argument(
+        "--algorithms",
+        nargs="+",
+        default=["grpo", "adalign"],
+        choices=["grpo", "grpo_sum", "adalign"],
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     p.add_argument("--betas", type=float, nargs="+", default=[0.5], help="Advantage Alignment")
     p.add_argument("--steps", type=int, default=Settings.steps)
@@ -73,7 +77,7 @@ def main() -> None:
     t0 = time.perf_counter()
     for algorithm in args.algorithms:
         for beta in args.betas if algorithm == "adalign" else [0.0]:
-            label = algorithm if algorithm == "grpo" else f"adalign beta {beta:g}"
+            label = f"adalign beta {beta:g}" if algorithm == "adalign" else algorithm
             for seed in args.seeds:
                 s = Settings(
                     algorithm=algorithm,
@@ -87,7 +91,7 @@ def main() -> None:
                     entropy=args.entropy,
                 )
                 r = runs.setdefault(label, {})[seed] = train(s, seed)
-                verdict = "always-B" if r.is_always_b else "other"
+                verdict = "always-B" if r.is_always_b else "always-A" if r.is_always_a else "other"
                 verdict = "tit-for-tat" if r.is_tit_for_tat else verdict
                 print(
                     f"{label:18s} {seed:4d}  "
@@ -100,9 +104,13 @@ def main() -> None:
     print(f"{sum(len(v) for v in runs.values())} runs in {time.perf_counter() - t0:.0f} s")
     for label, by_seed in runs.items():
         tft = sum(r.is_tit_for_tat for r in by_seed.values())
+        always_a = sum(r.is_always_a for r in by_seed.values())
         always_b = sum(r.is_always_b for r in by_seed.values())
         n = len(by_seed)
-        print(f"{label}: tit-for-tat in {tft}/{n} seeds, always-B in {always_b}/{n}")
+        print(
+            f"{label}: tit-for-tat in {tft}/{n} seeds, always-A in {always_a}/{n}, "
+            f"always-B in {always_b}/{n}"
+        )
     if args.out:
         print("plot:", plot(runs, args.out, width=max(1, args.steps // 30)))
 

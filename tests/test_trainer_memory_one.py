@@ -32,6 +32,14 @@ def test_advantage_alignment_ends_at_tit_for_tat(seed: int) -> None:
     assert min(r.coop_by_step[40:80]) < 0.5  # through a dip: reciprocity is learnt from defections
 
 
+def test_paying_both_rewards_ends_at_an_exploitable_cooperator() -> None:
+    """The sum-of-rewards variant: cooperating is then dominant, so it cooperates with
+    everyone, always-B included; the paper's reason to prefer opponent shaping."""
+    r = train(Settings(algorithm="grpo_sum"), 0)
+    assert r.is_always_a, r.p_a
+    assert r.returns["self"] > 29 and r.returns["always-b"] < 2
+
+
 def test_without_the_shaping_term_advantage_alignment_is_grpo() -> None:
     """beta = 0 leaves A_t^1: the same credit, so the same run as GRPO, step for step."""
     grpo = train(Settings(algorithm="grpo", steps=60), 3)
@@ -47,7 +55,7 @@ def test_the_same_seed_plays_and_learns_the_same() -> None:
 
 
 def test_an_unknown_algorithm_is_refused() -> None:
-    with pytest.raises(ValueError, match="algorithm must be 'grpo' or 'adalign'"):
+    with pytest.raises(ValueError, match="algorithm must be 'grpo', 'grpo_sum' or 'adalign'"):
         train(Settings(algorithm="dpo"), 0)
 
 

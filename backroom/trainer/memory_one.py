@@ -28,7 +28,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from backroom.trainer.advantages import advantage_alignment, discounted_returns, loo_advantages
+from backroom.trainer.advantages import (
+    advantage_alignment,
+    discounted_returns,
+    loo_advantages,
+    sum_of_rewards,
+)
 
 #: The row player's payoff, index 0 = A (cooperate), 1 = B: the paper's R 3, T 5, S 0, P 1.
 PAYOFF = np.array([[3.0, 0.0], [5.0, 1.0]])
@@ -47,7 +52,7 @@ BASELINES = {
 class Settings:
     """The paper's IPD column (section 11) where it applies; lr is for five raw logits."""
 
-    algorithm: str = "adalign"  # or "grpo"
+    algorithm: str = "adalign"  # or "grpo", "grpo_sum"
     rounds: int = 10
     batch: int = 8  # matches per step
     steps: int = 150
@@ -74,6 +79,10 @@ class Result:
     def is_tit_for_tat(self) -> bool:
         p = self.p_a
         return p["first"] > 0.8 and p["AA"] > 0.8 and p["AB"] < 0.2 and p["BB"] < 0.2
+
+    @property
+    def is_always_a(self) -> bool:
+        return all(v > 0.8 for v in self.p_a.values())
 
     @property
     def is_always_b(self) -> bool:
@@ -105,11 +114,13 @@ def play(
 def credit(rewards: np.ndarray, s: Settings) -> np.ndarray:
     """(n, 2, rounds) credit per decision, as ``assign_credit`` computes it for k = 1."""
     n, seats, rounds = rewards.shape
+    if s.algorithm == "grpo_sum":  # every seat is paid both players' rewards
+        rewards = np.stack([sum_of_rewards(r) for r in rewards])
     per_seat = rewards.reshape(-1, rounds).tolist()
     g = np.stack([discounted_returns(r, s.discount, s.reward_norm) for r in per_seat])
     # k = 1: every trajectory its own group, so the baseline is the rest of the batch
     adv = loo_advantages(g, groups=range(n * seats)).reshape(n, seats, rounds)
-    if s.algorithm == "grpo":
+    if s.algorithm != "adalign":
         return adv
     return np.stack(
         [
@@ -132,8 +143,8 @@ def evaluate(
 
 def train(s: Settings, seed: int) -> Result:
     """One run: every random choice from ``seed``, like a match's from its seed and seat."""
-    if s.algorithm not in ("grpo", "adalign"):
-        raise ValueError(f"algorithm must be 'grpo' or 'adalign', got {s.algorithm!r}")
+    if s.algorithm not in ("grpo", "grpo_sum", "adalign"):
+        raise ValueError(f"algorithm must be 'grpo', 'grpo_sum' or 'adalign', got {s.algorithm!r}")
     rng = np.random.default_rng(seed)
     logit0 = float(np.log(s.init_coop / (1 - s.init_coop)))
     theta = torch.full((len(STATES),), logit0, dtype=torch.float64, requires_grad=True)
