@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from types import TracebackType
 from typing import Any
 
+import aiomqtt
 from pydantic import BaseModel
 
 from backroom import metrics
@@ -112,6 +114,17 @@ class Bus:
         client = self.connection.client
         if client is not None and self.connected.is_set():
             await self.subscriptions.subscribe(client, topic_filter, qos)
+
+    async def unsubscribe(self, topic_filter: str) -> None:
+        """Stop routing ``topic_filter`` (every handler given for it), now and after reconnects.
+
+        A connection lost meanwhile is no error: the next one never subscribes it.
+        """
+        self.subscriptions.remove(topic_filter)
+        client = self.connection.client
+        if client is not None and self.connected.is_set():
+            with contextlib.suppress(aiomqtt.MqttError):
+                await client.unsubscribe(topic_filter)
 
     def publish(
         self,

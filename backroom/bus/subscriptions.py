@@ -35,6 +35,10 @@ class Subscriptions:
         self.handlers.append((topic_filter, handler))
         self._routes.clear()
 
+    def remove(self, topic_filter: str) -> None:
+        self.handlers = [(f, h) for f, h in self.handlers if f != topic_filter]
+        self._routes.clear()
+
     async def subscribe(self, client: aiomqtt.Client, topic_filter: str, qos: int = 1) -> None:
         """SUBSCRIBE on ``client``; the broker's refusal raises ``NotAuthorizedError``."""
         codes = await client.subscribe(topic_filter, qos=qos)

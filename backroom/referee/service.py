@@ -176,6 +176,7 @@ class Referee:
         #: Referees whose status says online (``claim_pooled`` skips their names).
         self.referees_online: set[str] = set()
         self._probed = asyncio.Event()
+        self._moving: asyncio.Task[None] | None = None  # to a smaller group (``_converge``)
         self.bus: Bus | None = None
         self.idle = asyncio.Event()
         self.idle.set()
@@ -238,6 +239,7 @@ class Referee:
             self._starting = self._claiming = False
         self.group = group
         await self._announce()
+        self._converge()  # a rival's proposal may have come in since the choice
         return self
 
     async def _unless_taken(self, step: Awaitable[T]) -> T:
@@ -265,6 +267,8 @@ class Referee:
             match.void(SHUTTING_DOWN)
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=5)
+        if self._moving is not None:
+            self._moving.cancel()
         if self.bus is not None:
             if self.group is not None:
                 await self._goodbye()
@@ -321,7 +325,9 @@ class Referee:
         which only referees may read. A referee adopts the name the referees
         before it use; the first one on a broker makes one up. Referees started
         at the same moment on a fresh broker may each propose one: each waits
-        ``GROUP_SETTLE_S`` for the others' and all take the smallest.
+        ``GROUP_SETTLE_S`` for the others' and takes the smallest. On a busy
+        machine a rival's proposal can come later than that; ``_converge``
+        then moves this referee over, so all end in the smallest.
         """
         assert self.bus is not None
         await self._probe(name)
@@ -329,8 +335,35 @@ class Referee:
             mine = f"referees-{secrets.token_hex(16)}"
             await self.bus.publish(topics.referee_group(name), mine.encode(), retain=True)
             await asyncio.sleep(GROUP_SETTLE_S)
+            await self._probe(name)  # every proposal the broker had by now has arrived
             self.groups.setdefault(name, mine)
         return min(self.groups.values())
+
+    def _converge(self) -> None:
+        """Move to the smallest group any referee reads in, if it is not this one's.
+
+        Every referee keeps its record retained and reads the others', so all
+        of them see every name and all end in the smallest. While two groups
+        are read in, a request goes to one referee of each and runs twice
+        (the runner keeps the first episode), hence the move as soon as a
+        smaller name is seen, not a warning to restart.
+        """
+        if self.group is None or self._moving is not None or not self.groups:
+            return
+        if min(self.groups.values()) < self.group:
+            self._moving = asyncio.ensure_future(self._move())
+
+    async def _move(self) -> None:
+        assert self.bus is not None
+        try:
+            while self.group is not None and (target := min(self.groups.values())) < self.group:
+                old, self.group = self.group, target
+                self.log.info("moving to the referees' smaller group, proposed at the same time")
+                await self.bus.unsubscribe(topics.control_matches_shared(old))
+                await self.bus.subscribe(topics.control_matches_shared(target), self._on_request)
+                await self._announce()
+        finally:
+            self._moving = None
 
     async def _probe(self, name: str) -> None:
         """Return once every retained group name has arrived.
@@ -359,12 +392,7 @@ class Referee:
             self.groups.pop(referee, None)  # an emptied (or foreign) record
             return
         self.groups[referee] = name
-        if self.group is not None and name != self.group:
-            self.log.warning(
-                "referee %s reads match requests in another group than this one: "
-                "restart the referees so they settle on one",
-                referee,
-            )
+        self._converge()
 
     async def _on_disconnect(self) -> None:
         if self._starting:
