@@ -9,6 +9,7 @@ hours: use it to check a credit variant, or to choose a step size and beta,
 before an LLM run.
 
     .venv/bin/python bench/ipd_memory_one.py --seeds 0 1 2 3 4 5 6 7 --out docs/img
+    .venv/bin/python bench/ipd_memory_one.py --tied 256 --lr 0.1 --steps 400  # states tied as an LLM's
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def smooth(xs: list[float], width: int) -> np.ndarray:
     return np.convolve(xs, np.ones(width) / width, mode="valid")
 
 
-def plot(runs: dict[str, dict[int, Result]], out: Path, width: int) -> str:
+def plot(runs: dict[str, dict[int, Result]], out: Path, width: int, tied: int) -> str:
     from backroom.analysis.plotting import figure, save
 
     fig = figure(8, 4)
@@ -46,9 +47,12 @@ def plot(runs: dict[str, dict[int, Result]], out: Path, width: int) -> str:
     ax.set_xlabel("training step")
     ax.set_ylabel(f"share of A in rollouts ({width}-step mean)")
     ax.set_ylim(0, 1)
-    ax.set_title("memory-one IPD policy, the trainer's credit (one line per seed)")
+    policy = f"{tied} weights tied over the states" if tied else "memory-one IPD policy"
+    ax.set_title(f"{policy}, the trainer's credit (one line per seed)")
     ax.legend(loc="best")
-    return save(fig, out, "ipd_memory_one_cooperation")
+    return save(
+        fig, out, "ipd_memory_one_tied_cooperation" if tied else "ipd_memory_one_cooperation"
+    )
 
 
 def main() -> None:
@@ -68,6 +72,15 @@ def main() -> None:
     p.add_argument("--init-coop", type=float, default=Settings.init_coop, help="P(A) of the start")
     p.add_argument("--entropy", type=float, default=Settings.entropy, help="entropy bonus")
     p.add_argument("--rho", type=float, default=Settings.rho, help="share vs the agent buffer")
+    p.add_argument(
+        "--tied",
+        type=int,
+        default=0,
+        metavar="M",
+        help="tie the states as an LLM's are: M shared weights over near-parallel features "
+        "(Settings.tied_features)",
+    )
+    p.add_argument("--tied-spread", type=float, default=Settings.tied_spread)
     p.add_argument("--out", type=Path, default=None, help="folder for the plot")
     args = p.parse_args()
 
@@ -89,6 +102,8 @@ def main() -> None:
                     init_coop=args.init_coop,
                     rho=args.rho,
                     entropy=args.entropy,
+                    tied_features=args.tied,
+                    tied_spread=args.tied_spread,
                 )
                 r = runs.setdefault(label, {})[seed] = train(s, seed)
                 verdict = "always-B" if r.is_always_b else "always-A" if r.is_always_a else "other"
@@ -112,7 +127,7 @@ def main() -> None:
             f"always-B in {always_b}/{n}"
         )
     if args.out:
-        print("plot:", plot(runs, args.out, width=max(1, args.steps // 30)))
+        print("plot:", plot(runs, args.out, max(1, args.steps // 30), args.tied))
 
 
 if __name__ == "__main__":

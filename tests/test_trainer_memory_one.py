@@ -70,3 +70,16 @@ def test_the_fixed_policies_score_the_paper_payoffs() -> None:
     assert rewards[:, 1].sum(axis=1).tolist() == [14.0] * 4  # T then 9 x P
     _, _, rewards = play(BASELINES["tft"], BASELINES["always-a"], 4, 10, rng)
     assert rewards.sum(axis=2).tolist() == [[30.0, 30.0]] * 4
+
+
+def test_states_tied_as_an_llm_s_still_reach_tit_for_tat_in_more_steps() -> None:
+    """One set of weights for every state (a step on one moves the others 0.85-0.97 as
+    far, as SmolLM2's LoRA does): GRPO falls to always-B at once, Advantage Alignment
+    dips deeper and longer, and reaches tit-for-tat by step 400 (8/8 seeds in
+    ``bench/ipd_memory_one.py --tied 256 --lr 0.1 --steps 400``)."""
+    grpo = train(Settings(algorithm="grpo", steps=60, tied_features=256, lr=0.1), 0)
+    assert grpo.is_always_b, grpo.p_a
+    r = train(Settings(algorithm="adalign", beta=0.5, steps=400, tied_features=256, lr=0.1), 0)
+    assert r.is_tit_for_tat, r.p_a
+    assert r.returns["tft"] > 25 and r.returns["always-b"] > 8
+    assert np.mean(r.coop_by_step[20:60]) < 0.6 < np.mean(r.coop_by_step[-50:])

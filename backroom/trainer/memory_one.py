@@ -18,6 +18,11 @@ what Advantage Alignment reaches from a cooperative start and what naive GRPO
 does not (``tests/test_trainer_memory_one.py``; ``bench/ipd_memory_one.py``
 runs seeds and draws the curves). A credit variant that fails this check will
 not do better on an LLM.
+
+An LLM's states are not five free logits: a LoRA step that teaches one IPD
+state moves the others 90-100% as far (``bench/ipd_state_transfer.py``).
+``Settings.tied_features`` ties the states that way, to ask how many steps
+the credit then needs (hundreds; docs/training.md).
 """
 
 from __future__ import annotations
@@ -66,6 +71,14 @@ class Settings:
     buffer_every: int = 10
     buffer_size: int = 64
     init_coop: float = 0.97  # SmolLM2-135M's P(A) on the paper's prompt
+    #: 0: one logit per state. m > 0: the states share m weights w, the logit of
+    #: state s is logit0 + w . phi_s with unit features phi_s ~ u + spread * v_s
+    #: (u, v_s standard normal, drawn from the seed). A step on one state then
+    #: moves the others almost as far, as a LoRA step on SmolLM2 does.
+    tied_features: int = 0
+    #: 0.3: one Adam step on a state moves the others 0.85-0.97 as far (SmolLM2:
+    #: 0.9-1.0 between the states after a round, bench/ipd_state_transfer.py).
+    tied_spread: float = 0.3
 
 
 @dataclass
@@ -147,12 +160,24 @@ def train(s: Settings, seed: int) -> Result:
         raise ValueError(f"algorithm must be 'grpo', 'grpo_sum' or 'adalign', got {s.algorithm!r}")
     rng = np.random.default_rng(seed)
     logit0 = float(np.log(s.init_coop / (1 - s.init_coop)))
-    theta = torch.full((len(STATES),), logit0, dtype=torch.float64, requires_grad=True)
+    if s.tied_features:
+        features = np.random.default_rng([seed, 1])  # its own stream: play stays the same
+        u = features.standard_normal(s.tied_features)
+        phi = u + s.tied_spread * features.standard_normal((len(STATES), s.tied_features))
+        phi_t = torch.as_tensor(phi / np.linalg.norm(phi, axis=1, keepdims=True))
+        theta = torch.zeros(s.tied_features, dtype=torch.float64, requires_grad=True)
+    else:
+        phi_t = None
+        theta = torch.full((len(STATES),), logit0, dtype=torch.float64, requires_grad=True)
+
+    def logits() -> torch.Tensor:
+        return theta if phi_t is None else logit0 + phi_t @ theta
+
     opt = torch.optim.Adam([theta], lr=s.lr)
     buffer: list[np.ndarray] = []
     coop: list[float] = []
     for step in range(s.steps):
-        now = theta.detach().numpy().copy()
+        now = logits().detach().numpy().copy()
         if step % s.buffer_every == 0:
             buffer = [*buffer, now][-s.buffer_size :]
         # Each match is self-play (both seats trained) or, with probability rho,
@@ -162,7 +187,7 @@ def train(s: Settings, seed: int) -> Result:
         states, actions, rewards = play(now, opponents, s.batch, s.rounds, rng)
         c = torch.as_tensor(credit(rewards, s))
 
-        logit = theta[torch.as_tensor(states)]
+        logit = logits()[torch.as_tensor(states)]
         logp_a, logp_b = F.logsigmoid(logit), F.logsigmoid(-logit)
         logp = torch.where(torch.as_tensor(actions) == 0, logp_a, logp_b)
         entropy = -(logp_a.exp() * logp_a + logp_b.exp() * logp_b)
@@ -175,6 +200,6 @@ def train(s: Settings, seed: int) -> Result:
         torch.nn.utils.clip_grad_norm_([theta], 1.0)
         opt.step()
         coop.append(float((actions[:, 0] == 0).mean()))
-    final = theta.detach().numpy()
+    final = logits().detach().numpy()
     p_a = {k: float(1 / (1 + np.exp(-v))) for k, v in zip(STATES, final, strict=True)}
     return Result(p_a=p_a, returns=evaluate(final, s.rounds, rng), coop_by_step=coop)
