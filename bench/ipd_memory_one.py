@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -87,24 +88,23 @@ def main() -> None:
     runs: dict[str, dict[int, Result]] = {}
     states = " ".join(f"{s:>5s}" for s in STATES)
     print(f"{'run':18s} seed  {states}   return vs A / B / TFT / self   verdict")
+    base = Settings(
+        steps=args.steps,
+        lr=args.lr,
+        batch=args.batch,
+        rounds=args.rounds,
+        init_coop=args.init_coop,
+        rho=args.rho,
+        entropy=args.entropy,
+        tied_features=args.tied,
+        tied_spread=args.tied_spread,
+    )
     t0 = time.perf_counter()
     for algorithm in args.algorithms:
         for beta in args.betas if algorithm == "adalign" else [0.0]:
             label = f"adalign beta {beta:g}" if algorithm == "adalign" else algorithm
+            s = replace(base, algorithm=algorithm, beta=beta)
             for seed in args.seeds:
-                s = Settings(
-                    algorithm=algorithm,
-                    beta=beta,
-                    steps=args.steps,
-                    lr=args.lr,
-                    batch=args.batch,
-                    rounds=args.rounds,
-                    init_coop=args.init_coop,
-                    rho=args.rho,
-                    entropy=args.entropy,
-                    tied_features=args.tied,
-                    tied_spread=args.tied_spread,
-                )
                 r = runs.setdefault(label, {})[seed] = train(s, seed)
                 verdict = "always-B" if r.is_always_b else "always-A" if r.is_always_a else "other"
                 verdict = "tit-for-tat" if r.is_tit_for_tat else verdict

@@ -44,27 +44,19 @@ import torch
 from backroom.agents.backend import Backend
 from backroom.games import make_game
 from backroom.trainer.learner import Learner, LoraSettings, Sample, StepSettings
-
-#: (my last move, the other's last move) after three rounds of AA; None: the first round.
-STATES: list[tuple[str, tuple[str, str] | None]] = [
-    ("first", None),
-    ("AA", ("A", "A")),
-    ("AB", ("A", "B")),
-    ("BA", ("B", "A")),
-    ("BB", ("B", "B")),
-]
+from backroom.trainer.memory_one import STATES  # "first", then (my last move, the other's)
 
 
 def prompts(backend: Backend) -> dict[str, list[int]]:
     """The token ids the local agent sends for each state (no system prompt, as in the examples)."""
     game = make_game("ipd", rounds=10)
     out = {}
-    for name, last in STATES:
+    for name in STATES:
         state = game.new_initial_state(0)
-        if last is not None:
+        if name != "first":  # three rounds of AA, then this one
             for _ in range(3):
                 state.apply({0: "A", 1: "A"})
-            state.apply({0: last[0], 1: last[1]})
+            state.apply({0: name[0], 1: name[1]})
         out[name] = backend.encode_chat([{"role": "user", "content": state.prompt(0)}])
     return out
 
@@ -121,7 +113,7 @@ def fresh(learner: Learner, initial: dict[str, torch.Tensor], lr: float) -> None
 
 def memory_one_steps(credits: dict[str, float], lr: float, steps: int = 1) -> list[torch.Tensor]:
     """The memory-one policy's logits of A after each of ``steps`` Adam steps (the reference)."""
-    names = [n for n, _ in STATES]
+    names = list(STATES)
     logits = torch.full((len(names),), 3.5, requires_grad=True)  # P(A) 0.97, as memory_one starts
     opt = torch.optim.Adam([logits], lr=lr)
     out = [logits.detach().clone()]
@@ -145,7 +137,7 @@ def memory_one_step(credits: dict[str, float], lr: float) -> torch.Tensor:
 
 
 def show(title: str, rows: dict[str, torch.Tensor]) -> None:
-    names = [n for n, _ in STATES]
+    names = list(STATES)
     print(title)
     print(f"{'trained':>10} | " + " ".join(f"{n:>7}" for n in names))
     for name, delta in rows.items():
@@ -154,7 +146,7 @@ def show(title: str, rows: dict[str, torch.Tensor]) -> None:
 
 
 def separation(delta: torch.Tensor) -> float:
-    names = [n for n, _ in STATES]
+    names = list(STATES)
     aa, ab = float(delta[names.index("AA")]), float(delta[names.index("AB")])
     return (aa - ab) / (abs(aa) + abs(ab))
 
@@ -181,7 +173,10 @@ def main() -> None:
         step=StepSettings(lr=args.lr),
         seed=args.seed,
     )
-    backend = Backend(device="cpu").load()
+    backend = Backend(
+        device="cpu"
+    )  # for its chat encoding: the learner's tokenizer, no second model
+    backend.tokenizer = learner.tokenizer
     ids = prompts(backend)
     cands = [backend.completion_ids("<A>"), backend.completion_ids("<B>")]
     initial = {

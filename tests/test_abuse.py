@@ -444,6 +444,20 @@ async def test_an_agent_in_the_referees_group_takes_no_requests(
     assert not any("/control/" in t for t, _ in mal.seen)
 
 
+async def requests_run_once_each(broker: Broker, refs: list[Referee], n: int, runs: Path) -> None:
+    """Send n match requests and check each ran once, on one referee: none got a copy each."""
+    async with Runner(broker) as run:
+        spec = loki_spec(["x", "y", "z"], game="chess")
+        matches = [f"m-{i}" for i in range(n)]
+        for m in matches:
+            await run.bus.publish(topics.CONTROL_MATCHES, MatchRequest(match=m, spec=spec))
+        await run.wait(matches, timeout=20)
+        for r in refs:  # each has handled every request it got, and written its episodes
+            await drained(r)
+    lines = [str(r["match"]) for r in read_episodes(runs / "t")]
+    assert sorted(lines) == sorted(matches)
+
+
 async def test_referees_started_together_share_one_secret_group(
     broker: Broker, tmp_path: Path
 ) -> None:
@@ -454,20 +468,14 @@ async def test_referees_started_together_share_one_secret_group(
     try:
         # on a busy machine a proposal can come after a rival's settling time:
         # that referee then moves (the next test), so wait for all to agree
-        await eventually(lambda: len({r.group for r in refs}) == 1, 10, lambda: str(refs))
+        await eventually(
+            lambda: len({r.group for r in refs}) == 1,
+            10,
+            lambda: f"{len({r.group for r in refs})} groups",
+        )
         groups = {r.group for r in refs}
         assert None not in groups
-        async with Runner(broker) as run:
-            spec = loki_spec(["x", "y", "z"], game="chess")
-            matches = [f"m-{i}" for i in range(30)]
-            for m in matches:
-                await run.bus.publish(topics.CONTROL_MATCHES, MatchRequest(match=m, spec=spec))
-            await run.wait(matches, timeout=20)
-            for r in refs:  # each has handled every request it got, and written its episodes
-                await drained(r)
-        # each request ran once, on one referee: the group split them, none got a copy each
-        lines = [str(r["match"]) for r in read_episodes(tmp_path / "runs" / "t")]
-        assert sorted(lines) == sorted(matches)
+        await requests_run_once_each(broker, refs, 30, tmp_path / "runs")
         # a referee started later joins the same group
         late = identity(broker, "ref-d", "referee")
         await asyncio.sleep(0.05)
@@ -514,16 +522,8 @@ async def test_referees_move_to_a_smaller_group_proposed_late(
                 lambda: str(records),
             )
             await late.publish(topics.referee_group("ref-z"), b"", retain=True)
-        async with Runner(broker) as run:
-            spec = loki_spec(["x", "y", "z"], game="chess")
-            matches = [f"m-{i}" for i in range(20)]
-            for m in matches:
-                await run.bus.publish(topics.CONTROL_MATCHES, MatchRequest(match=m, spec=spec))
-            await run.wait(matches, timeout=20)
-            for r in refs:
-                await drained(r)
-        lines = [str(r["match"]) for r in read_episodes(tmp_path / "runs" / "t")]
-        assert sorted(lines) == sorted(matches)  # once each: the old group has no reader
+        # once each: nothing reads in the old group any more
+        await requests_run_once_each(broker, refs, 20, tmp_path / "runs")
     finally:
         await asyncio.gather(*(r.__aexit__(None, None, None) for r in refs))
 

@@ -73,7 +73,7 @@ def test_the_fixed_policies_score_the_paper_payoffs() -> None:
 
 
 def test_states_tied_as_an_llm_s_still_reach_tit_for_tat_in_more_steps() -> None:
-    """One set of weights for every state (a step on one moves the others 0.85-0.97 as
+    """One set of weights for every state (a step on one moves the others 0.87-0.98 as
     far, as SmolLM2's LoRA does): GRPO falls to always-B at once, Advantage Alignment
     dips deeper and longer, and reaches tit-for-tat by step 400 (8/8 seeds in
     ``bench/ipd_memory_one.py --tied 256 --lr 0.1 --steps 400``)."""

@@ -76,7 +76,7 @@ class Settings:
     #: (u, v_s standard normal, drawn from the seed). A step on one state then
     #: moves the others almost as far, as a LoRA step on SmolLM2 does.
     tied_features: int = 0
-    #: 0.3: one Adam step on a state moves the others 0.85-0.97 as far (SmolLM2:
+    #: 0.3: one Adam step on a state moves the others 0.87-0.98 as far (SmolLM2:
     #: 0.9-1.0 between the states after a round, bench/ipd_state_transfer.py).
     tied_spread: float = 0.3
 
