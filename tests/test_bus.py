@@ -7,12 +7,18 @@ import os
 import subprocess
 import sys
 
+import aiomqtt
 import pytest
+from aiomqtt.exceptions import MqttConnectError
+from paho.mqtt.enums import MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.reasoncodes import ReasonCode
 
 from backroom.bus import topics
 from backroom.bus.auth import hash_password
 from backroom.bus.broker import Broker
 from backroom.bus.client import BATCH_MAX_BYTES, Bus, BusConfig, BusError, NotAuthorizedError
+from backroom.bus.connection import _is_auth_failure
 from backroom.bus.wire import (
     MAX_PAYLOAD_BYTES,
     Action,
@@ -78,6 +84,19 @@ async def test_wrong_password_is_refused_with_a_clear_error(broker: Broker) -> N
     with pytest.raises(BusError, match=r"refused login|could not connect"):
         async with Bus(bad):
             pass
+
+
+def test_only_a_refused_connect_reads_as_bad_credentials() -> None:
+    """paho's own code 4 means "not connected" (a subscribe cut short by another process
+    taking the identity right after the login): read as a refused password, it ended a
+    pool referee that had only lost a race for a name, instead of letting it try again."""
+    refused = ReasonCode(PacketTypes.CONNACK, identifier=0x86)  # bad user name or password
+    assert _is_auth_failure(MqttConnectError(refused))
+    assert _is_auth_failure(MqttConnectError(5))  # MQTT 3.1.1: not authorised
+    busy = ReasonCode(PacketTypes.CONNACK, identifier=0x89)  # server busy: try again
+    assert not _is_auth_failure(MqttConnectError(busy))
+    cut = aiomqtt.MqttCodeError(MQTTErrorCode.MQTT_ERR_NO_CONN, "Could not subscribe to topic")
+    assert not _is_auth_failure(cut)
 
 
 async def test_identity_added_while_broker_runs_can_connect(broker: Broker) -> None:

@@ -15,6 +15,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from backroom.bus.errors import IdentityInUse
 from backroom.bus.wire import EpisodeRecord, Status, dump, parse
 from backroom.cli import demo_config
 from backroom.referee.episodes import read_episodes
-from backroom.referee.service import Referee
+from backroom.referee.service import Referee, claim_pooled
 from backroom.runner.config import RunConfig, parse_config
 from backroom.runner.local import (
     Faults,
@@ -326,6 +327,7 @@ async def test_referees_of_one_name_pool_take_a_name_each(broker: Broker, tmp_pa
         )
 
     procs = [start() for _ in range(3)]
+    failed: AssertionError | None = None
     try:
         async with Bus(watcher) as bus:
             await bus.subscribe(topics.ALL_STATUS, on_status)
@@ -340,14 +342,67 @@ async def test_referees_of_one_name_pool_take_a_name_each(broker: Broker, tmp_pa
             # the three came back from the fourth's tries, and each still holds its name
             await eventually(lambda: online == want, 15, lambda: f"statuses: {online}, {err}")
             assert all(p.poll() is None for p in procs)
+    except AssertionError as exc:
+        failed = exc
     finally:
         for p in procs:
             p.terminate()
         outs = [p.communicate(timeout=20)[0] for p in procs]
+    if failed is not None:  # what each replica said is the story of the race
+        raise AssertionError("\n--- a replica said:\n".join([str(failed), *outs]))
     names = sorted(
         line.split()[1] for out in outs for line in out.splitlines() if "is online" in line
     )
     assert names == ["referee-1", "referee-2", "referee-3"], outs
+
+
+async def test_a_pool_name_lost_to_a_rival_still_starting_is_tried_again(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """A replica whose every try was taken by rivals that were still starting (none was
+    online yet, so none may hold the name for good) tries those names again after the
+    identity window, instead of exiting with the pool not full (three replicas started
+    at once on a pool of three left one without a name on a loaded CI machine)."""
+    config = identity(broker, "referee-1", "referee")
+    said: list[str] = []
+    lost = asyncio.Event()
+    tries: list[Referee] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "is in use" in line:
+            lost.set()
+
+    async def rival(ref: Referee) -> None:
+        """Logs in under the name once the first try is connected, throwing it off, and
+        leaves without a word once that try has given up (as a rival that lost would)."""
+        await eventually(lambda: ref.bus is not None and ref.bus.connected.is_set(), 10)
+        async with Bus(config):
+            await lost.wait()
+
+    def make(name: str) -> Referee:
+        ref = Referee(replace(config, username=name), runs_dir=tmp_path, contested=True)
+        if not tries:
+            rivals.append(asyncio.ensure_future(rival(ref)))
+        tries.append(ref)
+        return ref
+
+    rivals: list[asyncio.Future[None]] = []
+    ref = await asyncio.wait_for(claim_pooled(["referee-1"], make, say), 30)
+    try:
+        await asyncio.wait_for(rivals[0], 10)
+        assert len(tries) == 2 and ref is tries[1], said
+        assert said[0] == "referee identity 'referee-1' is in use; trying a free name of the pool"
+        assert said[1] == "no name of the pool was free; trying referee-1 again", said
+        assert ref.group is not None and ref.bus is not None and ref.bus.connected.is_set()
+    finally:
+        await ref.__aexit__(None, None, None)
+    # With one pass the same race ends in the error the replica would exit with.
+    tries.clear()
+    lost.clear()
+    with pytest.raises(IdentityInUse, match="every referee identity of the pool"):
+        await asyncio.wait_for(claim_pooled(["referee-1"], make, say, passes=1), 30)
+    await asyncio.wait_for(rivals[1], 10)
 
 
 async def test_an_agent_started_before_its_broker_waits_for_it(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ aiomqtt 2.x does not reconnect by itself, so ``Connection`` runs a supervisor
 task: connect; subscribe every filter again (``bus.subscriptions``); send what
 the outbox holds (``bus.publish``); run the ``on_connect`` hooks (an agent
 announces itself); read until the connection drops; run the ``on_disconnect``
-hooks (a referee voids what was in flight); wait with exponential backoff and
-jitter; again.
+hooks (a referee voids what was in flight) and let them finish, since one may
+close the bus; wait with exponential backoff and jitter; again.
 
 Sockets get TCP_NODELAY: without it a QoS 1 round trip costs 44-88 ms
 instead of about 0.5 ms. Sessions have an expiry interval, so QoS 1 messages
@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import aiomqtt
+from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -229,8 +230,14 @@ class Connection:
                 self.outbox.detach()
             if self.closing:
                 return
-            for hook in self.on_disconnect:
-                self._background(hook())
+            # The hooks decide before the next try whether there is one: a process
+            # thrown off its identity while starting closes its bus (``IdentityInUse``).
+            # Had it reconnected meanwhile, it would throw the new holder off in turn,
+            # and both would give the name up (seen on a loaded machine, where a hook
+            # took longer than the first backoff).
+            hooks = [self._background(hook()) for hook in self.on_disconnect]
+            if hooks:
+                await asyncio.wait(hooks, timeout=self.config.connect_timeout_s)
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 2.0)
 
@@ -275,14 +282,23 @@ class Connection:
         self.subscriptions.deliver(topic, payload)
         self.outbox.flush()
 
-    def _background(self, coro: Any) -> None:
+    def _background(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
 
 def _is_auth_failure(exc: aiomqtt.MqttCodeError) -> bool:
-    """Whether a refused CONNECT means bad credentials (MQTT 3.1.1: 4, 5; MQTT 5: 0x86, 0x87)."""
+    """Whether a refused CONNECT means bad credentials (MQTT 3.1.1: 4, 5; MQTT 5: 0x86, 0x87).
+
+    Only a CONNACK's code says so. Other errors carry paho's own codes, where 4
+    is "not connected": a subscribe cut short because another process took the
+    identity right after the login read as a refused password (and ended a
+    referee of a name pool that had only lost a race for a name).
+    """
+    if not isinstance(exc, MqttConnectError):
+        return False
     rc = exc.rc
     value = getattr(rc, "value", rc)
     return value in (4, 5, 0x86, 0x87)

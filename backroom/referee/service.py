@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import re
 import secrets
 import socket
@@ -92,6 +93,8 @@ GROUP_NAME = re.compile(r"^referees-[0-9a-f]{32}$")
 #: process reconnects within about 0.1 s of losing its connection (the bus's first
 #: backoff), so a second leaves room for a busy one.
 IDENTITY_WINDOW_S = 1.0
+#: Passes over a referee name pool before ``claim_pooled`` gives up.
+CLAIM_PASSES = 3
 #: Seconds after a reconnect during which seats of agents whose status says offline
 #: still wait for them (instead of getting the default at once, past their grace): a
 #: broker that went away sent everyone's will, and agents come back on their own
@@ -176,6 +179,7 @@ class Referee:
         #: Referees whose status says online (``claim_pooled`` skips their names).
         self.referees_online: set[str] = set()
         self._probed = asyncio.Event()
+        self._proposed: str | None = None  # the group this referee proposed, if it did
         self._moving: asyncio.Task[None] | None = None  # to a smaller group (``_converge``)
         self.bus: Bus | None = None
         self.idle = asyncio.Event()
@@ -332,12 +336,24 @@ class Referee:
         assert self.bus is not None
         await self._probe(name)
         if not self.groups:
-            mine = f"referees-{secrets.token_hex(16)}"
+            mine = self._proposed = f"referees-{secrets.token_hex(16)}"
             await self.bus.publish(topics.referee_group(name), mine.encode(), retain=True)
             await asyncio.sleep(GROUP_SETTLE_S)
             await self._probe(name)  # every proposal the broker had by now has arrived
             self.groups.setdefault(name, mine)
         return min(self.groups.values())
+
+    def name_announced(self) -> bool:
+        """Whether a referee started under this one's name announced its group.
+
+        A referee says which group it reads in only once started, so a record
+        under the name that is not this one's own proposal (``_join_group``)
+        means the name had a holder, not only a rival still starting. Its
+        status cannot tell: the holder's will says offline each time this
+        referee's login throws it off.
+        """
+        record = self.groups.get(self.config.username or "referee")
+        return record is not None and record != self._proposed
 
     def _converge(self) -> None:
         """Move to the smallest group any referee reads in, if it is not this one's.
@@ -728,7 +744,10 @@ class Referee:
 
 
 async def claim_pooled(
-    names: list[str], make: Callable[[str], Referee], say: Callable[[str], None]
+    names: list[str],
+    make: Callable[[str], Referee],
+    say: Callable[[str], None],
+    passes: int = CLAIM_PASSES,
 ) -> Referee:
     """The first referee of ``names`` whose identity no other process holds, started.
 
@@ -738,27 +757,47 @@ async def claim_pooled(
     throws that one off (once or twice: the bus's clean-start pre-login and its
     login; it reconnects at once and keeps its name, voiding the matches it had
     in flight); that try also reads every referee's status, so later tries skip
-    the names online and a claim throws off at most one referee. Replicas
-    racing for one name settle it within the identity window, since every try
-    waits it (``contested``). Raises ``IdentityInUse`` when every name is taken.
+    the names online and a pass throws off at most one referee.
+
+    Replicas racing for one name settle it within the identity window, since
+    every try waits it (``contested``): the later login keeps the name. A
+    replica that lost every name of a pass waits until the rivals that were
+    still starting have settled, and tries again the names it saw no started
+    referee under (``Referee.name_announced``), up to ``passes`` times: three
+    replicas started at once on a pool of three could leave one without a
+    name. Raises ``IdentityInUse`` when every name is taken.
     """
+    pool = list(names)
     online: set[str] = set()
-    for name in names:
-        if name in online:
-            continue
-        try:
-            ref = make(name)
-        except KeyError as exc:  # no credentials for this name of the pool
-            say(f"skipping {name!r}: {exc.args[0]}")
-            continue
-        try:
-            return await ref.__aenter__()
-        except IdentityInUse:
-            # It read every referee's retained status meanwhile: skip the names online,
-            # so the rest of the claim throws nobody else off.
-            online |= ref.referees_online
-            say(f"referee identity {name!r} is in use; trying a free name of the pool")
+    for n in range(passes):
+        if n:
+            say(f"no name of the pool was free; trying {', '.join(names)} again")
+            # Rivals in their identity window are online after it: wait it out, with
+            # jitter so that two replicas that lost the same name do not meet again.
+            await asyncio.sleep(IDENTITY_WINDOW_S * (1.0 + random.random()))
+        usable: list[str] = []
+        for name in names:
+            if name in online:
+                continue
+            try:
+                ref = make(name)
+            except KeyError as exc:  # no credentials for this name of the pool
+                say(f"skipping {name!r}: {exc.args[0]}")
+                continue
+            usable.append(name)
+            try:
+                return await ref.__aenter__()
+            except IdentityInUse:
+                # It read every referee's retained status meanwhile: skip the names
+                # online, so the rest of the pass throws nobody else off.
+                online |= ref.referees_online
+                if ref.name_announced():
+                    online.add(name)
+                say(f"referee identity {name!r} is in use; trying a free name of the pool")
+        names = [name for name in usable if name not in online]
+        if not names:
+            break
     raise IdentityInUse(
-        f"every referee identity of the pool ({names[0]} to {names[-1]}) is in use: "
-        "stop a referee, or make the pool larger (`--pool N`, and identities for the new names)"
+        f"every referee identity of the pool ({pool[0]} to {pool[-1]}) is in use: stop a "
+        "referee, or make the pool larger (`--pool N`, and identities for the new names)"
     )
