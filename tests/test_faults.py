@@ -367,6 +367,7 @@ async def test_a_pool_name_lost_to_a_rival_still_starting_is_tried_again(
     said: list[str] = []
     lost = asyncio.Event()
     tries: list[Referee] = []
+    rivals: list[asyncio.Future[None]] = []  # one per claim below
 
     def say(line: str) -> None:
         said.append(line)
@@ -387,7 +388,6 @@ async def test_a_pool_name_lost_to_a_rival_still_starting_is_tried_again(
         tries.append(ref)
         return ref
 
-    rivals: list[asyncio.Future[None]] = []
     ref = await asyncio.wait_for(claim_pooled(["referee-1"], make, say), 30)
     try:
         await asyncio.wait_for(rivals[0], 10)

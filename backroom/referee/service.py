@@ -768,7 +768,7 @@ async def claim_pooled(
     name. Raises ``IdentityInUse`` when every name is taken.
     """
     pool = list(names)
-    online: set[str] = set()
+    held: set[str] = set()  # names seen online or announced by a started referee
     for n in range(passes):
         if n:
             say(f"no name of the pool was free; trying {', '.join(names)} again")
@@ -777,7 +777,7 @@ async def claim_pooled(
             await asyncio.sleep(IDENTITY_WINDOW_S * (1.0 + random.random()))
         usable: list[str] = []
         for name in names:
-            if name in online:
+            if name in held:
                 continue
             try:
                 ref = make(name)
@@ -790,11 +790,11 @@ async def claim_pooled(
             except IdentityInUse:
                 # It read every referee's retained status meanwhile: skip the names
                 # online, so the rest of the pass throws nobody else off.
-                online |= ref.referees_online
+                held |= ref.referees_online
                 if ref.name_announced():
-                    online.add(name)
+                    held.add(name)
                 say(f"referee identity {name!r} is in use; trying a free name of the pool")
-        names = [name for name in usable if name not in online]
+        names = [name for name in usable if name not in held]
         if not names:
             break
     raise IdentityInUse(
