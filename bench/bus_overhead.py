@@ -27,6 +27,16 @@
    through the same broker (the echo answers each as it comes). Blocks of
    each alternate. Target: moves / round trips >= 0.5. (Printed between
    parts 2 and 3; ``--only rate`` runs it alone.)
+5. Referee scaling (``--only scaling --referees 1 2 4 8``): the same run
+   through ``backroom run``'s code with K referee processes sharing one
+   broker, 12 random agents in their own processes playing classic Kuhn
+   round robin (so no single agent process carries every match), the same
+   matches in flight for every K, and matches per K proportional to K.
+   Printed: matches per second, the ratio to one referee against the goal
+   0.7·K, and the CPU each kind of process spent per second of play (1.00
+   = one core busy): a broker near 1.00 is Mosquitto's single thread
+   bounding the run, a referee near 1.00 a referee bounding it. Not in the
+   default run (it wants many cores; on 2 it measures the machine).
 
 Run: ``python bench/bus_overhead.py`` (add ``--quick`` for a short run). The
 machine is shared and noisy: read the ratios, not the absolute numbers.
@@ -387,14 +397,26 @@ def _role(argv: list[bytes]) -> str:
     return "runner"
 
 
-def throughput(concurrency: int, matches: int, runs: Path) -> tuple[float, dict[str, float]]:
-    """Matches per second, and each process's CPU milliseconds per match from the first episode to the last."""
-    snaps: list[dict[int, tuple[str, float]]] = []
+def timed_run(config: RunConfig, runs: Path) -> tuple[float, float, list[tuple[str, float]]]:
+    """Matches per second, the wall seconds from the first episode to the last, and each
+    process's (role, CPU seconds) over that span."""
+    snaps: list[tuple[float, dict[int, tuple[str, float]]]] = []
 
     def on_episode(_record: object, n: int) -> None:
-        if n in (1, matches):
-            snaps.append(children_cpu())
+        if n in (1, config.matches):
+            snaps.append((time.perf_counter(), children_cpu()))
 
+    result = asyncio.run(run_local(config, runs_dir=runs, on_episode=on_episode))
+    assert all(e.reason == "normal" for e in result.episodes)
+    if len(snaps) != 2:
+        return result.matches_per_second, 0.0, []
+    (t0, first), (t1, last) = snaps
+    used = [(role, s - first[pid][1]) for pid, (role, s) in last.items() if pid in first]
+    return result.matches_per_second, t1 - t0, used
+
+
+def throughput(concurrency: int, matches: int, runs: Path) -> tuple[float, dict[str, float]]:
+    """Matches per second, and each process's CPU milliseconds per match from the first episode to the last."""
     config = RunConfig(
         run=f"bench-n{concurrency}",
         game="kuhn",
@@ -404,15 +426,49 @@ def throughput(concurrency: int, matches: int, runs: Path) -> tuple[float, dict[
         agents=[AgentEntry(id=f"t{i}", kind="random") for i in range(3)],
         turn_timeout_s=30,
     )
-    result = asyncio.run(run_local(config, runs_dir=runs, on_episode=on_episode))
-    assert all(e.reason == "normal" for e in result.episodes)
-    cpu: dict[str, float] = {}
-    if len(snaps) == 2:
-        first, last = snaps
-        for pid, (role, seconds) in last.items():
-            if pid in first:
-                cpu[role] = (seconds - first[pid][1]) / (matches - 1) * 1e3
-    return result.matches_per_second, cpu
+    rate, _, used = timed_run(config, runs)
+    return rate, {role: s / (matches - 1) * 1e3 for role, s in used}
+
+
+SCALING_AGENTS = 12
+
+
+def scaling_part(runs: Path, referees: list[int], quick: bool, in_flight: int) -> None:
+    """Matches per second with K referees against one, and what each kind of process used."""
+    per_referee = 300 if quick else 4000
+    rates: dict[int, float] = {}
+    print(
+        f"referee scaling: classic Kuhn, {SCALING_AGENTS} random agents round robin, "
+        f"{in_flight} matches in flight, {per_referee}·K matches, {os.cpu_count()} cores"
+    )
+    print(
+        f"  {'K':>2}  {'matches/s':>9}  {'vs K=1':>6}  {'goal':>5}   CPU per second of play "
+        "(1.00 = one core): broker, busiest referee, referees, agents, runner"
+    )
+    for k in referees:
+        config = RunConfig(
+            run=f"bench-k{k}",
+            game="kuhn",
+            matches=per_referee * k,
+            concurrency=in_flight,
+            agents=[AgentEntry(id=f"s{i}", kind="random") for i in range(SCALING_AGENTS)],
+            round_robin=True,
+            referees=k,
+            turn_timeout_s=30,
+        )
+        rates[k], wall, used = timed_run(config, runs)
+        load = {
+            kind: sum(s for r, s in used if r.startswith(kind)) / wall if wall else 0.0
+            for kind in ("broker", "referee", "agent", "runner")
+        }
+        busiest = max((s for r, s in used if r == "referee"), default=0.0) / wall if wall else 0.0
+        base = rates[min(rates)]
+        print(
+            f"  {k:>2}  {rates[k]:9.1f}  {rates[k] / base:5.2f}x  {0.7 * k:4.1f}x   "
+            f"{load['broker']:5.2f}  {busiest:5.2f}  {load['referee']:5.2f}  "
+            f"{load['agent']:5.2f}  {load['runner']:5.2f}",
+            flush=True,
+        )
 
 
 def in_process_loop(matches: int) -> float:
@@ -435,7 +491,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--in-process", action="store_true", help="agents on the referee's event loop")
     ap.add_argument(
-        "--only", choices=["latency", "rate", "throughput"], help="run one part of the benchmark"
+        "--only",
+        choices=["latency", "rate", "throughput", "scaling"],
+        help="run one part of the benchmark (scaling runs only when named)",
+    )
+    ap.add_argument(
+        "--referees",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8],
+        metavar="K",
+        help="referee counts of the scaling part",
+    )
+    ap.add_argument(
+        "--in-flight", type=int, default=400, help="matches in flight in the scaling part"
     )
     ap.add_argument("--echo", nargs=2, metavar=("PORT", "NAME"), help=argparse.SUPPRESS)
     ap.add_argument("--echo-concurrent", action="store_true", help=argparse.SUPPRESS)
@@ -456,6 +525,8 @@ def main() -> None:
             rate_part(runs, args.in_process, blocks=3 if args.quick else 5)
         if args.only in (None, "throughput"):
             throughput_part(runs, args.quick)
+        if args.only == "scaling":
+            scaling_part(runs, sorted(args.referees), args.quick, args.in_flight)
 
 
 def latency_part(

@@ -12,6 +12,17 @@ always-B with B). Prints a table with the numbers and the wall time.
 
 Scaled-down overrides are written into copies of the example configs under
 ``--out``; what was scaled is printed and goes into ``summary.json``.
+
+On a GPU (``--device cuda``), as many steps as fit in a time budget, both
+algorithms at once:
+
+    python bench/ipd_training.py --device cuda --parallel --minutes 4 --steps 1000 \
+        --rounds 10 --batch 128 --lr 2e-5 --eval-every 5
+
+``--minutes`` stops each run that long after it started (SIGINT to its
+process group, SIGKILL 30 s later); the steps it finished are in its
+``train_log.csv`` and count as the run's result, and the summary says that
+it was stopped and after how many steps.
 """
 
 from __future__ import annotations
@@ -19,9 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +65,44 @@ def scaled(path: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "matches": args.eval_matches,
     }
     config["run"] = f"{config['run']}{args.tag}-s{seed}"
+    if args.device:
+        config["model"] = {**config.get("model", {}), "device": args.device}
+    if args.concurrency:
+        config["concurrency"] = args.concurrency
     return dict(config)
 
 
-def train(config: dict[str, Any], out: Path) -> float:
+@dataclass
+class Training:
+    """One ``backroom train`` process of the bench, in its own process group."""
+
+    run: str
+    proc: subprocess.Popen[bytes]
+    started: float
+    stopped: bool = False  # ended by --minutes, not by finishing its steps
+
+    def finish(self, deadline: float | None) -> float:
+        """Wait for the run (stopping it at ``deadline``); its wall seconds. Raises if it failed."""
+        try:
+            self.proc.wait(timeout=None if deadline is None else max(0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            self.stopped = True
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.proc.returncode != 0 and not self.stopped:
+            raise RuntimeError(f"{self.run}: backroom train exited {self.proc.returncode}")
+        return time.time() - self.started
+
+
+def start(config: dict[str, Any], out: Path) -> Training:
     cfg = out / f"{config['run']}.yaml"
     cfg.write_text(yaml.safe_dump(config))
-    t0 = time.perf_counter()
     with (out / f"{config['run']}.log").open("wb") as log:
-        subprocess.run(
+        proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -70,18 +112,23 @@ def train(config: dict[str, Any], out: Path) -> float:
                 "--run-dir",
                 str(out / config["run"]),
             ],
-            check=True,
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            start_new_session=True,  # --minutes stops it with its broker, referee and agents
         )
-    return time.perf_counter() - t0
+    return Training(config["run"], proc, time.time())
 
 
 def curves(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from backroom.analysis.training import read_training
 
     return read_training(run_dir)
+
+
+def median(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = sorted(r[key] for r in rows if isinstance(r.get(key), float | int))
+    return round(values[len(values) // 2], 2) if values else None
 
 
 def plot(results: dict[str, dict[int, Path]], out: Path) -> list[str]:
@@ -161,6 +208,12 @@ def main() -> None:
         help="more overrides of the preset, e.g. beta=2.0 (values as YAML)",
     )
     p.add_argument("--tag", default="", help="appended to the run names, e.g. -beta2")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="the model's device (default: auto)")
+    p.add_argument("--concurrency", type=int, help="matches in flight (default: the example's)")
+    p.add_argument("--parallel", action="store_true", help="every run at once (a GPU has room)")
+    p.add_argument(
+        "--minutes", type=float, help="stop each run after this long and keep its finished steps"
+    )
     p.add_argument(
         "--compare",
         nargs="+",
@@ -179,34 +232,57 @@ def main() -> None:
     )
     results: dict[str, dict[int, Path]] = {a: {} for a in args.algorithms}
     summary: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": []}
-    for seed in args.seeds:
-        for algorithm in args.algorithms:
-            config = scaled(EXAMPLES[algorithm], args, seed)
-            seconds = train(config, args.out)
-            run_dir = args.out / config["run"]
+    jobs = [(seed, algorithm) for seed in args.seeds for algorithm in args.algorithms]
+    running: dict[tuple[int, str], Training] = {}
+
+    def report(seed: int, algorithm: str, training: Training, seconds: float) -> None:
+        run_dir = args.out / training.run
+        rows, evals = curves(run_dir)
+        if rows:
             results[algorithm][seed] = run_dir
-            rows, evals = curves(run_dir)
-            final = evals[-1]["against"] if evals else {}
-            entry = {
-                "algorithm": algorithm,
-                "seed": seed,
-                "seconds": round(seconds, 1),
-                "cooperation_first": rows[0]["cooperation_rate"],
-                "cooperation_last": rows[-1]["cooperation_rate"],
-                "eval": {opp: round(v["learner"], 3) for opp, v in final.items()},
-                "eval_cooperation": {opp: v.get("cooperation_rate") for opp, v in final.items()},
-            }
-            summary["runs"].append(entry)
-            print(json.dumps(entry), flush=True)
+        final = evals[-1]["against"] if evals else {}
+        entry = {
+            "algorithm": algorithm,
+            "seed": seed,
+            "seconds": round(seconds, 1),
+            "steps": len(rows),
+            "stopped_by_budget": training.stopped,
+            "seconds_per_step": round(seconds / len(rows), 2) if rows else None,
+            "update_seconds_median": median(rows, "step_seconds"),
+            "rollout_seconds_median": median(rows, "rollout_seconds"),
+            "cooperation_first": rows[0]["cooperation_rate"] if rows else None,
+            "cooperation_last": rows[-1]["cooperation_rate"] if rows else None,
+            "cooperation": [round(r["cooperation_rate"], 3) for r in rows],
+            "eval_step": evals[-1]["step"] if evals else None,
+            "eval": {opp: round(v["learner"], 3) for opp, v in final.items()},
+            "eval_cooperation": {opp: v.get("cooperation_rate") for opp, v in final.items()},
+        }
+        summary["runs"].append(entry)
+        print(json.dumps(entry), flush=True)
+
+    for seed, algorithm in jobs:
+        training = start(scaled(EXAMPLES[algorithm], args, seed), args.out)
+        deadline = training.started + args.minutes * 60 if args.minutes else None
+        if args.parallel:
+            running[(seed, algorithm)] = training
+        else:
+            report(seed, algorithm, training, training.finish(deadline))
+    for (seed, algorithm), training in running.items():
+        deadline = training.started + args.minutes * 60 if args.minutes else None
+        report(seed, algorithm, training, training.finish(deadline))
     summary["plots"] = plot(results, args.out)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(
         f"{'algorithm':9} {'seed':>4} {'coop first':>10} {'coop last':>9} {'minutes':>7}  eval (learner's return)"
     )
     for e in summary["runs"]:
+        if not e["steps"]:
+            print(f"{e['algorithm']:9} {e['seed']:>4}  no step finished in {e['seconds']:.0f} s")
+            continue
         print(
             f"{e['algorithm']:9} {e['seed']:>4} {e['cooperation_first']:>10.2f} {e['cooperation_last']:>9.2f} "
-            f"{e['seconds'] / 60:>7.1f}  {e['eval']}"
+            f"{e['seconds'] / 60:>7.1f}  {e['eval']} (step {e['eval_step']}; {e['steps']} steps"
+            f"{', stopped by --minutes' if e['stopped_by_budget'] else ''})"
         )
     print("plots:", *summary["plots"], sep="\n  ")
 

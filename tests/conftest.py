@@ -257,9 +257,23 @@ def make_tiny_qwen(folder: Path) -> Path:
     return save_random_qwen(folder, shared_backend().tokenizer, "tiny")
 
 
+#: Where the trainer's end-to-end tests put the model, and its size: CPU and the tiny Qwen2
+#: here and in CI; bench/device_evidence.sh runs the same tests on a GPU with
+#: BACKROOM_TEST_DEVICE=cuda (bf16) and BACKROOM_TEST_QWEN=tiny or 0.5b.
+TEST_DEVICE = os.environ.get("BACKROOM_TEST_DEVICE", "cpu")
+TEST_QWEN = os.environ.get("BACKROOM_TEST_QWEN", "tiny")
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen") / "model")
+    if TEST_QWEN == "tiny":
+        return make_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen") / "model")
+    import torch
+
+    from backroom.agents.model.loading import save_random_qwen
+
+    folder = tmp_path_factory.mktemp(f"qwen-{TEST_QWEN}") / "model"
+    return save_random_qwen(folder, shared_backend().tokenizer, TEST_QWEN, torch.bfloat16)
 
 
 async def eventually(

@@ -26,7 +26,7 @@ from backroom.trainer.config import TrainConfig, parse_train_config
 from backroom.trainer.loop import train
 from backroom.trainer.store import Store
 
-from .conftest import agents, eventually, identity, stack
+from .conftest import TEST_DEVICE, agents, eventually, identity, stack
 
 
 def test_training_examples_load_with_the_papers_settings() -> None:
@@ -77,7 +77,7 @@ def tiny_config(model: Path, **overrides: Any) -> TrainConfig:
         "hyper": {"lr": 1e-2, "batch_size": 4, "group_size": 2, "rho": 0.5},
         "steps": 2,
         "policy": "pol",
-        "model": {"path": str(model), "device": "cpu"},
+        "model": {"path": str(model), "device": TEST_DEVICE},
         "lora": {"rank": 4, "alpha": 8},
         "players": ["p0", "p1"],
         "evaluation": {
@@ -98,7 +98,7 @@ async def test_training_steps_end_to_end(
     # adapters travel over the trainer's HTTP server, as to agents on other machines
     config = tiny_config(tiny_qwen_model, serve_adapters="127.0.0.1:0")
     learners = [
-        LocalAgent(p, model=str(tiny_qwen_model), device="cpu", policy="pol", seed=i)
+        LocalAgent(p, model=str(tiny_qwen_model), device=TEST_DEVICE, policy="pol", seed=i)
         for i, p in enumerate(config.players)
     ]
     players: list[Agent] = [*learners, *agents(("tft", "tit-for-tat"))]
@@ -189,7 +189,7 @@ async def test_trainer_killed_mid_run_resumes_without_loss_or_double_count(
     cfg_path = tmp_path / "train.yaml"
     cfg_path.write_text(yaml.safe_dump(config.model_dump(exclude={"hp"}, mode="json")))
     learners: list[Agent] = [
-        LocalAgent(p, model=str(tiny_qwen_model), device="cpu", policy="pol", seed=i)
+        LocalAgent(p, model=str(tiny_qwen_model), device=TEST_DEVICE, policy="pol", seed=i)
         for i, p in enumerate(config.players)
     ]
     identity(broker, "trainer-t", "trainer")
