@@ -23,6 +23,7 @@ from backroom.bus.wire import (
     Turn,
 )
 from backroom.referee.episodes import read_episodes
+from backroom.referee.service import Referee
 
 from .conftest import (
     COLLUDE,
@@ -163,6 +164,71 @@ async def test_bad_input_gets_errors_and_the_match_goes_on(broker: Broker, tmp_p
             # after the end, an action is late
             err = await error_for(Action(match="mine", turn=turn.turn, action="call"))
             assert err.reason == "late"
+
+
+def _sample(name: str, labels: dict[str, str] | None = None) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+async def test_with_two_referees_each_leaves_the_others_moves_unanswered(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Every referee reads every outbox: a move in the other referee's match is no invalid input.
+
+    Before, each of K referees answered every move of the others' matches with
+    ``unknown_match`` (K-1 errors per move, counted as invalid inputs), which on
+    16 cores also held 8 referees to 2.1x one.
+    """
+    unknown = ("backroom_invalid_inputs_total", {"reason": "unknown_match"})
+    unknown_before = _sample(*unknown)
+    foreign_before = _sample("backroom_referee_foreign_inputs_total")
+    players = [make_agent("always", "a", action="call"), make_agent("always", "b", action="call")]
+    async with (
+        stack(broker, tmp_path / "runs", players) as (first, _),
+        Referee(identity(broker, "referee-2", "referee"), runs_dir=tmp_path / "runs") as second,
+        Runner(broker) as run,
+        RawAgent(identity(broker, "mallory")) as mal,
+    ):
+        await eventually(lambda: first.has_peers() and second.has_peers(), 10)
+        stop = asyncio.Event()
+        driver = asyncio.create_task(play_raw(mal, "call", stop))
+        ids = [f"m{i}" for i in range(8)]
+        for i, m in enumerate(ids):
+            await run.submit(m, loki_spec(["mallory", "a", "b"], seed=i, channels=[]))
+        episodes = await run.wait(ids)
+        stop.set()
+        await driver
+        # the broker split the matches (a shared subscription): both referees ran some
+        ran = {m: r for r in (first, second) for m in ids if m in r.finished_ids}
+        assert set(ran) == set(ids) and {first, second} == set(ran.values()), ran
+        assert all(ep.reason == "normal" and ep.invalid_inputs == 0 for ep in episodes)
+        # a move for a match that no referee runs goes unanswered too, with peers online
+        await mal.send(Action(match="nosuch", turn=0, action="call"))
+        await mal.barrier(first)
+        await mal.barrier(second)
+    assert mal.of(Error) == []
+    assert _sample(*unknown) == unknown_before
+    assert _sample("backroom_referee_foreign_inputs_total") > foreign_before
+
+
+async def test_a_referee_alone_still_answers_a_move_for_no_match(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """An agent that says ``kind: referee`` in its own status is no peer: no group record."""
+    async with (
+        stack(broker, tmp_path / "runs", []) as (ref, _),
+        RawAgent(identity(broker, "mallory")) as mal,
+    ):
+        await mal.published(
+            topics.status("mallory"), Status(state="online", kind="referee"), retain=True
+        )
+        await eventually(lambda: "mallory" in ref.referees_online, 10)
+        assert not ref.has_peers()
+        await mal.send(Action(match="nosuch", turn=0, action="call"))
+        err = await mal.next_of(Error)
+        assert isinstance(err, Error) and err.reason == "unknown_match"
 
 
 @pytest.mark.parametrize(

@@ -506,12 +506,20 @@ class Referee:
     def _from_agent(self, agent: str, msg: Any) -> None:
         if isinstance(msg, WireError):
             return self.reject(agent, msg.reason, msg.detail)
+        move = isinstance(msg, Action | Chat)
+        match = self.matches.get(msg.match or "") if move else None
+        if move and match is None and msg.match not in self.finished_ids and self.has_peers():
+            # Every referee reads every agent's outbox (DESIGN.md's topics), so with other
+            # referees online a move for a match not run here is, as a rule, another
+            # referee's: answering it would send the agent K-1 errors for each of its
+            # moves and count them as invalid inputs. Not answered; counted apart.
+            metrics.FOREIGN_INPUTS.inc()
+            return
         self._counter("in", msg.type).inc()
         if not isinstance(msg, Action | Chat):
             return self.reject(
                 agent, "unexpected_type", f"agents send action or chat, not {msg.type!r}"
             )
-        match = self.matches.get(msg.match or "")
         if match is None:
             if msg.match in self.finished_ids:
                 return self.reject(
@@ -525,6 +533,17 @@ class Referee:
                 msg.seq,
             )
         match.on_message(agent, msg)
+
+    def has_peers(self) -> bool:
+        """Whether another referee is online (then it may run a match unknown here).
+
+        A peer is a name with a group record, which only the referee role may
+        write (an agent can say ``kind: referee`` in its own status, not this),
+        whose status says online (its will clears that when it dies; the
+        retained group record outlives it).
+        """
+        me = self.config.username or "referee"
+        return any(r != me and r in self.groups for r in self.referees_online)
 
     def _on_status(self, topic: str, payload: bytes) -> None:
         agent = topics.agent_of(topic)
