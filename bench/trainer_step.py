@@ -435,14 +435,20 @@ def trl_step(trainer: Any, optimizer: Any, batches: Sequence[dict[str, Any]]) ->
     optimizer.zero_grad(set_to_none=True)
 
 
-def run_case(case: ModelCase, device_name: str, do_profile: bool, with_trl: bool) -> Result:
+def run_case(
+    case: ModelCase, device_name: str, do_profile: bool, with_trl: bool, micro: int | None = None
+) -> Result:
     t0 = time.perf_counter()
     dtype = "bfloat16" if device_name == "cuda" else None
     backend = Backend(case.path, device=device_name, dtype=dtype).load()
     traces = asyncio.run(build_traces(backend, case.batch))
     samples = samples_of(traces)
     learner = Learner(
-        case.path, device=device_name, dtype=dtype, lora=LoraSettings(), step=StepSettings()
+        case.path,
+        device=device_name,
+        dtype=dtype,
+        lora=LoraSettings(),
+        step=StepSettings(micro_batch_tokens=micro),
     )
     batches = pack_all(learner, samples)
     tokens = sum(b.tokens for b in batches)
@@ -453,7 +459,7 @@ def run_case(case: ModelCase, device_name: str, do_profile: bool, with_trl: bool
         f"{len(samples)} decisions = {len(samples) - len(text)} scored (2 candidates of 4 tokens) + "
         f"{len(text)} text ({statistics.mean(text) if text else 0:.1f} tokens on average, at most "
         f"{TEXT_TOKENS}); prompts {min(plens)}-{max(plens)} tokens; {len(batches)} micro-batches "
-        f"(<= {learner.settings.micro_batch_tokens} packed tokens each), shared prefixes "
+        f"(<= {learner.micro_batch_tokens} packed tokens each), shared prefixes "
         f"{sorted({0 if b.prefix is None else b.prefix.shape[1] for b in batches})} tokens; "
         f"{tokens} tokens ({run} positions with padding); LoRA r={learner.lora.rank} "
         f"{learner.lora.target_modules}; set up in {time.perf_counter() - t0:.0f} s"
@@ -564,6 +570,12 @@ def main() -> None:
         help="torch threads (default 1: two threads on a shared 2-core machine stall on each other)",
     )
     ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=None,
+        help="packed tokens per forward pass (default: the learner's for the device, 1024 CPU / 8192 GPU)",
+    )
+    ap.add_argument(
         "--trl",
         action="store_true",
         help="add TRL's GRPOTrainer loss step on the same model and decisions",
@@ -601,7 +613,9 @@ def main() -> None:
                 "run with --device cuda" if torch.cuda.is_available() else "no GPU on this machine"
             )
             print(f"CUDA row (bf16, Qwen2.5-0.5B-size random model) skipped: {why}")
-        results = [run_case(c, args.device, args.profile, args.trl) for c in cases]
+        results = [
+            run_case(c, args.device, args.profile, args.trl, args.micro_batch_tokens) for c in cases
+        ]
     print()
     report(results)
 

@@ -17,7 +17,14 @@ import torch
 
 from backroom.agents.backend import Backend
 from backroom.bus.wire import Trace
-from backroom.trainer.learner import Learner, LoraSettings, Sample, StepSettings, sample_of
+from backroom.trainer.learner import (
+    MICRO_BATCH_TOKENS,
+    Learner,
+    LoraSettings,
+    Sample,
+    StepSettings,
+    sample_of,
+)
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +140,10 @@ def test_micro_batches_accumulate_to_the_same_step(tiny_qwen_model: Path) -> Non
     for name in a:
         if "lora_" in name:
             torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-4)
+    # unset, the size is the device's default (a GPU packs 8x more a pass; MICRO_BATCH_TOKENS)
+    default = Learner(str(tiny_qwen_model), device="cpu", lora=LoraSettings(rank=4, alpha=8))
+    assert default.micro_batch_tokens == MICRO_BATCH_TOKENS["cpu"] == 1024
+    assert [lr.micro_batch_tokens for lr in learners] == [10_000, 40]
 
 
 def test_positive_credit_makes_the_action_more_likely(tiny_qwen_model: Path) -> None:
