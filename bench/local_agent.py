@@ -157,10 +157,16 @@ async def main() -> None:
         metavar="N",
         help="requests whose log-probs are checked against plain forward passes (0: none)",
     )
+    ap.add_argument(
+        "--dtype",
+        default=None,
+        help="the model's dtype (default: bfloat16 on a GPU, float32 on a CPU), e.g. bfloat16 on a "
+        "CPU to tell bf16's rounding from a GPU kernel's in the log-prob check",
+    )
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    backend: Backend = await asyncio.to_thread(shared_backend)
+    backend: Backend = await asyncio.to_thread(shared_backend, dtype=args.dtype)
     print(f"model: {backend.name} on {backend.device} (loaded in {time.perf_counter() - t0:.1f} s)")
     agents = [
         LocalAgent(
@@ -168,6 +174,7 @@ async def main() -> None:
             seed=i,
             max_new_tokens=args.max_new_tokens,
             collusion="explicit" if i < 2 else "baseline",
+            dtype=args.dtype,
         )
         for i in range(3)
     ]
