@@ -776,6 +776,14 @@ def train_cmd(
     nproc: Annotated[
         int, typer.Option(help="data-parallel training processes on this machine (torchrun)")
     ] = 1,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="torch threads of each process it starts (default: the config's `threads`, "
+            "else the cores shared between the trainer ranks and the agent host)",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Train LoRA adapters from play (multi-agent GRPO, Advantage Alignment, or DPO on table talk)."""
@@ -789,6 +797,19 @@ def train_cmd(
         raise typer.Exit(2) from None
     target = run_dir or Path("runs") / config.run
     require_extra("backroom train", "train", ("torch", "transformers", "peft", "trl"))
+    from backroom.agents.model.loading import THREADS_ENV, torch_threads_for
+
+    if THREADS_ENV not in os.environ or threads or config.threads:
+        # Every torch process of the run computes at once: the trainer ranks and,
+        # when spawned, the agent host. Children inherit the variable.
+        share = torch_threads_for(nproc + (1 if spawn else 0))
+        os.environ[THREADS_ENV] = str(threads or config.threads or share)
+    if os.environ.get("RANK", "0") == "0":  # torchrun's ranks say it once
+        console.print(
+            f"torch threads: {os.environ[THREADS_ENV]} in each of {nproc} trainer process(es)"
+            + (" and the agent host" if spawn else "")
+            + f" ({os.cpu_count()} cores)"
+        )
     if config.algorithm == "dpo":
         from backroom.trainer.dpo import run_dpo
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from backroom.trainer.advantages import BASELINES
 from backroom.trainer.memory_one import STATES, Result, Settings, train
 
 
@@ -29,7 +30,9 @@ def smooth(xs: list[float], width: int) -> np.ndarray:
     return np.convolve(xs, np.ones(width) / width, mode="valid")
 
 
-def plot(runs: dict[str, dict[int, Result]], out: Path, width: int, tied: int) -> str:
+def plot(
+    runs: dict[str, dict[int, Result]], out: Path, width: int, tied: int, baseline: str
+) -> str:
     from backroom.analysis.plotting import figure, save
 
     fig = figure(8, 4)
@@ -49,11 +52,10 @@ def plot(runs: dict[str, dict[int, Result]], out: Path, width: int, tied: int) -
     ax.set_ylabel(f"share of A in rollouts ({width}-step mean)")
     ax.set_ylim(0, 1)
     policy = f"{tied} weights tied over the states" if tied else "memory-one IPD policy"
-    ax.set_title(f"{policy}, the trainer's credit (one line per seed)")
+    ax.set_title(f"{policy}, {baseline} baseline (one line per seed)")
     ax.legend(loc="best")
-    return save(
-        fig, out, "ipd_memory_one_tied_cooperation" if tied else "ipd_memory_one_cooperation"
-    )
+    name = "ipd_memory_one_tied_cooperation" if tied else "ipd_memory_one_cooperation"
+    return save(fig, out, name if baseline == "per_seat" else f"{name}_{baseline}")
 
 
 def main() -> None:
@@ -82,11 +84,18 @@ def main() -> None:
         "(Settings.tied_features)",
     )
     p.add_argument("--tied-spread", type=float, default=Settings.tied_spread)
+    p.add_argument(
+        "--baseline",
+        choices=list(BASELINES),
+        default=Settings.baseline,
+        help="per_seat (the paper's) or pooled_other_matches (trainer/advantages.py)",
+    )
     p.add_argument("--out", type=Path, default=None, help="folder for the plot")
     args = p.parse_args()
 
     runs: dict[str, dict[int, Result]] = {}
     states = " ".join(f"{s:>5s}" for s in STATES)
+    print(f"baseline: {args.baseline}")
     print(f"{'run':18s} seed  {states}   return vs A / B / TFT / self   verdict")
     base = Settings(
         steps=args.steps,
@@ -98,6 +107,7 @@ def main() -> None:
         entropy=args.entropy,
         tied_features=args.tied,
         tied_spread=args.tied_spread,
+        baseline=args.baseline,
     )
     t0 = time.perf_counter()
     for algorithm in args.algorithms:
@@ -127,7 +137,7 @@ def main() -> None:
             f"always-B in {always_b}/{n}"
         )
     if args.out:
-        print("plot:", plot(runs, args.out, max(1, args.steps // 30), args.tied))
+        print("plot:", plot(runs, args.out, max(1, args.steps // 30), args.tied, args.baseline))
 
 
 if __name__ == "__main__":

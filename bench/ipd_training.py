@@ -69,6 +69,8 @@ def scaled(path: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         config["model"] = {**config.get("model", {}), "device": args.device}
     if args.concurrency:
         config["concurrency"] = args.concurrency
+    if args.threads:
+        config["threads"] = args.threads
     return dict(config)
 
 
@@ -212,6 +214,12 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, help="matches in flight (default: the example's)")
     p.add_argument("--parallel", action="store_true", help="every run at once (a GPU has room)")
     p.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads of each process of a run (default: the cores shared by every "
+        "trainer and agent host computing at once)",
+    )
+    p.add_argument(
         "--minutes", type=float, help="stop each run after this long and keep its finished steps"
     )
     p.add_argument(
@@ -230,8 +238,21 @@ def main() -> None:
         f"scaled from the paper: rounds {args.rounds} (10), batch {args.batch} matches (128), lr {args.lr} "
         f"(3e-6), steps {args.steps}, SmolLM2-135M (2-12B models); seeds {args.seeds}"
     )
+    cores = os.cpu_count() or 1
+    runs_at_once = len(args.seeds) * len(args.algorithms) if args.parallel else 1
+    # each run has two torch processes (the trainer and its agent host), all computing at once
+    args.threads = args.threads or max(1, cores // (2 * runs_at_once))
+    print(
+        f"torch threads: {args.threads} in each run's trainer and agent host; {runs_at_once} "
+        f"run(s) at once on {cores} cores"
+    )
     results: dict[str, dict[int, Path]] = {a: {} for a in args.algorithms}
-    summary: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": []}
+    summary: dict[str, Any] = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "threads": args.threads,
+        "cores": cores,
+        "runs": [],
+    }
     jobs = [(seed, algorithm) for seed in args.seeds for algorithm in args.algorithms]
     running: dict[tuple[int, str], Training] = {}
 

@@ -291,3 +291,50 @@ def test_adapter_server_serves_adapter_files_only(tmp_path: Path, tiny_qwen_mode
             "/secret",
         ):
             assert httpx.get(base + path).status_code == 404, path
+
+
+def test_the_processes_of_backroom_train_share_the_cores(
+    tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    """torch's default (a thread per core in each process) oversubscribes: the trainer and its
+    agent host ask, together, for no more intra-op threads than the machine has cores."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    import yaml
+
+    data: dict[str, Any] = {
+        "run": "threads",
+        "game": "ipd",
+        "params": {"rounds": 2},
+        "algorithm": "grpo",
+        "preset": "ipd",
+        "hyper": {"lr": 1e-3, "batch_size": 2, "group_size": 1},
+        "steps": 1,
+        "policy": "pol",
+        "model": {"path": str(tiny_qwen_model), "device": "cpu"},
+        "lora": {"rank": 4, "alpha": 8},
+        "players": ["p0", "p1"],
+        "evaluation": {"every": 100, "matches": 1, "baselines": []},
+        "turn_timeout_s": 60,
+    }
+    cfg = tmp_path / "threads.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    env = {k: v for k, v in os.environ.items() if k != "BACKROOM_TORCH_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "backroom", "train", str(cfg), "--run-dir", str(tmp_path / "run")],
+        env={**env, "BACKROOM_LOG_LEVEL": "INFO", "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    pattern = re.compile(r"torch intra-op threads: (\d+)")
+    trainer = [int(n) for n in pattern.findall(done.stderr)]
+    host = [int(n) for n in pattern.findall((tmp_path / "run" / "logs" / "agents.log").read_text())]
+    assert trainer and host, (done.stderr[-2000:], host)
+    cores = os.cpu_count() or 1
+    assert max(trainer) + max(host) <= max(cores, 2), (trainer, host, cores)
+    assert f"torch threads: {max(1, cores // 2)} in each of 1 trainer process" in done.stdout

@@ -8,6 +8,7 @@ import pytest
 from backroom.bus.wire import EpisodeRecord, MatchSpec
 from backroom.trainer.advantages import (
     Hyper,
+    Trajectory,
     advantage_alignment,
     assign_credit,
     discounted_returns,
@@ -27,33 +28,90 @@ def test_discounted_returns_discount_and_normalisation() -> None:
     assert discounted_returns([1, 2, 3], gamma=1.0).tolist() == [6, 5, 3]
 
 
+def _who(*rows: tuple[object, object, int] | tuple[object, object, int, bool]) -> list[Trajectory]:
+    """Trajectories from (group, match, seat[, trained]) rows."""
+    return [Trajectory(*row) for row in rows]  # type: ignore[arg-type]
+
+
 def test_loo_with_group_size_8() -> None:
-    g = np.arange(8.0)[:, None]  # one round, returns 0..7, one group of k = 8
-    adv = loo_advantages(g, ["g"] * 8)
+    # one CRN group of k = 8 matches, seat 0 only, one round: returns 0..7
+    g = np.arange(8.0)[:, None]
+    adv = loo_advantages(g, _who(*(("g", m, 0) for m in range(8))))
     # A_i = i - (28 - i) / 7
     np.testing.assert_allclose(adv[:, 0], [(8 * i - 28) / 7 for i in range(8)])
     assert adv[0, 0] == pytest.approx(-4) and adv[7, 0] == pytest.approx(4)
 
 
 def test_loo_within_groups_only() -> None:
-    adv = loo_advantages(np.array([[1.0], [3.0], [10.0], [20.0]]), ["a", "a", "b", "b"])
+    who = _who(("a", "m1", 0), ("a", "m2", 0), ("b", "m3", 0), ("b", "m4", 0))
+    adv = loo_advantages(np.array([[1.0], [3.0], [10.0], [20.0]]), who)
     assert adv[:, 0].tolist() == [-2, 2, -10, 10]
 
 
-def test_loo_with_group_size_1_uses_the_whole_batch() -> None:
-    g = np.array([[1.0, 0.0], [2.0, 0.0], [6.0, 3.0]])
-    adv = loo_advantages(g, ["a", "b", "c"])
-    # trajectory 0: baseline ((2 + 6) / 2, (0 + 3) / 2) = (4, 1.5)
+def test_group_size_1_compares_with_the_other_matches_of_the_batch_in_the_same_seat() -> None:
+    # three matches, each its own CRN group (k = 1), two seats, two rounds
+    g = np.array(
+        [
+            [1.0, 0.0],  # m1 seat 0
+            [9.0, 9.0],  # m1 seat 1: never in m1 seat 0's baseline
+            [2.0, 0.0],  # m2 seat 0
+            [7.0, 1.0],  # m2 seat 1
+            [6.0, 3.0],  # m3 seat 0
+            [5.0, 5.0],  # m3 seat 1
+        ]
+    )
+    who = _who(*((m, m, seat) for m in ("m1", "m2", "m3") for seat in (0, 1)))
+    adv = loo_advantages(g, who, "per_seat")
+    # m1 seat 0: baseline seat 0 of m2, m3 = ((2 + 6) / 2, (0 + 3) / 2) = (4, 1.5)
     np.testing.assert_allclose(adv[0], [-3, -1.5])
-    # trajectory 2: baseline ((1 + 2) / 2, 0) = (1.5, 0)
-    np.testing.assert_allclose(adv[2], [4.5, 3])
+    # m1 seat 1: baseline seat 1 of m2, m3 = (6, 3)
+    np.testing.assert_allclose(adv[1], [3, 6])
+    # m3 seat 0: baseline (1.5, 0)
+    np.testing.assert_allclose(adv[4], [4.5, 3])
+    # pooled_other_matches: both seats of the other matches, never the own match
+    pooled = loo_advantages(g, who, "pooled_other_matches")
+    # m1 seat 0: (2 + 7 + 6 + 5) / 4 = 5, (0 + 1 + 3 + 5) / 4 = 2.25
+    np.testing.assert_allclose(pooled[0], [1 - 5, 0 - 2.25])
+    # m1 seat 1: the same pool as its partner
+    np.testing.assert_allclose(pooled[1], [9 - 5, 9 - 2.25])
     # alone in the whole batch: no baseline
-    assert loo_advantages(np.array([[5.0, 1.0]]), ["x"]).tolist() == [[5, 1]]
+    assert loo_advantages(np.array([[5.0, 1.0]]), _who(("x", "x", 0))).tolist() == [[5, 1]]
 
 
-def test_loo_rejects_mismatched_shapes() -> None:
-    with pytest.raises(ValueError, match="one group each"):
-        loo_advantages(np.zeros((3, 2)), ["a", "b"])
+def test_an_asymmetric_group_of_k_matches_compares_seats_with_themselves() -> None:
+    # a CRN group of k = 3 in a game where seat 1 earns ten times more (one round)
+    g = np.array([[1.0], [10.0], [2.0], [20.0], [3.0], [30.0]])
+    who = _who(*(("g", m, seat) for m in ("m1", "m2", "m3") for seat in (0, 1)))
+    adv = loo_advantages(g, who, "per_seat")
+    # seat 0: 1 - 2.5, 2 - 2, 3 - 1.5; seat 1: 10 - 25, 20 - 20, 30 - 15
+    np.testing.assert_allclose(adv[:, 0], [-1.5, -15, 0, 0, 1.5, 15])
+    # pooled mixes the scales: m1 seat 0 against (2 + 20 + 3 + 30) / 4 = 13.75
+    pooled = loo_advantages(g, who, "pooled_other_matches")
+    assert pooled[0, 0] == pytest.approx(1 - 13.75)
+
+
+def test_a_frozen_seat_is_never_in_a_trained_seats_baseline() -> None:
+    # k = 1; m2's seat 1 is a frozen buffer adapter with a huge return
+    g = np.array([[1.0], [1.0], [2.0], [100.0], [3.0], [3.0]])
+    who = _who(
+        ("m1", "m1", 0), ("m1", "m1", 1), ("m2", "m2", 0),
+        ("m2", "m2", 1, False), ("m3", "m3", 0), ("m3", "m3", 1),
+    )  # fmt: skip
+    for baseline in ("per_seat", "pooled_other_matches"):
+        adv = loo_advantages(g, who, baseline)  # type: ignore[arg-type]
+        # m1 seat 1 (trained): per seat, only m3 seat 1 = 3; pooled, m2 seat 0, m3 seats = 8 / 3
+        expected = 1 - 3 if baseline == "per_seat" else 1 - 8 / 3
+        assert adv[1, 0] == pytest.approx(expected), baseline
+    # the frozen seat's own advantage (Advantage Alignment's A^2) compares it with frozen
+    # seats only: there is none other, so A = G
+    assert loo_advantages(g, who)[3, 0] == 100
+
+
+def test_loo_rejects_mismatched_shapes_and_unknown_baselines() -> None:
+    with pytest.raises(ValueError, match="one Trajectory each"):
+        loo_advantages(np.zeros((3, 2)), _who(("a", "a", 0), ("b", "b", 0)))
+    with pytest.raises(ValueError, match="baseline must be one of"):
+        loo_advantages(np.zeros((1, 2)), _who(("a", "a", 0)), "pooled")  # type: ignore[arg-type]
 
 
 def test_sum_of_rewards() -> None:
@@ -105,22 +163,46 @@ def _joined(
 
 
 def test_assign_credit_by_hand() -> None:
-    # round_rewards[round][seat]; gamma 1, c 1
-    eps = [_joined("m1", "g1", [[3, 3], [0, 5]]), _joined("m2", "g2", [[1, 1], [1, 1]])]
+    # round_rewards[round][seat]; gamma 1, c 1; k = 1 (each match its own group)
+    eps = [
+        _joined("m1", "g1", [[3, 3], [0, 5]]),
+        _joined("m2", "g2", [[1, 1], [1, 1]]),
+        _joined("m3", "g3", [[5, 0], [1, 1]]),
+    ]
     hp = Hyper(discount=1.0, reward_norm=1.0, beta=1.0, aa_gamma=0.5)
-    # G: (m1,0) [3,0]  (m1,1) [8,5]  (m2,0) [2,1]  (m2,1) [2,1]; batch totals [15, 7], k = 1
+    # G: (m1,0) [3,0] (m1,1) [8,5]; (m2,0) [2,1] (m2,1) [2,1]; (m3,0) [6,1] (m3,1) [1,1]
+    # per seat: seat 0 of the other matches; seat 1 likewise
     grpo = assign_credit(eps, "grpo", hp)
-    np.testing.assert_allclose(grpo[("m1", 0)], [3 - 12 / 3, 0 - 7 / 3])
-    np.testing.assert_allclose(grpo[("m1", 1)], [8 - 7 / 3, 5 - 2 / 3])
-    np.testing.assert_allclose(grpo[("m2", 0)], [2 - 13 / 3, 1 - 6 / 3])
-    # Advantage Alignment for (m1, 0): own [-1, -7/3], opponent [17/3, 13/3]
-    # t=1: -7/3 + 1 * 0.5 * (0.5 * -1) * 13/3 = -41/12
+    np.testing.assert_allclose(grpo[("m1", 0)], [3 - 4, 0 - 1])  # vs m2, m3 seat 0: [4, 1]
+    np.testing.assert_allclose(grpo[("m1", 1)], [8 - 1.5, 5 - 1])  # vs m2, m3 seat 1: [1.5, 1]
+    np.testing.assert_allclose(grpo[("m2", 0)], [2 - 4.5, 1 - 0.5])  # vs m1, m3 seat 0
+    # Advantage Alignment for (m1, 0): own [-1, -1], opponent (m1, 1) [6.5, 4]
+    # t=1: -1 + 1 * 0.5 * (0.5 * -1) * 4 = -2
     aa = assign_credit(eps, "adalign", hp)
-    np.testing.assert_allclose(aa[("m1", 0)], [-1, -41 / 12])
-    # sum of rewards: both seats of m1 get [3+3, 0+5] -> G [11, 5]; of m2 [2, 2] -> G [4, 2]
-    # totals [11+11+4+4, 5+5+2+2] = [30, 14]; (m1,0): [11 - 19/3, 5 - 9/3]
+    np.testing.assert_allclose(aa[("m1", 0)], [-1, -2])
+    # sum of rewards: both seats of m1 get [6, 5] -> G [11, 5]; m2 [2, 2] -> G [4, 2];
+    # m3 [5, 2] -> G [7, 2]; (m1,0) vs seat 0 of m2, m3: [5.5, 2]
     sr = assign_credit(eps, "grpo_sum", hp)
-    np.testing.assert_allclose(sr[("m1", 0)], [11 - 19 / 3, 5 - 9 / 3])
+    np.testing.assert_allclose(sr[("m1", 0)], [11 - 5.5, 5 - 2])
+    # the pooled variant: both seats of m2 and m3, (2 + 2 + 6 + 1) / 4, (1 + 1 + 1 + 1) / 4
+    pooled = assign_credit(
+        eps, "grpo", Hyper(discount=1.0, reward_norm=1.0, baseline="pooled_other_matches")
+    )
+    np.testing.assert_allclose(pooled[("m1", 0)], [3 - 11 / 4, 0 - 1])
+
+
+def test_no_trained_seats_baseline_contains_its_own_match() -> None:
+    """Moving the opponent's return in the same match leaves a seat's credit unchanged."""
+    hp = Hyper(discount=0.9, reward_norm=5.0)
+    rng = np.random.default_rng(0)
+    rounds = [rng.integers(0, 6, size=(3, 2)).tolist() for _ in range(6)]
+    eps = [_joined(f"m{i}", f"g{i}", r) for i, r in enumerate(rounds)]
+    for baseline in ("per_seat", "pooled_other_matches"):
+        hp = Hyper(discount=0.9, reward_norm=5.0, baseline=baseline)  # type: ignore[arg-type]
+        before = assign_credit(eps, "grpo", hp)
+        changed = [*eps[:2], _joined("m2", "g2", [[r[0], r[1] + 50] for r in rounds[2]]), *eps[3:]]
+        after = assign_credit(changed, "grpo", hp)
+        np.testing.assert_allclose(after[("m2", 0)], before[("m2", 0)])
 
 
 def test_assign_credit_only_for_trained_seats_but_uses_the_opponents_advantage() -> None:

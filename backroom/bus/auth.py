@@ -16,15 +16,22 @@ Python, so no extra binary is needed to add an identity.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import re
 import secrets
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; one writer at a time is the user's to keep
+    fcntl = None  # type: ignore[assignment]
 
 from backroom.bus.topics import PREFIX
 
@@ -159,26 +166,49 @@ class CredentialStore:
             )
         return creds[username]
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the store's exclusive lock (``.lock`` beside it) for a read-modify-write.
+
+        Several processes write one store: two ``backroom train --credentials DIR``
+        started in the same second each add their identities. Without the lock one
+        add was lost, and the two shared one temporary file (``passwd.tmp``).
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if fcntl is None:
+            yield
+            return
+        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
     def add(self, username: str, role: Role = "agent", password: str | None = None) -> Credential:
         """Add (or return the existing) identity and rewrite the broker files."""
         check_identity(username)
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-        creds = self.load()
-        if username in creds:
-            if creds[username].role != role:
-                raise ValueError(f"{username!r} already exists with role {creds[username].role!r}")
-            self._refresh_acl(creds)
-            return creds[username]
-        cred = Credential(username, password or secrets.token_urlsafe(18), role)
-        creds[username] = cred
-        self._write(creds)
-        return cred
+        with self._locked():
+            creds = self.load()
+            if username in creds:
+                if creds[username].role != role:
+                    raise ValueError(
+                        f"{username!r} already exists with role {creds[username].role!r}"
+                    )
+                self._refresh_acl(creds)
+                return creds[username]
+            cred = Credential(username, password or secrets.token_urlsafe(18), role)
+            creds[username] = cred
+            self._write(creds)
+            return cred
 
     def remove(self, username: str) -> None:
-        creds = self.load()
-        creds.pop(username, None)
-        self._write(creds)
+        with self._locked():
+            creds = self.load()
+            creds.pop(username, None)
+            self._write(creds)
 
     def _refresh_acl(self, creds: dict[str, Credential]) -> None:
         """Rewrite the ACL if this version's rules differ from the file's.
@@ -217,9 +247,15 @@ def render_acl(creds: Iterable[Credential]) -> str:
 
 
 def _atomic_write(path: Path, text: str, mode: int) -> None:
-    # Write-then-rename, so a broker reloading on SIGHUP never reads half a file.
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    # Write-then-rename, so a broker reloading on SIGHUP never reads half a file; a
+    # temporary file of its own, so no other writer renames it from under this one.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from backroom import metrics
+from backroom.agents.model.loading import THREADS_ENV, torch_threads_for
 from backroom.bus import topics
 from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import Broker, die_with_parent, read_pid, reload_broker
@@ -328,6 +329,21 @@ def _env(cfg: BusConfig) -> dict[str, str]:
     }
 
 
+#: Agent kinds that run a torch model in their own process.
+MODEL_KINDS = ("local",)
+
+
+def torch_threads_env(config: RunConfig) -> dict[str, str]:
+    """``BACKROOM_TORCH_THREADS`` for the agent processes: the cores shared by those that run a
+    model at once (torch's default, every core in each, oversubscribes the machine). Empty when
+    the caller set it, or no agent runs a model here."""
+    models = [a for a in config.agents if a.kind in MODEL_KINDS]
+    if THREADS_ENV in os.environ or not models:
+        return {}
+    processes = 1 if config.agent_processes == "single" else len(models)
+    return {THREADS_ENV: str(torch_threads_for(processes))}
+
+
 def start_processes(
     stack: Stack, config: RunConfig, runs_dir: Path, metrics_port: int = 0, referees: bool = True
 ) -> list[str]:
@@ -356,10 +372,15 @@ def start_processes(
     local = [a for a in config.agents if a.kind != EXTERNAL]
     for a in config.agents:
         stack.identity(a.id)  # external agents get their identity too, to be handed out
+    threads = torch_threads_env(config)
     if config.agent_processes == "single" and local:
         passwords = {a.id: stack.identity(a.id).password or "" for a in local}
         spec = json.dumps([a.model_dump() for a in local])
-        env = {**_env(stack.identity(local[0].id)), "BACKROOM_PASSWORDS": json.dumps(passwords)}
+        env = {
+            **_env(stack.identity(local[0].id)),
+            "BACKROOM_PASSWORDS": json.dumps(passwords),
+            **threads,
+        }
         stack.spawn("agents", ["agent-host", "--spec-json", spec, *metrics_args()], env)
     else:
         for a in local:
@@ -372,7 +393,7 @@ def start_processes(
                 json.dumps(a.options),
                 *metrics_args(),
             ]
-            stack.spawn(a.id, args, _env(stack.identity(a.id)))
+            stack.spawn(a.id, args, {**_env(stack.identity(a.id)), **threads})
     waiting += [a.id for a in config.agents]
     return waiting
 

@@ -1,7 +1,8 @@
 """Credit for every decision: returns, group baselines and Advantage Alignment.
 
 Read top to bottom: ``discounted_returns`` -> ``loo_advantages`` (multi-agent
-GRPO) -> ``advantage_alignment`` (the paper's equation 1), and ``assign_credit``
+GRPO, with the paper's per-seat baseline or the pooled one) ->
+``advantage_alignment`` (the paper's equation 1), and ``assign_credit``
 applies them to joined episodes. Equations are those of "Learning Robust Social
 Strategies with Large Language Models" (section 3), with its notation: G is a
 discounted return, A an advantage, superscript 1 the learner, 2 its opponent.
@@ -35,32 +36,80 @@ def discounted_returns(rewards: Sequence[float], gamma: float, norm: float = 1.0
     return g
 
 
-def loo_advantages(returns: np.ndarray, groups: Sequence[Hashable]) -> np.ndarray:
-    """Multi-agent GRPO: A_t^(i) = G_t^(i) - 1/(k-1) sum_{j != i} G_t^(j) over i's CRN group.
+Baseline = Literal["per_seat", "pooled_other_matches"]
+BASELINES: tuple[Baseline, ...] = ("per_seat", "pooled_other_matches")
 
-    ``returns`` is (trajectories, rounds); ``groups[i]`` names trajectory i's
-    CRN group. A trajectory alone in its group (k = 1, the paper's IPD setting)
-    is compared with every other trajectory of the batch instead; alone in the
-    whole batch, it has no baseline (A = G).
+
+@dataclass(frozen=True)
+class Trajectory:
+    """Who played one row of returns: its CRN group, its match, its seat, and whether it is trained.
+
+    A frozen seat (a buffer adapter, a fixed opponent) is played but not
+    trained; its advantage is still needed, as the A^2 of Advantage Alignment.
+    """
+
+    group: Hashable
+    match: Hashable
+    seat: int
+    trained: bool = True
+
+
+_BATCH = object()  # the pool of a CRN group of one match (k = 1): the rest of the batch
+
+
+def loo_advantages(
+    returns: np.ndarray, who: Sequence[Trajectory], baseline: Baseline = "per_seat"
+) -> np.ndarray:
+    """Multi-agent GRPO: A_t^(i) = G_t^(i) - 1/|P_i| sum_{j in P_i} G_t^(j), a leave-one-out baseline.
+
+    P_i, the trajectories i is compared with, are those of i's CRN group
+    (the same chance; with k = 1, a group of one match, the whole batch) that
+    are in another match and, like i, trained or frozen, and:
+
+    * ``per_seat`` (the paper's, and its authors' code, which keys the
+      baseline by agent id): in i's own seat. With k = 1 in the IPD, a seat's
+      returns in the other games of the batch.
+    * ``pooled_other_matches``: in either seat. Twice the samples in a
+      symmetric game; in an asymmetric one it mixes the seats' scales.
+
+    Never i's own match: there the opponent's return depends on i's action,
+    which biases the credit (by -G_opp/(2B-1) toward defecting in the IPD at
+    batch B, when the opponent was pooled). A frozen seat is never in a
+    trained one's baseline. An empty P_i leaves A = G.
     """
     g = np.asarray(returns, dtype=np.float64)
-    if g.ndim != 2 or len(groups) != len(g):
+    if g.ndim != 2 or len(who) != len(g):
         raise ValueError(
-            f"returns must be (trajectories, rounds) with one group each; got {g.shape}, {len(groups)} groups"
+            f"returns must be (trajectories, rounds) with one Trajectory each; got {g.shape}, {len(who)}"
         )
-    members: dict[Hashable, list[int]] = defaultdict(list)
-    for i, key in enumerate(groups):
-        members[key].append(i)
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+    matches_of: dict[Hashable, set[Hashable]] = defaultdict(set)
+    for t in who:
+        matches_of[t.group].add(t.match)
+
+    def seat_of(t: Trajectory) -> tuple[int, ...]:
+        return (t.seat,) if baseline == "per_seat" else ()
+
+    def pool(t: Trajectory) -> tuple[Hashable, ...]:
+        where = t.group if len(matches_of[t.group]) > 1 else _BATCH
+        return (where, t.trained, *seat_of(t))
+
+    def own(t: Trajectory) -> tuple[Hashable, ...]:  # i's own match, inside its pool
+        return (t.match, t.trained, *seat_of(t))
+
+    sums: dict[tuple[Hashable, ...], np.ndarray] = defaultdict(lambda: np.zeros(g.shape[1]))
+    counts: dict[tuple[Hashable, ...], int] = defaultdict(int)
+    for i, t in enumerate(who):
+        for key in (("pool", *pool(t)), ("own", *own(t))):
+            sums[key] = sums[key] + g[i]
+            counts[key] += 1
     adv = np.empty_like(g)
-    total, n = g.sum(axis=0), len(g)
-    for i, key in enumerate(groups):
-        mates = members[key]
-        if len(mates) > 1:
-            others_sum, others = g[mates].sum(axis=0) - g[i], len(mates) - 1
-        else:  # k = 1: the rest of the batch is the baseline
-            others_sum, others = total - g[i], n - 1
-        baseline = others_sum / others if others else 0.0
-        adv[i] = g[i] - baseline  # A_t^(i) = G_t^(i) - 1/(k-1) sum_{j!=i} G_t^(j)
+    for i, t in enumerate(who):
+        p, o = ("pool", *pool(t)), ("own", *own(t))
+        n = counts[p] - counts[o]
+        baseline_t = (sums[p] - sums[o]) / n if n else 0.0  # 1/|P_i| sum_{j in P_i} G_t^(j)
+        adv[i] = g[i] - baseline_t  # A_t^(i) = G_t^(i) - baseline_t
     return adv
 
 
@@ -102,6 +151,7 @@ class Hyper:
     reward_norm: float
     beta: float = 0.0
     aa_gamma: float = 0.0
+    baseline: Baseline = "per_seat"
 
 
 def round_rewards(joined: Joined) -> np.ndarray:
@@ -117,13 +167,13 @@ def assign_credit(
 ) -> dict[tuple[str, int], np.ndarray]:
     """Credit per round for every trainable (match, seat): what multiplies grad log pi.
 
-    Baselines group trajectories by (CRN group, seat): within a group chance is
-    identical, and seats of asymmetric games (who starts, which hand) are not
-    pooled. Advantage Alignment needs the opponent's advantage, so every seat's
-    LOO advantage is computed, trainable or not.
+    Baselines compare a trajectory with others of its CRN group (the same
+    chance) in other matches (``loo_advantages``; ``hp.baseline`` says which
+    seats). Advantage Alignment needs the opponent's advantage, so every
+    seat's is computed, trained or not.
     """
     keys: list[tuple[str, int]] = []
-    groups: list[Hashable] = []
+    who: list[Trajectory] = []
     returns: list[np.ndarray] = []
     for ep in episodes:
         r = round_rewards(ep)
@@ -131,14 +181,20 @@ def assign_credit(
             r = sum_of_rewards(r)
         for seat in range(r.shape[0]):
             keys.append((ep.record.match, seat))
-            groups.append((ep.request.group, seat))
+            who.append(
+                Trajectory(ep.request.group, ep.record.match, seat, seat in ep.request.trainable)
+            )
             returns.append(discounted_returns(r[seat], hp.discount, hp.reward_norm))
     lengths = {len(g) for g in returns}
     if len(lengths) > 1:
         raise ValueError(
             f"matches of one batch must have the same number of rounds, got {sorted(lengths)}"
         )
-    adv = dict(zip(keys, loo_advantages(np.stack(returns), groups), strict=True)) if returns else {}
+    adv = (
+        dict(zip(keys, loo_advantages(np.stack(returns), who, hp.baseline), strict=True))
+        if returns
+        else {}
+    )
     credit: dict[tuple[str, int], np.ndarray] = {}
     for ep in episodes:
         seats = ep.record.seats

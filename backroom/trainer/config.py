@@ -36,9 +36,15 @@ class Hyperparameters(BaseModel):
     )
     temperature: float = Field(default=1.0, gt=0)
     grad_clip: float = Field(default=1.0, gt=0)
+    baseline: Literal["per_seat", "pooled_other_matches"] = Field(
+        default="per_seat",
+        description="who a return is compared with in its CRN group (k = 1: the batch), in other "
+        "matches: the same seat (the paper's) or both seats (trainer/advantages.py)",
+    )
 
 
-#: The paper's table 1. The paper uses k = 1 for IPD (the baseline runs over the batch).
+#: The paper's table 1. The paper uses k = 1 for IPD (the baseline runs over the other
+#: matches of the batch, in the same seat).
 PRESETS: dict[str, dict[str, Any]] = {
     "ipd": dict(
         lr=3e-6,
@@ -141,6 +147,12 @@ class TrainConfig(BaseModel):
         default=600.0, gt=0, description="how long a step waits for its episodes"
     )
     concurrency: int = Field(default=32, ge=1, description="matches in flight")
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="torch intra-op threads of the trainer and of the agent host it starts; "
+        "default: the cores shared between them",
+    )
     micro_batch_tokens: int | None = Field(
         default=None,
         ge=64,

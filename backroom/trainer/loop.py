@@ -107,7 +107,13 @@ def build_samples(
     credit = assign_credit(
         episodes,
         algorithm,
-        Hyper(discount=hp.discount, reward_norm=hp.reward_norm, beta=hp.beta, aa_gamma=hp.aa_gamma),
+        Hyper(
+            discount=hp.discount,
+            reward_norm=hp.reward_norm,
+            beta=hp.beta,
+            aa_gamma=hp.aa_gamma,
+            baseline=hp.baseline,
+        ),
     )
     samples, versions = [], []
     for ep in episodes:

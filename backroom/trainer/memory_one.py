@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from backroom.trainer.advantages import (
+    Baseline,
+    Trajectory,
     advantage_alignment,
     discounted_returns,
     loo_advantages,
@@ -79,6 +81,8 @@ class Settings:
     #: 0.3: one Adam step on a state moves the others 0.87-0.98 as far (SmolLM2:
     #: 0.9-1.0 between the states after a round, bench/ipd_state_transfer.py).
     tied_spread: float = 0.3
+    #: "per_seat" (the paper's) or "pooled_other_matches" (advantages.loo_advantages)
+    baseline: Baseline = "per_seat"
 
 
 @dataclass
@@ -124,15 +128,21 @@ def play(
     return states, actions, rewards
 
 
-def credit(rewards: np.ndarray, s: Settings) -> np.ndarray:
-    """(n, 2, rounds) credit per decision, as ``assign_credit`` computes it for k = 1."""
+def credit(rewards: np.ndarray, s: Settings, trained: np.ndarray | None = None) -> np.ndarray:
+    """(n, 2, rounds) credit per decision, as ``assign_credit`` computes it for k = 1.
+
+    ``trained`` (n, 2) marks the seats being trained (default: all); a buffer
+    seat is played, not trained, and kept out of the trained seats' baselines.
+    """
     n, seats, rounds = rewards.shape
     if s.algorithm == "grpo_sum":  # every seat is paid both players' rewards
         rewards = np.stack([sum_of_rewards(r) for r in rewards])
     per_seat = rewards.reshape(-1, rounds).tolist()
     g = np.stack([discounted_returns(r, s.discount, s.reward_norm) for r in per_seat])
-    # k = 1: every trajectory its own group, so the baseline is the rest of the batch
-    adv = loo_advantages(g, groups=range(n * seats)).reshape(n, seats, rounds)
+    mask = np.ones((n, seats), dtype=bool) if trained is None else trained
+    # k = 1: every match its own CRN group, so the baseline runs over the other matches
+    who = [Trajectory(i, i, j, bool(mask[i, j])) for i in range(n) for j in range(seats)]
+    adv = loo_advantages(g, who, s.baseline).reshape(n, seats, rounds)
     if s.algorithm != "adalign":
         return adv
     return np.stack(
@@ -185,7 +195,9 @@ def train(s: Settings, seed: int) -> Result:
         vs_buffer = rng.random(s.batch) < s.rho
         opponents = np.stack([buffer[rng.integers(len(buffer))] if b else now for b in vs_buffer])
         states, actions, rewards = play(now, opponents, s.batch, s.rounds, rng)
-        c = torch.as_tensor(credit(rewards, s))
+        trained_seats = np.ones((s.batch, 2), dtype=bool)
+        trained_seats[vs_buffer, 1] = False
+        c = torch.as_tensor(credit(rewards, s, trained_seats))
 
         logit = logits()[torch.as_tensor(states)]
         logp_a, logp_b = F.logsigmoid(logit), F.logsigmoid(-logit)

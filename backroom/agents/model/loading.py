@@ -58,6 +58,45 @@ class Loaded:
     device: Any
 
 
+#: Intra-op threads of every torch process backroom starts (``apply_torch_threads``).
+THREADS_ENV = "BACKROOM_TORCH_THREADS"
+
+
+def torch_threads_for(processes: int, cores: int | None = None) -> int:
+    """Intra-op threads for each of ``processes`` torch processes sharing this machine's cores.
+
+    torch's default, one thread per core in every process, oversubscribes a
+    machine where several compute at once: the trainer and its agent host on
+    2 cores took 247-742 s a SmolLM2 step at load 8-13, ~100 s with one
+    thread each (issue 28). Each gets its share of the cores, at least one.
+    """
+    return max(1, (cores or os.cpu_count() or 1) // max(1, processes))
+
+
+def apply_torch_threads() -> int:
+    """Set this process's torch intra-op threads from ``BACKROOM_TORCH_THREADS`` (if set).
+
+    The process that starts the others (``backroom train``, ``backroom run``)
+    sets the variable; every model load calls this, so a process started by
+    hand keeps torch's default unless told. Returns the count in force.
+    """
+    import torch
+
+    wanted = os.environ.get(THREADS_ENV)
+    if wanted:
+        try:
+            n = int(wanted)
+        except ValueError:
+            raise ValueError(f"{THREADS_ENV}={wanted!r} is not a whole number of threads") from None
+        if n < 1:
+            raise ValueError(f"{THREADS_ENV}={n}: at least one thread")
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+    threads = int(torch.get_num_threads())
+    log.info("torch intra-op threads: %d%s", threads, f" ({THREADS_ENV})" if wanted else "")
+    return threads
+
+
 def load_model(
     model_path: str,
     gguf_file: str | None = None,
@@ -75,6 +114,7 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    apply_torch_threads()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     where = torch.device(device)

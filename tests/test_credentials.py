@@ -1,0 +1,44 @@
+"""The credential store under concurrent writers: every identity added is kept, in every file."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+from backroom.bus.auth import CredentialStore
+
+PROCESSES, EACH = 5, 10
+
+
+def _add_many(directory: str, worker: int, start_at: float) -> None:
+    store = CredentialStore(directory)
+    time.sleep(max(0.0, start_at - time.time()))  # all five begin in the same instant
+    for i in range(EACH):
+        store.add(f"w{worker}-{i}", role="agent")
+
+
+def test_fifty_identities_added_by_five_processes_at_once_are_all_kept(tmp_path: Path) -> None:
+    """Before the lock, an unlocked read-modify-write lost adds, and writers renamed each
+    other's shared ``passwd.tmp`` (FileNotFoundError)."""
+    ctx = multiprocessing.get_context("spawn")  # no state inherited: separate programs
+    start_at = time.time() + 3.0  # past every worker's start-up
+    procs = [
+        ctx.Process(target=_add_many, args=(str(tmp_path), w, start_at)) for w in range(PROCESSES)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * PROCESSES
+    names = {f"w{w}-{i}" for w in range(PROCESSES) for i in range(EACH)}
+    store = CredentialStore(tmp_path)
+    assert set(store.load()) == names
+    passwd = {line.split(":", 1)[0] for line in store.passwd_path.read_text().splitlines()}
+    assert passwd == names
+    acl_users = {
+        line.split()[1] for line in store.acl_path.read_text().splitlines() if line.startswith("user ")
+    }
+    assert acl_users == names
+    # no temporary file left behind
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
