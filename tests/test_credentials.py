@@ -37,7 +37,9 @@ def test_fifty_identities_added_by_five_processes_at_once_are_all_kept(tmp_path:
     passwd = {line.split(":", 1)[0] for line in store.passwd_path.read_text().splitlines()}
     assert passwd == names
     acl_users = {
-        line.split()[1] for line in store.acl_path.read_text().splitlines() if line.startswith("user ")
+        line.split()[1]
+        for line in store.acl_path.read_text().splitlines()
+        if line.startswith("user ")
     }
     assert acl_users == names
     # no temporary file left behind
