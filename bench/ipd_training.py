@@ -67,6 +67,8 @@ def scaled(path: Path, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     config["run"] = f"{config['run']}{args.tag}-s{seed}"
     if args.device:
         config["model"] = {**config.get("model", {}), "device": args.device}
+    if args.model:
+        config["model"] = {**config.get("model", {}), "path": str(args.model)}
     if args.concurrency:
         config["concurrency"] = args.concurrency
     if args.threads:
@@ -211,6 +213,11 @@ def main() -> None:
     )
     p.add_argument("--tag", default="", help="appended to the run names, e.g. -beta2")
     p.add_argument("--device", choices=["cpu", "cuda"], help="the model's device (default: auto)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        help="a model folder instead of SmolLM2, e.g. bench/ipd_warmup.py's small transformer",
+    )
     p.add_argument("--concurrency", type=int, help="matches in flight (default: the example's)")
     p.add_argument("--parallel", action="store_true", help="every run at once (a GPU has room)")
     p.add_argument(
@@ -236,7 +243,7 @@ def main() -> None:
         return
     print(
         f"scaled from the paper: rounds {args.rounds} (10), batch {args.batch} matches (128), lr {args.lr} "
-        f"(3e-6), steps {args.steps}, SmolLM2-135M (2-12B models); seeds {args.seeds}"
+        f"(3e-6), steps {args.steps}, {args.model or 'SmolLM2-135M'} (2-12B models); seeds {args.seeds}"
     )
     cores = os.cpu_count() or 1
     runs_at_once = len(args.seeds) * len(args.algorithms) if args.parallel else 1

@@ -68,3 +68,63 @@ def test_bus_overhead_quick_run_prints_its_ratios_and_the_cpu_bound(tmp_path: Pa
         abs(spent - rows[100][-2]) <= 1e-3
     )  # the table's "all" column (the last one is wall time)
     assert 0 < agents < spent
+
+
+@pytest.mark.slow  # starts K referees and 12 agents per K
+def test_referee_scaling_prints_a_row_per_referee_count(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            *(sys.executable, str(ROOT / "bench" / "bus_overhead.py")),
+            *("--only", "scaling", "--quick", "--referees", "1", "2", "--in-flight", "50"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {
+        int(m.group(1)): [float(x) for x in m.group(2).split()]
+        for m in re.finditer(r"^\s+(\d)\s+([0-9.x ]+)$", out.stdout.replace("x", ""), re.M)
+    }
+    assert set(rows) == {1, 2}, out.stdout
+    for k, (rate, _ratio, goal, broker, busiest, referees, agents, runner) in rows.items():
+        assert rate > 0 and goal == pytest.approx(0.7 * k), out.stdout
+        # every kind of process worked, and the referees' total is at least the busiest one's
+        assert min(broker, busiest, agents, runner) > 0 and referees >= busiest, out.stdout
+    assert rows[1][1] == 1.0
+
+
+def test_the_warm_up_gives_a_small_transformer_the_cooperative_prior(tmp_path: Path) -> None:
+    """bench/ipd_warmup.py: a random Qwen2 of hidden 128 leaves it playing A with P about 0.95,
+    as the local agent scores it (a fresh backend on the saved folder, prompts it never saw)."""
+    import asyncio
+    import random
+
+    from backroom.agents.backend import Backend, softmax
+    from backroom.games import make_game
+
+    model = tmp_path / "model"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "ipd_warmup.py"), "--out", str(model)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "random small Qwen2: P(A) 0." in out.stdout and "warm-up done" in out.stdout
+    backend = Backend(str(model), device="cpu").load()
+    assert backend.model.config.hidden_size == 128
+    cands = [backend.completion_ids("<A>"), backend.completion_ids("<B>")]
+    game, rng = make_game("ipd", rounds=10), random.Random(7)
+    probs = []
+    for seat in (0, 1):
+        state = game.new_initial_state(99 + seat)
+        for _ in range(rng.randrange(1, 9)):
+            state.apply({0: rng.choice("AB"), 1: rng.choice("AB")})
+        ids = backend.encode_chat([{"role": "user", "content": state.prompt(seat)}])
+        scored = asyncio.run(backend.score(ids, cands))
+        probs.append(softmax([s.total for s in scored])[0])
+    assert all(0.9 < p < 0.99 for p in probs), probs

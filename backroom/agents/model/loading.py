@@ -261,6 +261,15 @@ RANDOM_QWEN_SHAPES: dict[str, dict[str, Any]] = {
         num_key_value_heads=2,
         max_position_embeddings=4096,
     ),
+    # hidden 128: can represent tit-for-tat (bench/ipd_warmup.py gives it a cooperative prior)
+    "small": dict(
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    ),
     "0.5b": dict(
         hidden_size=896,
         intermediate_size=4864,
