@@ -700,6 +700,14 @@ def serve_model(
         Path | None,
         typer.Option(help="the only folder /v1/load_lora_adapter loads from (none: no loads)"),
     ] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="torch intra-op threads (default: BACKROOM_TORCH_THREADS, else torch's, a "
+            "thread per core: give the server its share when other models compute beside it)",
+        ),
+    ] = None,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/models, /v1/load_lora_adapter) over a local model."""
     from backroom.agents.serve import check_settings
@@ -709,7 +717,11 @@ def serve_model(
     except ValueError as exc:
         _fail(str(exc))
     require_extra("backroom serve-model", "local", SERVE_MODULES)
+    from backroom.agents.model.loading import THREADS_ENV
     from backroom.agents.serve import serve_model_command
+
+    if threads:
+        os.environ[THREADS_ENV] = str(threads)  # applied when the model loads
 
     serve_model_command(
         model, gguf_file, host, port, device, api_key=api_key, adapter_dir=adapter_dir
