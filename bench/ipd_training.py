@@ -10,6 +10,13 @@ always-B with B). Prints a table with the numbers and the wall time.
 
     .venv/bin/python bench/ipd_training.py --seeds 0 1 --steps 12 --rounds 5 --batch 8
 
+Figure 3 in shape on a CPU, through the bus: a small transformer given
+SmolLM2's cooperative prior (``bench/ipd_warmup.py``), both algorithms and two
+seeds at once, 400 steps of the paper's 10-round matches (docs/training.md):
+
+    .venv/bin/python bench/ipd_training.py --small --parallel --seeds 0 1 --steps 400 \
+        --rounds 10 --batch 8 --lr 3e-5 --eval-every 25 --eval-matches 4 --out runs/ipd-small
+
 Scaled-down overrides are written into copies of the example configs under
 ``--out``; what was scaled is printed and goes into ``summary.json``.
 
@@ -218,6 +225,12 @@ def main() -> None:
         type=Path,
         help="a model folder instead of SmolLM2, e.g. bench/ipd_warmup.py's small transformer",
     )
+    p.add_argument(
+        "--small",
+        action="store_true",
+        help="figure 3 on a CPU: bench/ipd_warmup.py's small transformer with a cooperative "
+        "prior (made into OUT/model first, unless there)",
+    )
     p.add_argument("--concurrency", type=int, help="matches in flight (default: the example's)")
     p.add_argument("--parallel", action="store_true", help="every run at once (a GPU has room)")
     p.add_argument(
@@ -238,6 +251,16 @@ def main() -> None:
     )
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.small and not args.model:
+        args.model = args.out / "model"
+        if not (args.model / "config.json").exists():
+            warmup = [
+                sys.executable,
+                str(ROOT / "bench" / "ipd_warmup.py"),
+                "--out",
+                str(args.model),
+            ]
+            subprocess.run(warmup, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if args.compare:
         print("plot:", compare(args.compare, args.out))
         return
