@@ -68,6 +68,11 @@ def test_train_config_errors_name_the_field(tmp_path: Path) -> None:
 
 
 def tiny_config(model: Path, **overrides: Any) -> TrainConfig:
+    return parse_train_config(tiny_config_data(model, **overrides))
+
+
+def tiny_config_data(model: Path, **overrides: Any) -> dict[str, Any]:
+    """A two-step Advantage Alignment run of 3-round IPD matches on ``model``, as a config file says it."""
     data: dict[str, Any] = {
         "run": "t",
         "game": "ipd",
@@ -89,7 +94,7 @@ def tiny_config(model: Path, **overrides: Any) -> TrainConfig:
         "episode_timeout_s": 120,
     }
     data.update(overrides)
-    return parse_train_config(data)
+    return data
 
 
 async def test_training_steps_end_to_end(
@@ -305,21 +310,17 @@ def test_the_processes_of_backroom_train_share_the_cores(
 
     import yaml
 
-    data: dict[str, Any] = {
-        "run": "threads",
-        "game": "ipd",
-        "params": {"rounds": 2},
-        "algorithm": "grpo",
-        "preset": "ipd",
-        "hyper": {"lr": 1e-3, "batch_size": 2, "group_size": 1},
-        "steps": 1,
-        "policy": "pol",
-        "model": {"path": str(tiny_qwen_model), "device": "cpu"},
-        "lora": {"rank": 4, "alpha": 8},
-        "players": ["p0", "p1"],
-        "evaluation": {"every": 100, "matches": 1, "baselines": []},
-        "turn_timeout_s": 60,
-    }
+    data = tiny_config_data(
+        tiny_qwen_model,
+        run="threads",
+        params={"rounds": 2},
+        algorithm="grpo",
+        hyper={"lr": 1e-3, "batch_size": 2, "group_size": 1},
+        steps=1,
+        model={"path": str(tiny_qwen_model), "device": "cpu"},
+        evaluation={"every": 100, "matches": 1, "baselines": []},
+        turn_timeout_s=60,
+    )
     cfg = tmp_path / "threads.yaml"
     cfg.write_text(yaml.safe_dump(data))
     env = {k: v for k, v in os.environ.items() if k != "BACKROOM_TORCH_THREADS"}
