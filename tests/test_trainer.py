@@ -82,7 +82,7 @@ def tiny_config_data(model: Path, **overrides: Any) -> dict[str, Any]:
         "hyper": {"lr": 1e-2, "batch_size": 4, "group_size": 2, "rho": 0.5},
         "steps": 2,
         "policy": "pol",
-        "model": {"path": str(model), "device": TEST_DEVICE},
+        "model": {"path": str(model), "device": TEST_DEVICE},  # cpu unless the GPU run says
         "lora": {"rank": 4, "alpha": 8},
         "players": ["p0", "p1"],
         "evaluation": {
@@ -317,7 +317,6 @@ def test_the_processes_of_backroom_train_share_the_cores(
         algorithm="grpo",
         hyper={"lr": 1e-3, "batch_size": 2, "group_size": 1},
         steps=1,
-        model={"path": str(tiny_qwen_model), "device": "cpu"},
         evaluation={"every": 100, "matches": 1, "baselines": []},
         turn_timeout_s=60,
     )
