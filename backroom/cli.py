@@ -895,6 +895,12 @@ def train_cmd(
     except (TrainError, BrokerError, BusError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        console.print(
+            f"stopped; the steps finished are kept in {target}. Continue with: "
+            f"backroom train {config_path} --run-dir {target} --resume"
+        )
+        raise typer.Exit(130) from None
     finally:
         if stack is not None:
             stack.stop()

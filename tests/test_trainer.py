@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 from backroom.agents.adapters import adapter_digest
@@ -338,3 +339,67 @@ def test_the_processes_of_backroom_train_share_the_cores(
     cores = os.cpu_count() or 1
     assert max(trainer) + max(host) <= max(cores, 2), (trainer, host, cores)
     assert f"torch threads: {max(1, cores // 2)} in each of 1 trainer process" in done.stdout
+
+
+@pytest.mark.slow  # three short training runs
+def test_ctrl_c_during_an_update_stops_at_once_and_resume_gives_the_uninterrupted_result(
+    tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    """SIGINT while the step runs in its worker thread: before, asyncio waited for the whole
+    update on the way out (over a minute for SmolLM2 on a CPU, three presses of Ctrl-C)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    # an update of 320 decisions, one micro-batch each: seconds of work to interrupt
+    data = tiny_config_data(
+        tiny_qwen_model,
+        params={"rounds": 10},
+        algorithm="grpo",
+        hyper={"lr": 1e-3, "batch_size": 16, "group_size": 1},
+        steps=2,
+        micro_batch_tokens=64,
+        evaluation={"every": 100, "matches": 1, "baselines": []},
+        turn_timeout_s=60,
+    )
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "BACKROOM_LOG_LEVEL": "INFO", "HF_HUB_OFFLINE": "1"}
+
+    def start_training(run_dir: Path, *extra: str) -> subprocess.Popen[str]:
+        argv = [sys.executable, "-m", "backroom", "train", str(cfg), "--run-dir", str(run_dir)]
+        return subprocess.Popen(
+            [*argv, *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    interrupted = start_training(tmp_path / "cut")
+    assert interrupted.stderr is not None
+    for line in interrupted.stderr:  # wait for the event: the first update has begun
+        if "step 0: updating on" in line:
+            break
+    else:
+        raise AssertionError(f"no update began: {interrupted.communicate()}")
+    t0 = time.monotonic()
+    interrupted.send_signal(signal.SIGINT)
+    out, err = interrupted.communicate(timeout=120)
+    seconds = time.monotonic() - t0
+    load = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    assert interrupted.returncode == 130, out[-2000:] + err[-2000:]
+    assert seconds < 5 * load, f"{seconds:.1f} s after SIGINT (load factor {load:.1f})"
+    assert "--resume" in out and str(tmp_path / "cut") in out
+    with Store(tmp_path / "cut" / "store.sqlite") as store:
+        assert store.last_step() is None  # the interrupted update was not applied
+    resumed = start_training(tmp_path / "cut", "--resume")
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out[-2000:] + err[-2000:]
+    whole = start_training(tmp_path / "whole")
+    out, err = whole.communicate(timeout=600)
+    assert whole.returncode == 0, out[-2000:] + err[-2000:]
+    # the same seed: the interrupted-then-resumed run ends with the very same adapter
+    assert adapter_digest(tmp_path / "cut" / "adapters" / "v2") == adapter_digest(
+        tmp_path / "whole" / "adapters" / "v2"
+    )

@@ -184,3 +184,20 @@ def test_positive_credit_makes_the_action_more_likely(tiny_qwen_model: Path) -> 
     )  # fresh LoRA (B = 0) is the base model
     assert stats.kl > 0 and stats.tis_clamped == 0.0
     assert p_b() > before + 0.05
+
+
+def test_a_stopped_step_applies_nothing(tiny_qwen_model: Path) -> None:
+    """``Learner.stop`` (Ctrl-C from the trainer's loop) ends a step before Adam's update."""
+    from backroom.trainer.learner import StepInterrupted
+
+    learner = Learner(
+        str(tiny_qwen_model), device="cpu", lora=LoraSettings(rank=4, alpha=8), seed=3
+    )
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters() if "lora_" in n}
+    learner.stop.set()
+    with pytest.raises(StepInterrupted):
+        learner.step(_text_samples(6))
+    for name, p in learner.model.named_parameters():
+        if name in before:
+            assert torch.equal(p, before[name]), name
+    assert not learner.optimizer.state  # Adam never stepped

@@ -29,6 +29,7 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -119,6 +120,10 @@ class StepStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+class StepInterrupted(RuntimeError):
+    """The step was stopped between two micro-batches (``Learner.stop``); nothing was applied."""
+
+
 class Learner:
     """A base model with one trainable LoRA adapter (peft) and its Adam state."""
 
@@ -146,6 +151,10 @@ class Learner:
         self.tokenizer = base.tokenizer
         self.device = base.device
         self.settings = step or StepSettings()
+        #: Set from another thread (Ctrl-C while a step runs in a worker thread, which
+        #: asyncio cannot cancel): the step stops at its next micro-batch, before Adam's
+        #: update, so the adapter and the optimiser stay as the last checkpoint has them.
+        self.stop = threading.Event()
         self.micro_batch_tokens = self.settings.micro_batch_tokens or MICRO_BATCH_TOKENS.get(
             self.device.type, MICRO_BATCH_TOKENS["cpu"]
         )
@@ -344,6 +353,9 @@ class Learner:
         # loss, KL, entropy, clamped, tokens: summed on the device, read once at the end
         totals = torch.zeros(5, device=self.device)
         for batch in self.micro_batches(mine):
+            if self.stop.is_set():
+                self.optimizer.zero_grad(set_to_none=True)
+                raise StepInterrupted("the step was stopped before its update")
             now, ents = self.action_logprobs(batch, entropy=want_entropy)
             lp = torch.cat(now)  # one entry per action token of the micro-batch
             behaviour = torch.tensor([b for s in batch for b in s.behaviour], device=lp.device)

@@ -374,7 +374,14 @@ async def train(
                     raise TrainError(
                         f"step {step}: no decision to learn from ({dropped}; missing episodes: {missing[:3]})"
                     )
-                stats = await asyncio.to_thread(lead_step, learner, samples)
+                log.info("step %d: updating on %d decisions", step, len(samples))
+                try:
+                    stats = await asyncio.to_thread(lead_step, learner, samples)
+                except asyncio.CancelledError:
+                    # Ctrl-C: the thread cannot be cancelled, and asyncio waits for it
+                    # on the way out; it stops at its next micro-batch instead.
+                    learner.stop.set()
+                    raise
                 ref = await asyncio.to_thread(save_step, run, config, run_dir, step, base_url)
                 row = _row(config, step, ref.version, joined, stats, rollout_s, versions, dropped)
                 store.log_step(
