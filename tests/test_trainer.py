@@ -346,7 +346,8 @@ def test_ctrl_c_during_an_update_stops_at_once_and_resume_gives_the_uninterrupte
     tmp_path: Path, tiny_qwen_model: Path
 ) -> None:
     """SIGINT while the step runs in its worker thread: before, asyncio waited for the whole
-    update on the way out (over a minute for SmolLM2 on a CPU, three presses of Ctrl-C)."""
+    update on the way out (over a minute for SmolLM2 on a CPU, three presses of Ctrl-C).
+    Resumed, the run plays and learns as one that ran through."""
     import os
     import signal
     import subprocess
@@ -399,7 +400,21 @@ def test_ctrl_c_during_an_update_stops_at_once_and_resume_gives_the_uninterrupte
     whole = start_training(tmp_path / "whole")
     out, err = whole.communicate(timeout=600)
     assert whole.returncode == 0, out[-2000:] + err[-2000:]
-    # the same seed: the interrupted-then-resumed run ends with the very same adapter
-    assert adapter_digest(tmp_path / "cut" / "adapters" / "v2") == adapter_digest(
-        tmp_path / "whole" / "adapters" / "v2"
+    # the same seed: the same play, and the same adapter. Not bit for bit: the agents'
+    # batched scoring rounds a log-prob by ~1e-6 depending on which requests share a pass
+    # (docs/agents.md), and the update reads those log-probs (TIS)
+    logs = [
+        list(csv.DictReader((tmp_path / run / "train_log.csv").open())) for run in ("cut", "whole")
+    ]
+    for key in ("cooperation_rate", "reward_seat0", "reward_seat1", "decisions"):
+        assert [r[key] for r in logs[0]] == [r[key] for r in logs[1]], key
+    from safetensors.torch import load_file
+    from torch.testing import assert_close
+
+    cut, whole = (
+        load_file(tmp_path / run / "adapters" / "v2" / "adapter_model.safetensors")
+        for run in ("cut", "whole")
     )
+    assert cut.keys() == whole.keys()
+    for name in cut:
+        assert_close(cut[name], whole[name], rtol=1e-3, atol=1e-6)

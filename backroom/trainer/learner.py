@@ -302,7 +302,9 @@ class Learner:
         """
         batch: list[Sample] = []
         shared = longest = 0
-        for s in sorted(samples, key=lambda s: s.prompt_ids):
+        # the whole sample as the key: equal prompts (every match's first round) keep no
+        # arrival order, so the float sums of a step are the same in every run of a seed
+        for s in sorted(samples, key=lambda s: (s.prompt_ids, s.completions, s.chosen, s.credit)):
             size = len(s.prompt_ids) + sum(map(len, s.completions))
             if batch:
                 limit = shared if len(batch) > 1 else len(batch[0].prompt_ids) - 1

@@ -100,9 +100,16 @@ def cooperation_rate(game: str, episodes: Sequence[Joined]) -> float | None:
 def build_samples(
     episodes: Sequence[Joined], config: TrainConfig
 ) -> tuple[list[Sample], list[int]]:
-    """Samples of every joined decision, and each one's adapter-version lag behind the learner."""
+    """Samples of every joined decision, and each one's adapter-version lag behind the learner.
+
+    In match order, not the order the episodes arrived in: the baselines' sums and
+    the update's micro-batches then add the same numbers in the same order in every
+    run of a seed, so an interrupted and resumed run ends with the same adapter,
+    bit for bit, as one that ran through.
+    """
     assert config.hp is not None
     hp = config.hp
+    episodes = sorted(episodes, key=lambda ep: ep.record.match)
     algorithm = "grpo" if config.algorithm == "dpo" else config.algorithm
     credit = assign_credit(
         episodes,
