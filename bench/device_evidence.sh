@@ -10,8 +10,10 @@
 #   setup         install .device/ into .device/site (once per machine), print the machine
 #   scaling       bench/bus_overhead.py --only scaling: 1, 2, 4, 8 referees (CPU only)
 #   e2e           tests/test_trainer.py on CUDA in bf16: the tiny Qwen2, then the 0.5B-size one
-#   trainer_step  bench/trainer_step.py --device cuda --trl
-#   local_agent   bench/local_agent.py (SmolLM2 on CUDA, unbatched and batched at 32 matches)
+#   trainer_step  bench/trainer_step.py --device cuda --trl (SmolLM2 and the 0.5B size), then
+#                 the same at --micro-batch-tokens 1024 (the CPU's size) for the comparison
+#   local_agent   bench/local_agent.py (SmolLM2 on CUDA, unbatched and batched at 32 matches),
+#                 then in float32 (is bf16 what moves the log-probs?)
 #   ipd           bench/ipd_training.py: GRPO and Advantage Alignment at once, SmolLM2 on CUDA
 #
 # OUT gets one log per part, summary.txt (each part's exit code and seconds) and
@@ -31,7 +33,9 @@ export PYTHONPATH=$D/site:$ROOT PATH=$D/mosquitto/bin:$PATH
 export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error PYTHONUNBUFFERED=1
 export BACKROOM_MODEL_CACHE=$D/model-cache
 
-declare -A BUDGET=([setup]=60 [scaling]=150 [e2e]=120 [trainer_step]=100 [local_agent]=50 [ipd]=200)
+# Sized from the first run (2026-11-26, H200): e2e took 83 s for the tiny model and 30 s for
+# the 0.5B one; trainer_step 100 s ran out before TRL; local_agent 50 s before the float64 check.
+declare -A BUDGET=([setup]=60 [scaling]=150 [e2e]=150 [trainer_step]=200 [local_agent]=90 [ipd]=240)
 for part in "${!BUDGET[@]}"; do
   override="BUDGET_$part"
   [ -n "${!override:-}" ] && BUDGET[$part]=${!override}
@@ -91,9 +95,17 @@ e2e() {
   return $rc
 }
 
-trainer_step() { "$PY" bench/trainer_step.py --device cuda --trl --repeats 3; }
+trainer_step() {
+  # the learner's GPU default (8,192 tokens a pass) with TRL beside it, then the CPU's 1,024:
+  # the first run measured only 1,024, launch-bound at 1.4k tokens/s
+  "$PY" bench/trainer_step.py --device cuda --model smollm2 --trl --repeats 3 &&
+    "$PY" bench/trainer_step.py --device cuda --model smollm2 --repeats 3 --micro-batch-tokens 1024
+}
 
-local_agent() { "$PY" bench/local_agent.py --quick --repeats 2 --concurrency 1 32; }
+local_agent() {
+  "$PY" bench/local_agent.py --quick --repeats 2 --concurrency 1 32 &&
+    "$PY" bench/local_agent.py --quick --repeats 1 --concurrency 32 --dtype float32 --check 8
+}
 
 ipd() {
   local runs=$D/ipd minutes
