@@ -809,7 +809,7 @@ def train_cmd(
         raise typer.Exit(2) from None
     target = run_dir or Path("runs") / config.run
     require_extra("backroom train", "train", ("torch", "transformers", "peft", "trl"))
-    from backroom.agents.model.loading import THREADS_ENV, torch_threads_for
+    from backroom.agents.model.loading import THREADS_ENV, torch_threads_for, usable_cores
 
     if THREADS_ENV not in os.environ or threads or config.threads:
         # Every torch process of the run computes at once: the trainer ranks and,
@@ -820,7 +820,7 @@ def train_cmd(
         console.print(
             f"torch threads: {os.environ[THREADS_ENV]} in each of {nproc} trainer process(es)"
             + (" and the agent host" if spawn else "")
-            + f" ({os.cpu_count()} cores)"
+            + f" ({usable_cores()} cores)"
         )
     if config.algorithm == "dpo":
         from backroom.trainer.dpo import run_dpo
@@ -839,7 +839,6 @@ def train_cmd(
         nproc > 1 and "WORLD_SIZE" not in os.environ
     ):  # start the ranks; each runs this command again
         import subprocess
-        import sys
 
         run_args = ["-m", "backroom", *sys.argv[1:]]
         torchrun = [
@@ -896,10 +895,13 @@ def train_cmd(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
-        console.print(
-            f"stopped; the steps finished are kept in {target}. Continue with: "
-            f"backroom train {config_path} --run-dir {target} --resume"
-        )
+        import shlex
+
+        again = [a for a in sys.argv[1:] if a != "--resume"]
+        if "--run-dir" not in again:
+            again += ["--run-dir", str(target)]
+        console.print(f"stopped; the steps finished are kept in {target}. Continue with:")
+        console.print(shlex.join(["backroom", *again, "--resume"]), soft_wrap=True, markup=False)
         raise typer.Exit(130) from None
     finally:
         if stack is not None:

@@ -92,21 +92,37 @@ class Training:
     started: float
     stopped: bool = False  # ended by --minutes, not by finishing its steps
 
-    def finish(self, deadline: float | None) -> float:
-        """Wait for the run (stopping it at ``deadline``); its wall seconds. Raises if it failed."""
-        try:
-            self.proc.wait(timeout=None if deadline is None else max(0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
+    def stop(self) -> None:
+        """SIGINT to its process group: the trainer stops within a micro-batch and says so."""
+        if self.proc.poll() is None:
             self.stopped = True
             os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def finish(self) -> float:
+        """Wait for the run (30 s after a stop, then kill it); its wall seconds. Raises if it failed."""
+        try:
+            self.proc.wait(timeout=30 if self.stopped else None)
+        except subprocess.TimeoutExpired:
+            self.kill()
         if self.proc.returncode != 0 and not self.stopped:
             raise RuntimeError(f"{self.run}: backroom train exited {self.proc.returncode}")
         return time.time() - self.started
+
+
+def wait_all(trainings: list[Training], minutes: float | None) -> None:
+    """Until every run has ended, stopping all of them at once at the deadline (``--minutes``)."""
+    deadline = min(t.started for t in trainings) + minutes * 60 if minutes else None
+    while any(t.proc.poll() is None for t in trainings):
+        if deadline is not None and time.time() >= deadline:
+            for t in trainings:
+                t.stop()
+            return
+        time.sleep(1)
 
 
 def start(config: dict[str, Any], out: Path) -> Training:
@@ -134,7 +150,10 @@ def start(config: dict[str, Any], out: Path) -> Training:
 def curves(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from backroom.analysis.training import read_training
 
-    return read_training(run_dir)
+    rows, evals = read_training(run_dir)
+    # a run stopped by SIGKILL may leave a torn last line (its numbers read as None)
+    keep = [r for r in rows if r.get("step") is not None and r.get("cooperation_rate") is not None]
+    return keep, evals
 
 
 def median(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -251,6 +270,9 @@ def main() -> None:
     )
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.compare:
+        print("plot:", compare(args.compare, args.out))
+        return
     if args.small and not args.model:
         args.model = args.out / "model"
         if not (args.model / "config.json").exists():
@@ -261,9 +283,6 @@ def main() -> None:
                 str(args.model),
             ]
             subprocess.run(warmup, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if args.compare:
-        print("plot:", compare(args.compare, args.out))
-        return
     print(
         f"scaled from the paper: rounds {args.rounds} (10), batch {args.batch} matches (128), lr {args.lr} "
         f"(3e-6), steps {args.steps}, {args.model or 'SmolLM2-135M'} (2-12B models); seeds {args.seeds}"
@@ -311,16 +330,20 @@ def main() -> None:
         summary["runs"].append(entry)
         print(json.dumps(entry), flush=True)
 
-    for seed, algorithm in jobs:
-        training = start(scaled(EXAMPLES[algorithm], args, seed), args.out)
-        deadline = training.started + args.minutes * 60 if args.minutes else None
-        if args.parallel:
+    try:
+        for seed, algorithm in jobs:
+            training = start(scaled(EXAMPLES[algorithm], args, seed), args.out)
             running[(seed, algorithm)] = training
-        else:
-            report(seed, algorithm, training, training.finish(deadline))
-    for (seed, algorithm), training in running.items():
-        deadline = training.started + args.minutes * 60 if args.minutes else None
-        report(seed, algorithm, training, training.finish(deadline))
+            if not args.parallel:
+                wait_all([training], args.minutes)
+                report(seed, algorithm, training, training.finish())
+                del running[(seed, algorithm)]
+        wait_all(list(running.values()), args.minutes)
+        for (seed, algorithm), training in running.items():
+            report(seed, algorithm, training, training.finish())
+    finally:  # a failed run, or this bench stopped: no run goes on without it
+        for training in running.values():
+            training.kill()
     summary["plots"] = plot(results, args.out)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(

@@ -44,3 +44,18 @@ def test_fifty_identities_added_by_five_processes_at_once_are_all_kept(tmp_path:
     assert acl_users == names
     # no temporary file left behind
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_an_identity_already_held_is_served_without_writing(tmp_path: Path) -> None:
+    """compose mounts the secrets read-only into the runner, which asks for its own identity:
+    asking again for an identity the store holds (its ACL current) writes nothing, not even
+    the lock file (which a read-only folder would refuse)."""
+    store = CredentialStore(tmp_path)
+    first = store.add("runner", role="runner")
+    (tmp_path / ".lock").unlink()
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    assert store.add("runner", role="runner") == first
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
+    # a new identity, or a stale ACL, is a write: under the lock
+    store.add("dora")
+    assert (tmp_path / ".lock").exists() and "dora" in store.load()

@@ -336,7 +336,9 @@ def test_the_processes_of_backroom_train_share_the_cores(
     trainer = [int(n) for n in pattern.findall(done.stderr)]
     host = [int(n) for n in pattern.findall((tmp_path / "run" / "logs" / "agents.log").read_text())]
     assert trainer and host, (done.stderr[-2000:], host)
-    cores = os.cpu_count() or 1
+    from backroom.agents.model.loading import usable_cores
+
+    cores = usable_cores()
     assert max(trainer) + max(host) <= max(cores, 2), (trainer, host, cores)
     assert f"torch threads: {max(1, cores // 2)} in each of 1 trainer process" in done.stdout
 

@@ -102,9 +102,22 @@ def test_a_frozen_seat_is_never_in_a_trained_seats_baseline() -> None:
         # m1 seat 1 (trained): per seat, only m3 seat 1 = 3; pooled, m2 seat 0, m3 seats = 8 / 3
         expected = 1 - 3 if baseline == "per_seat" else 1 - 8 / 3
         assert adv[1, 0] == pytest.approx(expected), baseline
-    # the frozen seat's own advantage (Advantage Alignment's A^2) compares it with frozen
-    # seats only: there is none other, so A = G
-    assert loo_advantages(g, who)[3, 0] == 100
+    # the frozen seat's own advantage (Advantage Alignment's A^2) compares it with frozen seats;
+    # with none other it falls back to every other match's seat 1 (m1 1, m3 3), not to A = G:
+    # an uncentred A^2 would scale the shaping term by the raw return
+    assert loo_advantages(g, who)[3, 0] == 100 - 2
+    # with a frozen peer it keeps to frozen seats
+    more = [*who, *_who(("m4", "m4", 0), ("m4", "m4", 1, False))]
+    g4 = np.vstack([g, [[5.0], [40.0]]])
+    assert loo_advantages(g4, more)[3, 0] == 100 - 40
+
+
+def test_a_group_left_with_one_match_is_compared_with_the_whole_batch() -> None:
+    # k = 2, but group "b" lost its second match (dropped): like k = 1, the rest of the batch
+    g = np.array([[1.0], [3.0], [8.0]])
+    who = _who(("a", "m1", 0), ("a", "m2", 0), ("b", "m3", 0))
+    adv = loo_advantages(g, who)
+    assert adv[:, 0].tolist() == [-2, 2, 8 - 2]
 
 
 def test_loo_rejects_mismatched_shapes_and_unknown_baselines() -> None:

@@ -190,6 +190,11 @@ class CredentialStore:
         check_identity(username)
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        known = self.load().get(username)
+        if known is not None and known.role == role and self._acl_current():
+            # Nothing to write, so no lock: a read-only folder (compose mounts the
+            # secrets read-only into the runner) still serves the identities it holds.
+            return known
         with self._locked():
             creds = self.load()
             if username in creds:
@@ -209,6 +214,13 @@ class CredentialStore:
             creds = self.load()
             creds.pop(username, None)
             self._write(creds)
+
+    def _acl_current(self) -> bool:
+        """Whether the ACL file holds this version's rules for the stored identities."""
+        try:
+            return self.acl_path.read_text() == render_acl(self.load().values())
+        except OSError:
+            return False
 
     def _refresh_acl(self, creds: dict[str, Credential]) -> None:
         """Rewrite the ACL if this version's rules differ from the file's.
@@ -251,7 +263,8 @@ def _atomic_write(path: Path, text: str, mode: int) -> None:
     # temporary file of its own, so no other writer renames it from under this one.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, mode)
+        if hasattr(os, "fchmod"):  # mkstemp's files are 0600 already; fchmod is POSIX
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

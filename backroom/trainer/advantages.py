@@ -54,17 +54,15 @@ class Trajectory:
     trained: bool = True
 
 
-_BATCH = object()  # the pool of a CRN group of one match (k = 1): the rest of the batch
-
-
 def loo_advantages(
     returns: np.ndarray, who: Sequence[Trajectory], baseline: Baseline = "per_seat"
 ) -> np.ndarray:
     """Multi-agent GRPO: A_t^(i) = G_t^(i) - 1/|P_i| sum_{j in P_i} G_t^(j), a leave-one-out baseline.
 
     P_i, the trajectories i is compared with, are those of i's CRN group
-    (the same chance; with k = 1, a group of one match, the whole batch) that
-    are in another match and, like i, trained or frozen, and:
+    (the same chance; a group of one match, k = 1 or a group that lost the
+    rest to drops, is compared with the whole batch) that are in another match
+    and, like i, trained or frozen, and:
 
     * ``per_seat`` (the paper's, and its authors' code, which keys the
       baseline by agent id): in i's own seat. With k = 1 in the IPD, a seat's
@@ -75,7 +73,10 @@ def loo_advantages(
     Never i's own match: there the opponent's return depends on i's action,
     which biases the credit (by -G_opp/(2B-1) toward defecting in the IPD at
     batch B, when the opponent was pooled). A frozen seat is never in a
-    trained one's baseline. An empty P_i leaves A = G.
+    trained one's baseline. A frozen seat with no frozen peer (one buffer
+    match in its seat: often at batch 8) is compared with the others of any
+    kind, so that its advantage, Advantage Alignment's A^2, stays centred.
+    An empty P_i leaves A = G.
     """
     g = np.asarray(returns, dtype=np.float64)
     if g.ndim != 2 or len(who) != len(g):
@@ -91,25 +92,35 @@ def loo_advantages(
     def seat_of(t: Trajectory) -> tuple[int, ...]:
         return (t.seat,) if baseline == "per_seat" else ()
 
-    def pool(t: Trajectory) -> tuple[Hashable, ...]:
-        where = t.group if len(matches_of[t.group]) > 1 else _BATCH
-        return (where, t.trained, *seat_of(t))
+    def where(t: Trajectory) -> tuple[Hashable, ...]:
+        return ("group", t.group) if len(matches_of[t.group]) > 1 else ("batch",)
 
-    def own(t: Trajectory) -> tuple[Hashable, ...]:  # i's own match, inside its pool
-        return (t.match, t.trained, *seat_of(t))
-
+    # Sums and counts of returns by (where, kind, seat) and by (own match, kind, seat):
+    # each trajectory adds itself under its own kind and under "any" (the frozen fallback).
     sums: dict[tuple[Hashable, ...], np.ndarray] = defaultdict(lambda: np.zeros(g.shape[1]))
     counts: dict[tuple[Hashable, ...], int] = defaultdict(int)
     for i, t in enumerate(who):
-        for key in (("pool", *pool(t)), ("own", *own(t))):
-            sums[key] = sums[key] + g[i]
-            counts[key] += 1
+        for kind in (t.trained, "any"):
+            for key in (
+                ("group", t.group, kind, *seat_of(t)),
+                ("batch", kind, *seat_of(t)),
+                ("match", t.match, kind, *seat_of(t)),
+            ):
+                sums[key] = sums[key] + g[i]
+                counts[key] += 1
+
+    def others(t: Trajectory, kind: Hashable) -> np.ndarray | None:
+        """1/|P_i| sum_{j in P_i} G_t^(j): the pool of ``kind`` less i's own match."""
+        pool, own = (*where(t), kind, *seat_of(t)), ("match", t.match, kind, *seat_of(t))
+        n = counts[pool] - counts[own]
+        return (sums[pool] - sums[own]) / n if n else None
+
     adv = np.empty_like(g)
     for i, t in enumerate(who):
-        p, o = ("pool", *pool(t)), ("own", *own(t))
-        n = counts[p] - counts[o]
-        baseline_t = (sums[p] - sums[o]) / n if n else 0.0  # 1/|P_i| sum_{j in P_i} G_t^(j)
-        adv[i] = g[i] - baseline_t  # A_t^(i) = G_t^(i) - baseline_t
+        b = others(t, t.trained)
+        if b is None and not t.trained:
+            b = others(t, "any")
+        adv[i] = g[i] - (b if b is not None else 0.0)  # A_t^(i) = G_t^(i) - baseline_t
     return adv
 
 

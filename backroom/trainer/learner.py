@@ -356,6 +356,7 @@ class Learner:
         totals = torch.zeros(5, device=self.device)
         for batch in self.micro_batches(mine):
             if self.stop.is_set():
+                self.stop.clear()  # answered: a learner kept after this can step again
                 self.optimizer.zero_grad(set_to_none=True)
                 raise StepInterrupted("the step was stopped before its update")
             now, ents = self.action_logprobs(batch, entropy=want_entropy)

@@ -70,7 +70,14 @@ def torch_threads_for(processes: int, cores: int | None = None) -> int:
     2 cores took 247-742 s a SmolLM2 step at load 8-13, ~100 s with one
     thread each (issue 28). Each gets its share of the cores, at least one.
     """
-    return max(1, (cores or os.cpu_count() or 1) // max(1, processes))
+    return max(1, (cores or usable_cores()) // max(1, processes))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the host's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def apply_torch_threads() -> int:
