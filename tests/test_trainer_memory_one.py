@@ -25,7 +25,7 @@ def test_naive_grpo_ends_at_always_b(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_advantage_alignment_ends_at_tit_for_tat(seed: int) -> None:
-    """With the paper's per-seat baseline, in 400 steps (8/8 seeds; 1/8 by step 150, where the
+    """With the paper's per-seat baseline, in 400 steps (8/8 seeds; 2/8 by step 150, where the
     batch-pooled baseline that took the own match's opponent in had 8/8: docs/training.md)."""
     r = train(Settings(algorithm="adalign", beta=0.5, steps=400), seed)
     assert r.is_tit_for_tat, r.p_a
