@@ -811,16 +811,22 @@ def train_cmd(
     require_extra("backroom train", "train", ("torch", "transformers", "peft", "trl"))
     from backroom.agents.model.loading import THREADS_ENV, torch_threads_for, usable_cores
 
-    if THREADS_ENV not in os.environ or threads or config.threads:
-        # Every torch process of the run computes at once: the trainer ranks and,
-        # when spawned, the agent host. Children inherit the variable.
-        share = torch_threads_for(nproc + (1 if spawn else 0))
-        os.environ[THREADS_ENV] = str(threads or config.threads or share)
+    # Every torch process of the run computes at once: the trainer ranks and, when
+    # spawned, the agent host. Children inherit the variable.
+    if threads or config.threads:
+        why = "--threads" if threads else "the config's threads"
+        os.environ[THREADS_ENV] = str(threads or config.threads)
+    elif THREADS_ENV in os.environ:
+        why = THREADS_ENV
+    else:
+        why = f"default: {usable_cores()} cores shared"
+        os.environ[THREADS_ENV] = str(torch_threads_for(nproc + (1 if spawn else 0)))
     if os.environ.get("RANK", "0") == "0":  # torchrun's ranks say it once
         console.print(
             f"torch threads: {os.environ[THREADS_ENV]} in each of {nproc} trainer process(es)"
             + (" and the agent host" if spawn else "")
-            + f" ({usable_cores()} cores)"
+            + f" ({why})",
+            soft_wrap=True,
         )
     if config.algorithm == "dpo":
         from backroom.trainer.dpo import run_dpo

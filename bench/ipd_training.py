@@ -287,13 +287,16 @@ def main() -> None:
         f"scaled from the paper: rounds {args.rounds} (10), batch {args.batch} matches (128), lr {args.lr} "
         f"(3e-6), steps {args.steps}, {args.model or 'SmolLM2-135M'} (2-12B models); seeds {args.seeds}"
     )
-    cores = os.cpu_count() or 1
+    from backroom.agents.model.loading import torch_threads_for, usable_cores
+
+    cores = usable_cores()
     runs_at_once = len(args.seeds) * len(args.algorithms) if args.parallel else 1
+    why = "--threads" if args.threads else "default: the cores shared"
     # each run has two torch processes (the trainer and its agent host), all computing at once
-    args.threads = args.threads or max(1, cores // (2 * runs_at_once))
+    args.threads = args.threads or torch_threads_for(2 * runs_at_once)
     print(
-        f"torch threads: {args.threads} in each run's trainer and agent host; {runs_at_once} "
-        f"run(s) at once on {cores} cores"
+        f"torch threads: {args.threads} in each run's trainer and agent host ({why}); "
+        f"{runs_at_once} run(s) at once on {cores} cores"
     )
     results: dict[str, dict[int, Path]] = {a: {} for a in args.algorithms}
     summary: dict[str, Any] = {

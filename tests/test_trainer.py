@@ -340,7 +340,10 @@ def test_the_processes_of_backroom_train_share_the_cores(
 
     cores = usable_cores()
     assert max(trainer) + max(host) <= max(cores, 2), (trainer, host, cores)
-    assert f"torch threads: {max(1, cores // 2)} in each of 1 trainer process" in done.stdout
+    assert (
+        f"torch threads: {max(1, cores // 2)} in each of 1 trainer process(es) and the agent "
+        f"host (default: {cores} cores shared)"
+    ) in done.stdout
 
 
 @pytest.mark.slow  # three short training runs

@@ -190,8 +190,9 @@ class CredentialStore:
         check_identity(username)
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-        known = self.load().get(username)
-        if known is not None and known.role == role and self._acl_current():
+        creds = self.load()
+        known = creds.get(username)
+        if known is not None and known.role == role and self._acl_current(creds):
             # Nothing to write, so no lock: a read-only folder (compose mounts the
             # secrets read-only into the runner) still serves the identities it holds.
             return known
@@ -215,10 +216,10 @@ class CredentialStore:
             creds.pop(username, None)
             self._write(creds)
 
-    def _acl_current(self) -> bool:
-        """Whether the ACL file holds this version's rules for the stored identities."""
+    def _acl_current(self, creds: dict[str, Credential]) -> bool:
+        """Whether the ACL file holds this version's rules for ``creds``."""
         try:
-            return self.acl_path.read_text() == render_acl(self.load().values())
+            return self.acl_path.read_text() == render_acl(creds.values())
         except OSError:
             return False
 
@@ -229,14 +230,10 @@ class CredentialStore:
         gets the current rules the next time anything adds one (every broker
         start and ``compose-init`` does), so narrowed rules take effect there.
         """
-        text = render_acl(creds.values())
-        try:
-            if self.acl_path.read_text() == text:
-                return
-        except OSError:
-            pass
+        if self._acl_current(creds):
+            return
         self.dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.acl_path, text, mode=0o600)
+        _atomic_write(self.acl_path, render_acl(creds.values()), mode=0o600)
 
     def _write(self, creds: dict[str, Credential]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -101,9 +101,9 @@ class StepSettings:
 
 #: Micro-batch size by device. A CPU is busy at 1024 tokens. A GPU is not: on an H200,
 #: SmolLM2 at 1024 tokens a pass ran 1.4k tokens/s (15 passes of a 64-decision step in
-#: 6-8 s, the bare forward+backward the same; bench/trainer_step.py --device cuda, 2026-11-26),
-#: so each pass costs its ~10^4 kernel launches, not its arithmetic; 8x the tokens a pass
-#: is 8x fewer launches for the same activations budget as a 1-2B model at 1024 on a CPU.
+#: 6-8 s, the bare forward+backward as slow; bench/trainer_step.py --device cuda,
+#: 2026-11-26): a pass costs its kernel launches, not its arithmetic, and 8x the tokens a
+#: pass is 8x fewer passes. The GPU figure is a choice not yet measured against 1024.
 MICRO_BATCH_TOKENS = {"cpu": 1024, "cuda": 8192}
 
 

@@ -104,8 +104,8 @@ def build_samples(
 
     In match order, not the order the episodes arrived in: the baselines' sums and
     the update's micro-batches then add the same numbers in the same order in every
-    run of a seed, so an interrupted and resumed run ends with the same adapter,
-    bit for bit, as one that ran through.
+    run of a seed, so an interrupted and resumed run ends with the adapter of one
+    that ran through (to the agents' scoring precision: tests/test_trainer.py).
     """
     assert config.hp is not None
     hp = config.hp

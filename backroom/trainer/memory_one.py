@@ -203,8 +203,7 @@ def train(s: Settings, seed: int) -> Result:
         logp_a, logp_b = F.logsigmoid(logit), F.logsigmoid(-logit)
         logp = torch.where(torch.as_tensor(actions) == 0, logp_a, logp_b)
         entropy = -(logp_a.exp() * logp_a + logp_b.exp() * logp_b)
-        trained = torch.ones_like(logp)
-        trained[torch.as_tensor(vs_buffer), 1] = 0.0
+        trained = torch.as_tensor(trained_seats, dtype=logp.dtype)[:, :, None].expand_as(logp)
         # loss = sum_i [ -credit_i * log pi(a_i) - ent_coef * H_i ] / N over trained decisions
         loss = ((-c * logp - s.entropy * entropy) * trained).sum() / trained.sum()
         opt.zero_grad()

@@ -66,9 +66,10 @@ def torch_threads_for(processes: int, cores: int | None = None) -> int:
     """Intra-op threads for each of ``processes`` torch processes sharing this machine's cores.
 
     torch's default, one thread per core in every process, oversubscribes a
-    machine where several compute at once: the trainer and its agent host on
-    2 cores took 247-742 s a SmolLM2 step at load 8-13, ~100 s with one
-    thread each (issue 28). Each gets its share of the cores, at least one.
+    machine where several compute at once: on 2 cores at load 7-8, a tiny
+    model's update took 44.7 s with two threads in the trainer and its agent
+    host, 4.9 s with one (docs/training.md, "Threads"). Each gets its share of
+    the cores, at least one.
     """
     return max(1, (cores or usable_cores()) // max(1, processes))
 
