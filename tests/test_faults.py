@@ -162,7 +162,8 @@ def test_a_killed_agent_costs_later_matches_no_grace_and_is_reported(tmp_path: P
     assert gone.agent == "carol" and abs(gone.at - killed[0]) < 2 and gone.back_at is None
     assert gone.defaulted >= len(later)
     assert any(n.startswith("agent carol went offline at") for n in notices)
-    assert f"(its seats got defaults in {gone.defaulted} matches)" in notices[-1]
+    noun = "match" if gone.defaulted == 1 else "matches"
+    assert f"(its seats got defaults in {gone.defaulted} {noun})" in notices[-1]
     assert summarize(result)["faults"]["departures"][0]["agent"] == "carol"
 
 
@@ -490,3 +491,64 @@ async def test_a_live_referee_given_up_by_mistake_is_counted_on_again(
     assert faults.referees_revived == ["referee"]
     # what it had in flight when given up, and acknowledgements of requests sent before
     assert faults.rerequested <= 4 * config.concurrency, faults.rerequest_reasons
+
+
+async def test_an_agent_stopped_while_it_checks_its_identity_says_offline(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found on a shared broker: a short `backroom run` stopped its agents while each, under a
+    name used before, waited to be thrown off (online and playing already). They closed
+    cleanly without saying offline, the broker dropped their wills, and the retained
+    ``online`` refused the next run ("already online: a, b") for good."""
+    monkeypatch.setattr(runtime, "IDENTITY_WINDOW_S", 30.0)  # surely stopped inside it
+    alice = identity(broker, "alice")
+    async with AgentRunner(make_agent("random", "alice"), alice):
+        pass  # a retained status now: the next start waits out the window
+    runner = AgentRunner(make_agent("random", "alice"), alice)
+    starting = asyncio.ensure_future(runner.__aenter__())
+    await eventually(lambda: runner._claiming and runner._echo.is_set(), 10)
+    starting.cancel()  # what SIGTERM does to `backroom agent` (cli._serve)
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    states: list[str] = []
+
+    def on(_topic: str, payload: bytes) -> None:
+        msg = parse(payload)
+        if isinstance(msg, Status):
+            states.append(msg.state)
+
+    async with Bus(identity(broker, "watcher", "observer")) as bus:
+        await bus.subscribe(topics.status("alice"), on)  # the retained one arrives first
+        await eventually(lambda: bool(states), 10)
+    assert states[0] == "offline"
+
+
+async def test_another_runs_referee_on_a_shared_broker_is_not_blamed(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """A shared broker keeps the retained ``offline`` of every referee that ever ran there; a
+    run that never knew one must not say it "is gone" and ask again for its matches."""
+    old = identity(broker, "referee-old", "referee")
+    async with Bus(old) as bus:
+        await bus.publish(
+            topics.status("referee-old"), Status(state="offline", kind="referee"), retain=True
+        )
+    notices: list[str] = []
+    faults = Faults()
+    players = agents(("alice", "kuhn-colluder"), ("bob", "kuhn-colluder"), ("carol", "random"))
+    async with stack(broker, tmp_path / "runs", players):
+        runner = identity(broker, "runner", "runner")
+        eps = await asyncio.wait_for(
+            run_matches(
+                _config("shared", 200, 5),
+                runner,
+                ["alice", "bob", "carol"],
+                faults=faults,
+                on_notice=notices.append,
+                referee_grace_s=0.2,  # far shorter than the run: a blamed referee would show
+            ),
+            90,
+        )
+    assert len(eps) == 200
+    assert faults.referees_lost == [] and faults.rerequested == 0
+    assert not [n for n in notices if "referee-old" in n], notices

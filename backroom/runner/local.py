@@ -82,7 +82,8 @@ class Departure:
         text = f"agent {self.agent} went offline at {_clock(self.at)}"
         if self.back_at is not None:
             text += f", back at {_clock(self.back_at)}"
-        return f"{text} (its seats got defaults in {self.defaulted} matches)"
+        n = self.defaulted
+        return f"{text} (its seats got defaults in {n} match{'' if n == 1 else 'es'})"
 
 
 @dataclass
@@ -108,6 +109,8 @@ class Faults:
     #: before, by match, turn and seat, so a rerun under the old id would time out.
     reruns: dict[str, str] = field(default_factory=dict)
     departures: list[Departure] = field(default_factory=list)
+    #: Stopped by Ctrl-C (SIGINT) while playing: the episodes are the matches finished by then.
+    interrupted: bool = False
 
     @property
     def rerequested(self) -> int:
@@ -413,6 +416,7 @@ async def run_matches(
     run_stamp: str | None = None,
     faults: Faults | None = None,
     referee_grace_s: float = REFEREE_GRACE_S,
+    stop: asyncio.Event | None = None,
 ) -> list[EpisodeRecord]:
     """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
 
@@ -438,7 +442,9 @@ async def run_matches(
     episode of a match, under any of its ids, is the one kept. With no referee
     left, the run fails: at once when the run's own referees all died, after
     ``ready_timeout_s`` when others may come back. ``on_notice`` hears of each
-    referee lost and each agent gone offline; ``faults`` gets the counts.
+    referee lost and each agent gone offline; ``faults`` gets the counts. Once
+    ``stop`` is set (Ctrl-C), the run returns the matches finished by then and
+    ``faults.interrupted`` says that it stopped short.
     """
     faults = faults if faults is not None else Faults()
     notice = on_notice or (lambda _msg: None)
@@ -487,7 +493,9 @@ async def run_matches(
                 referees_up.add(name)
                 referees_down.pop(name, None)
                 lost.pop(name, None)  # back: what it takes from now on is its own again
-            else:
+            elif name in referees_up or name in owner.values():
+                # Only a referee this run knew: a shared broker keeps the retained
+                # "offline" of every referee that ever ran there, other runs' included.
                 referees_up.discard(name)
                 referees_down.setdefault(name, time.monotonic())
         elif name in agent_ids and playing:
@@ -568,10 +576,10 @@ async def run_matches(
         window.release()
         if on_episode:
             on_episode(record, len(episodes))
+        if clock is not None:  # the last one so far: a run stopped early ends here
+            clock.ended = time.perf_counter()
         if len(episodes) == len(wanted):
             all_done.set()
-            if clock is not None:
-                clock.ended = time.perf_counter()
 
     def ask(attempt: str) -> None:
         sent[attempt] = time.monotonic()
@@ -632,9 +640,12 @@ async def run_matches(
             del owner[attempt]
             if current[slot_of[attempt]] == attempt:
                 ask_again(slot_of[attempt], "referee lost")
-        notice(
-            f"referee {referee} is gone ({why}); asked again for its {len(mine)} unfinished matches"
+        again = (
+            f"asked again for its {len(mine)} unfinished match{'' if len(mine) == 1 else 'es'}"
+            if mine
+            else "it had no unfinished matches"
         )
+        notice(f"referee {referee} is gone ({why}); {again}")
 
     no_referee_since: float | None = None
 
@@ -756,6 +767,13 @@ async def run_matches(
             clock.started = time.perf_counter()
         submitter = asyncio.create_task(submit())
         resubmitter = asyncio.create_task(resubmit())
+
+        async def stop_early() -> None:
+            if stop is not None:
+                await stop.wait()
+                all_done.set()  # the matches finished so far are the run's result
+
+        relay = asyncio.create_task(stop_early())
         try:
             while not all_done.is_set():
                 if submitter.done() and (error := submitter.exception()) is not None:
@@ -766,10 +784,12 @@ async def run_matches(
         finally:
             submitter.cancel()
             resubmitter.cancel()
+            relay.cancel()
+        faults.interrupted = stop is not None and stop.is_set() and len(episodes) < len(wanted)
         await asyncio.sleep(0.2)  # traces of the last decisions are still on their way
     if trace_file is not None:
         trace_file.close()
-    result = [episodes[m] for m in match_ids]
+    result = [episodes[m] for m in match_ids if m in episodes]
     for departure in faults.departures:
         departure.defaulted = _defaulted(result, departure)
         notice(departure.line())
@@ -885,6 +905,7 @@ async def run_local(
     metrics_port: int = 0,
     on_notice: Callable[[str], None] | None = None,
     ready_timeout_s: float = 60.0,
+    stop: asyncio.Event | None = None,
 ) -> RunResult:
     """Start broker (if no URL), referee(s) and agents as processes; run the config; stop them.
 
@@ -943,6 +964,7 @@ async def run_local(
             external=external,
             run_stamp=run_dir.name,
             faults=faults,
+            stop=stop,
         )
         seconds = time.perf_counter() - t0
         stack.stop()  # the referees write what they still have before the file is checked
