@@ -213,9 +213,13 @@ def test_rules_are_the_head_of_every_games_prompt() -> None:
 
     console = Console(width=200, record=True, force_terminal=False)
     loki = MatchStart(
-        match="m", seat=0, seats=["bob", "a", "c"], game="kuhn",
-        params={"variant": "loki"}, turn_timeout_s=5,
-    )  # fmt: skip
+        match="m",
+        seat=0,
+        seats=["bob", "a", "c"],
+        game="kuhn",
+        params={"variant": "loki"},
+        turn_timeout_s=5,
+    )
     console.print(render_rules(loki))
     assert unboxed(console.export_text()).count(LOKI_RULES[:120]) == 1
 
