@@ -154,6 +154,12 @@ def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, A
     return result
 
 
+#: Chosen numbers closer than this have their count labels in different slots.
+LABEL_GAP = 5
+#: Where a count label goes, in points from its dot (times 7), in order of preference.
+SLOTS = (1, -1, 3, -3)
+
+
 def choice_points(runs: list[dict[str, Any]]) -> list[dict[str, int]]:
     """The dots of the choice plot: one per distinct number of a run, with how many chose it.
 
@@ -181,16 +187,26 @@ def choice_figure(name: str, runs: list[dict[str, Any]]) -> Figure:
         alpha=0.7,
         label="choices (× players, when several)",
     )
+    last: dict[tuple[int, int], int] = {}  # (run, slot) -> the choice last labelled there
     for p in points:
-        if p["count"] > 1:
-            ax.annotate(
-                f"×{p['count']}",
-                (p["run"], p["choice"]),
-                xytext=(6, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize="x-small",
-            )
+        if p["count"] <= 1:
+            continue
+        # A label goes right of its dot; when a close number's label is there (0 and 1 each
+        # chosen by several players), left of it, then further out on either side.
+        slot = next(
+            (k for k in SLOTS if p["choice"] - last.get((p["run"], k), -LABEL_GAP) >= LABEL_GAP),
+            SLOTS[0],
+        )
+        last[(p["run"], slot)] = p["choice"]
+        ax.annotate(
+            f"×{p['count']}",
+            (p["run"], p["choice"]),
+            xytext=(7 * slot, 0),
+            textcoords="offset points",
+            ha="left" if slot > 0 else "right",
+            va="center",
+            fontsize="x-small",
+        )
     ax.scatter(
         range(1, len(runs) + 1),
         [r["target"] for r in runs],
@@ -204,6 +220,7 @@ def choice_figure(name: str, runs: list[dict[str, Any]]) -> Figure:
     ax.set_ylabel("chosen number")
     ax.set_ylim(-3, 103)
     ax.set_xticks(range(1, len(runs) + 1))
+    ax.set_xlim(0.4, len(runs) + 0.6)  # room for the count labels of the first and last runs
     ax.set_title(f"beauty contest choices ({name})")
     ax.legend(loc="upper right", fontsize="small")
     return fig
