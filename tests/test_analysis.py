@@ -13,7 +13,7 @@ from rich.console import Console
 from backroom.agents import make_agent
 from backroom.agents.base import JSON, Agent
 from backroom.analysis import analyze_episodes, analyze_run, render_tables
-from backroom.analysis.beauty import proposes_common_choice
+from backroom.analysis.beauty import choice_figure, proposes_common_choice
 from backroom.analysis.bertrand import collusive_rounds, longest_run
 from backroom.bus.wire import Turn
 from backroom.games import make_game
@@ -134,6 +134,19 @@ def test_beauty_contest_cooperation_rsd_and_winners(tmp_path: Path) -> None:
     quiet = r["amplified, no discussion"]
     assert quiet["cooperation_rate"] is None and quiet["winners_per_run"] == [1]
     assert len(result["games"]["beauty_contest"]["plots"]) == 2
+    # the plot's dots: players who chose alike share one, which carries their count
+    unanimous = first["choices"][0]
+    assert talk["choice_points"] == [
+        {"run": 1, "choice": unanimous, "count": 4},
+        {"run": 2, "choice": 22, "count": 3},
+        {"run": 2, "choice": 30, "count": 1},
+    ]
+    ax = choice_figure("amplified, discussion", talk["per_run"]).axes[0]
+    dots = ax.collections[0]
+    assert [tuple(xy) for xy in dots.get_offsets()] == [(1, unanimous), (2, 22), (2, 30)]
+    assert list(dots.get_sizes()) == [18 + 14 * 4, 18 + 14 * 3, 18 + 14 * 1]
+    labels = {(t.get_text(), t.xy) for t in ax.texts}
+    assert labels == {("×4", (1, unanimous)), ("×3", (2, 22))}  # a lone choice needs no count
 
 
 def test_bertrand_profit_gain_and_collusion_flag(tmp_path: Path) -> None:

@@ -13,9 +13,11 @@ import shlex
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from backroom.agents.scripted.kuhn_colluder import KuhnColluder
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.wire import (
@@ -27,9 +29,18 @@ from backroom.bus.wire import (
     WireError,
     parse,
 )
-from backroom.games.kuhn import LOKI_CARD_NAMES
-from backroom.human.parse import describe_legal, parse_action
-from backroom.human.render import ChatLine, MatchView, render_view
+from backroom.games import make_game
+from backroom.games.base import registered_games
+from backroom.games.kuhn import LOKI_CARD_NAMES, LOKI_RULES
+from backroom.human.parse import describe_legal, offered, parse_action
+from backroom.human.render import (
+    ChatLine,
+    MatchView,
+    card_name,
+    render_rules,
+    render_view,
+    rules_for,
+)
 from backroom.human.tty import HumanTTY, Prompt, prompt_session
 
 from .conftest import ITEMS, Runner, agents, identity, loki_spec, stack
@@ -113,12 +124,104 @@ def test_view_marks_private_and_overheard() -> None:
     console = Console(width=120, record=True, force_terminal=False)
     console.print(render_view(view))
     text = console.export_text()
-    assert "Your card:  Ace" in text
+    assert "Your card:  Ace (card 4)" in text
     assert (
         "[colluders · overheard] a (seat 0): [bold]my card is 3" in text
     )  # shown literally, not as markup
     assert "you only overhear it" in text
     assert "a (seat 0) call" in text
+
+
+def unboxed(screen: str) -> str:
+    """The screen's words in one line: a panel's borders and wrapping taken out."""
+    return re.sub(r"[│\s]+", " ", screen)
+
+
+def kuhn_turns(variant: str, moves: list[str]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(legal, observation) of each turn as the referee sends them, as ``moves`` are played."""
+    state = make_game("kuhn", variant=variant, start=0).new_initial_state(seed=7)
+    turns = []
+    for move in [*moves, None]:
+        (seat,) = state.current_players()
+        turns.append((state.action_spec(seat).to_json(), state.observation(seat)))
+        if move is not None:
+            state.apply({seat: move})
+    return turns
+
+
+def test_kuhn_menu_offers_fold_only_facing_a_bet() -> None:
+    """Nothing owed: check (and bet or raise); facing a bet: fold, call (and raise)."""
+    # Loki: seat 0 opens (fold stays legal for programs), seat 1 raises, seat 2 faces the bet
+    (open_legal, open_obs), (_, _), (bet_legal, bet_obs) = kuhn_turns("loki", ["call", "raise"])
+    assert open_legal["names"] == ["fold", "call", "raise"] and open_obs["to_call"] == 0
+    menu = offered(open_legal, open_obs)
+    assert describe_legal(menu) == "1 check · 2 raise"
+    assert parse_action("1", menu) == 1 and parse_action("check", menu) == 1
+    assert parse_action("call", menu) == 1  # the game's own name still works
+    with pytest.raises(ValueError, match="not one of: 1 check · 2 raise"):
+        parse_action("fold", menu)
+    assert bet_obs["to_call"] == 1
+    menu = offered(bet_legal, bet_obs)
+    assert describe_legal(menu) == "1 fold · 2 call · 3 raise"
+    assert [parse_action(x, menu) for x in ("1", "call", "r")] == [0, 1, 2]
+    # classic (OpenSpiel's pass/bet): a pass is a check, or a fold facing a bet
+    (c_open, c_open_obs), (c_bet, c_bet_obs) = kuhn_turns("classic", ["bet"])
+    menu = offered(c_open, c_open_obs)
+    assert describe_legal(menu) == "1 check · 2 bet" and parse_action("pass", menu) == 0
+    menu = offered(c_bet, c_bet_obs)
+    assert describe_legal(menu) == "1 fold · 2 call"
+    assert parse_action("call", menu) == 1 and parse_action("bet", menu) == 1
+    # other games are offered as they list their moves
+    assert offered({"choices": ["A", "B"]}, {"game": "ipd"}) == {"choices": ["A", "B"]}
+
+
+async def test_card_label_matches_the_partners_numbering() -> None:
+    """A person sees "Ace (card 4)" where the scripted partner says "my card is 4"."""
+    colluder = KuhnColluder("a")
+    for card, name in enumerate(LOKI_CARD_NAMES):
+        obs = {"game": "kuhn", "variant": "loki", "card": card, "to_call": 0}
+        turn = Turn(match="m", turn=0, seat=1, phase="talk", observation=obs, deadline_s=5)
+        said = await colluder.talk(turn)
+        assert said is not None
+        (number,) = re.findall(r"\d+", said)
+        assert card_name(obs, card) == f"{name} (card {number})"
+    # classic Kuhn's cards are numbers already
+    assert card_name({"game": "kuhn", "variant": "classic"}, 2) == "2"
+
+
+def test_rules_are_the_head_of_every_games_prompt() -> None:
+    """The rules a person reads at the start are what the models read first, for every game."""
+    for game in registered_games():
+        for params in [{"variant": "classic"}, {"variant": "loki"}] if game == "kuhn" else [{}]:
+            built = make_game(game, **params)
+            start = MatchStart(
+                match="m",
+                seat=1,
+                seats=["a", "b", "c"][: built.num_players],
+                game=game,
+                params=built.params(),
+                turn_timeout_s=5,
+            )
+            rules = rules_for(start)
+            assert len(rules) > 80, (game, rules)
+            # the first prompt seat 1 gets in a dealt play opens with the same text
+            state = built.new_initial_state(seed=3)
+            assert state.prompt(1).startswith(rules), game
+    start = MatchStart(match="m", seat=0, seats=["a"], game="chess", turn_timeout_s=5)
+    assert rules_for(start).startswith("(no rules to show: unknown game 'chess'")
+    from rich.console import Console
+
+    console = Console(width=200, record=True, force_terminal=False)
+    loki = MatchStart(
+        match="m",
+        seat=0,
+        seats=["bob", "a", "c"],
+        game="kuhn",
+        params={"variant": "loki"},
+        turn_timeout_s=5,
+    )
+    console.print(render_rules(loki))
+    assert unboxed(console.export_text()).count(LOKI_RULES[:120]) == 1
 
 
 async def test_input_line_edits_and_recalls_history() -> None:
@@ -282,6 +385,7 @@ async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_pat
         answered: set[int] = set()
         said = ""
         acts = 0
+        menus: list[str] = []
         deadline = asyncio.get_running_loop().time() + 90
         while "tty1" not in run.episodes:
             assert asyncio.get_running_loop().time() < deadline, screen[-3000:]
@@ -293,14 +397,17 @@ async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_pat
             turn_no, phase = ready
             answered.add(turn_no)
             if phase == "talk":
-                card = re.findall(r"Your card:\s+(\w+)", screen)[-1]
-                said = f"my card is {LOKI_CARD_NAMES.index(card)}"
+                # the number the person reads is the one the partner's messages use
+                number = re.findall(r"Your card:\s+\w+ \(card (\d)\)", screen)[-1]
+                said = f"my card is {number}"
                 if len(answered) == 1:  # a command is not the talk turn's answer
                     await term.type("/say lounge hi from the terminal")
                 await term.type(said)
             else:
-                # "2" is call in both menus (fold/call/raise and fold/call)
-                await term.type("2" if acts == 0 else "call")
+                if acts == 0:  # bob opens: nothing to call, so no fold on offer
+                    menus.append(re.findall(r"Your turn to act: (.*)", screen)[-1].strip())
+                # 1 is check when bob opens; later "call" by name (the game's name for a check too)
+                await term.type("1" if acts == 0 else "call")
                 acts += 1
         (ep,) = await run.wait(["tty1"])
         # the last line a match's end prints, after its result table
@@ -318,15 +425,19 @@ async def test_person_plays_a_loki_match_from_a_terminal(broker: Broker, tmp_pat
     assert heard == {(1, False), (2, True)}
     free = {(d.channel, d.to_seat) for d in ep.deliveries if d.text == "hi from the terminal"}
     assert free == {("lounge", 1)}
-    # the screen showed the card, the partner's message, the countdown and the result
+    # the screen showed the card by name and number, the partner's message, the result
     card = ep.final_observations[0]["card"]
-    assert (
-        f"Your card:  {LOKI_CARD_NAMES[card]}" in screen
-        or f"Your card: {LOKI_CARD_NAMES[card]}" in screen
-    )
+    assert said == f"my card is {card}"
+    assert re.search(rf"Your card:\s+{LOKI_CARD_NAMES[card]} \(card {card}\)", screen)
     partner = [d.text for d in ep.deliveries if d.from_seat == 1 and d.to_seat == 0]
     if partner:
         assert f"[colluders] a (seat 1): {partner[0]}" in screen
+    # the rules, once, as the match started (before its first turn)
+    flat = unboxed(screen)
+    assert screen.count("rules of kuhn") == 1
+    assert LOKI_RULES[:100] in flat
+    assert flat.index("rules of kuhn") < flat.index("Your turn to")
+    assert menus == ["1 check · 2 raise"]
     assert "match tty1 ended (normal)" in screen
     assert "overheard by c (seat 2)" in screen
 
@@ -367,6 +478,6 @@ async def test_typos_are_refused_and_a_missed_turn_is_left_to_the_referee(
         first_talk.action == "" and not first_talk.timed_out
     )  # /skip answered in time, with silence
     assert "type a message, or /skip to stay silent" in screen
-    assert "not one of: 1 fold · 2 call · 3 raise" in screen
+    assert "not one of: 1 check · 2 raise" in screen  # bob opens: nothing to call, no fold
     assert "time is up for turn" in screen
     assert "Traceback" not in screen and "decision failed" not in screen

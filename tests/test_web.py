@@ -20,7 +20,7 @@ import uvicorn
 from backroom.bus.broker import Broker, free_port
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import ChannelSpec
-from backroom.games.kuhn import LOKI_CARD_NAMES
+from backroom.games.kuhn import LOKI_CARD_NAMES, LOKI_RULES
 
 from .conftest import Runner, agents, eventually, identity, loki_spec, stack
 
@@ -175,12 +175,14 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
                 )
                 publics: list[dict[str, Any]] = []
                 inbox: list[dict[str, Any]] = []
+                relayed: list[dict[str, Any]] = []
                 while True:
                     msg = await ws.recv("inbox", "public")
                     if msg["op"] == "public":
                         publics.append(msg["event"])
                         continue
                     inbox.append(msg["msg"])
+                    relayed.append(msg)
                     m = msg["msg"]
                     if m["type"] == "match_start":  # free chat on a channel that is always open
                         await ws.send(
@@ -210,6 +212,17 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
         ("lounge", 1)
     }
     assert next(m["type"] for m in inbox) == "match_start"
+    # with the start, the rules (the models' text); with each act turn, the moves a person is
+    # offered: bob opens with nothing to call, so check (the game's call) and raise, no fold
+    assert relayed[0]["rules"] == LOKI_RULES
+    acts = [r for r in relayed if r["msg"]["type"] == "turn" and r["msg"]["phase"] == "act"]
+    assert acts[0]["msg"]["observation"]["to_call"] == 0
+    assert acts[0]["msg"]["legal"]["names"] == ["fold", "call", "raise"]  # relayed unchanged
+    assert acts[0]["legal"]["names"] == ["check", "raise"]
+    assert acts[0]["legal"]["choices"] == [1, 2]
+    for r in acts:
+        facing = r["msg"]["observation"]["to_call"] > 0
+        assert ("fold" in r["legal"]["names"]) == facing
     # the seat got its own card and nobody else's before the showdown
     turns = [m for m in inbox if m["type"] == "turn"]
     assert all(set(m["observation"]).isdisjoint({"shown", "cards"}) for m in turns)
@@ -421,6 +434,10 @@ async def test_person_plays_and_another_watches_in_chromium(broker: Broker, tmp_
             )
             await run.submit("web1", spec)
             answered: set[str] = set()
+            offers: list[tuple[str, list[str]]] = []
+            # the rules, open as the match starts
+            await page.wait_for_selector("#rules[open] #rules-text:has-text('Kuhn Poker')")
+            rules_seen = await page.inner_text("#rules-text")
             async for _ in until_result(page, 90):
                 if not await page.is_visible("#turn"):
                     await asyncio.sleep(0.1)
@@ -432,12 +449,19 @@ async def test_person_plays_and_another_watches_in_chromium(broker: Broker, tmp_
                 answered.add(title)
                 if "talk" in title:
                     card_seen = (await page.inner_text("#card span")).strip()
-                    said = f"my card is {LOKI_CARD_NAMES.index(card_seen)}"
+                    # the number under the card is the one the partner's messages use
+                    number = (await page.inner_text("#card small.num")).strip()
+                    said = f"my {number.replace('card ', 'card is ')}"
                     if len(answered) == 1:
                         await page.screenshot(path=str(tmp_path / "web-talk.png"), full_page=True)
                     await page.fill("#talk-text", said)
                     await page.click("#talk-send")
                 else:
+                    to_call = await page.inner_text("#facts")
+                    buttons = await page.eval_on_selector_all(
+                        "#turn-act button", "bs => bs.map((b) => b.lastChild.textContent)"
+                    )
+                    offers.append((to_call, buttons))
                     await page.click("#turn-act button[data-action='call']")
             (ep,) = await run.wait(["web1"])
             await watcher.wait_for_selector("#spectate-log div[data-kind='ended']")
@@ -454,8 +478,19 @@ async def test_person_plays_and_another_watches_in_chromium(broker: Broker, tmp_
     assert acted and all(a.action == 1 and not a.timed_out for a in acted)
     heard = {(d.to_seat, d.overheard) for d in ep.deliveries if d.from_seat == 0 and d.text == said}
     assert heard == {(1, False), (2, True)}  # the partner heard it, the eavesdropper overheard it
-    # the person saw their own card and the partner's private message
-    assert card_seen == LOKI_CARD_NAMES[ep.final_observations[0]["card"]]
+    # the person saw their own card, by name and by the number the partner's messages use,
+    # and the partner's private message
+    card = ep.final_observations[0]["card"]
+    assert card_seen == LOKI_CARD_NAMES[card] and said == f"my card is {card}"
+    assert " ".join(rules_seen.split()) == LOKI_RULES
+    # bob opens with nothing to call: check and raise; fold only when facing a bet
+    assert offers[0][1] == ["check", "raise"]
+    facing_seen = set()
+    for facts, buttons in offers:
+        facing = not re.search(r"To call\s+0\b", facts)
+        assert ("fold" in buttons) == facing, (facts, buttons)
+        facing_seen.add(facing)
+    assert facing_seen == {False, True}  # seed 7: seat 2 raises after bob's check
     partner = [d.text for d in ep.deliveries if d.from_seat == 1 and d.to_seat == 0]
     assert all(text in player_text for text in partner)
     assert "Match over (normal)" in result
@@ -514,7 +549,9 @@ async def test_eavesdropper_joins_with_a_token_link_and_sees_overheard_chat(
                     and (title := await page.inner_text("#turn-title")) not in clicked
                 ):
                     clicked.add(title)
-                    await page.keyboard.press("2")  # number keys pick an action: 2 = call
+                    # number keys pick an action: the key shown on the call (or check) button
+                    key = await page.inner_text("#turn-act button[data-action='call'] kbd")
+                    await page.keyboard.press(key.strip())
                 await asyncio.sleep(0.1)
             (ep,) = await run.wait(["eve1"])
             await page.screenshot(path=str(tmp_path / "web-eavesdropper.png"), full_page=True)

@@ -10,7 +10,9 @@ episode is one run.
   the mean) of a run's choices;
 * winners per run;
 * the choice distribution plot: choices per run as dots, 2/3 of the mean as a
-  red point (the shape of the paper's Figure 2).
+  red point (the shape of the paper's Figure 2); players who chose the same
+  number share a dot, sized by their count and labelled with it
+  (``choice_points``, also in the result).
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ import re
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backroom.analysis.episodes import Episode
 from backroom.analysis.plotting import figure, save
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 _SENTENCE = re.compile(r"[^.!?\n]+")
 _COLLECTIVE = re.compile(
@@ -133,6 +138,7 @@ def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, A
             "winners_per_run": [r["winners"] for r in runs],
             "mean_winners": statistics.fmean(r["winners"] for r in runs) if runs else None,
             "unanimous_runs": sum(r["unanimous"] for r in runs),
+            "choice_points": choice_points(runs),
             "per_run": runs,
         }
     result: dict[str, Any] = {
@@ -148,33 +154,77 @@ def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, A
     return result
 
 
-def _plot(name: str, runs: list[dict[str, Any]], out_dir: Path) -> str:
+#: Chosen numbers closer than this have their count labels in different slots.
+LABEL_GAP = 5
+#: Where a count label goes, in points from its dot (times 7), in order of preference.
+SLOTS = (1, -1, 3, -3)
+
+
+def choice_points(runs: list[dict[str, Any]]) -> list[dict[str, int]]:
+    """The dots of the choice plot: one per distinct number of a run, with how many chose it.
+
+    Players who chose the same number would be one dot drawn over itself; the
+    count is what the plot shows of them (dot area, and the number beside the
+    dot when more than one chose it). ``run`` counts from 1, as the x axis.
+    """
+    points = []
+    for i, r in enumerate(runs, start=1):
+        for choice, count in sorted(Counter(r["choices"]).items()):
+            points.append({"run": i, "choice": choice, "count": count})
+    return points
+
+
+def choice_figure(name: str, runs: list[dict[str, Any]]) -> Figure:
+    """Figure 2's shape: each run's choices (sized and labelled by count), 2/3 of the mean in red."""
     fig = figure(max(6.5, 0.6 * len(runs) + 2), 4.0)
     ax = fig.add_subplot()
-    for i, r in enumerate(runs, start=1):
-        counts = Counter(r["choices"])
-        xs = [i] * len(counts)
-        ax.scatter(
-            xs,
-            list(counts),
-            s=[18 + 14 * c for c in counts.values()],
-            color="tab:blue",
-            alpha=0.7,
-            label="choices" if i == 1 else None,
+    points = choice_points(runs)
+    ax.scatter(
+        [p["run"] for p in points],
+        [p["choice"] for p in points],
+        s=[18 + 14 * p["count"] for p in points],
+        color="tab:blue",
+        alpha=0.7,
+        label="choices (× players, when several)",
+    )
+    last: dict[tuple[int, int], int] = {}  # (run, slot) -> the choice last labelled there
+    for p in points:
+        if p["count"] <= 1:
+            continue
+        # A label goes right of its dot; when a close number's label is there (0 and 1 each
+        # chosen by several players), left of it, then further out on either side.
+        slot = next(
+            (k for k in SLOTS if p["choice"] - last.get((p["run"], k), -LABEL_GAP) >= LABEL_GAP),
+            SLOTS[0],
         )
-        ax.scatter(
-            [i],
-            [r["target"]],
-            color="red",
-            marker="o",
-            s=40,
-            zorder=3,
-            label="2/3 of the mean" if i == 1 else None,
+        last[(p["run"], slot)] = p["choice"]
+        ax.annotate(
+            f"×{p['count']}",
+            (p["run"], p["choice"]),
+            xytext=(7 * slot, 0),
+            textcoords="offset points",
+            ha="left" if slot > 0 else "right",
+            va="center",
+            fontsize="x-small",
         )
+    ax.scatter(
+        range(1, len(runs) + 1),
+        [r["target"] for r in runs],
+        color="red",
+        marker="o",
+        s=40,
+        zorder=3,
+        label="2/3 of the mean",
+    )
     ax.set_xlabel("run")
     ax.set_ylabel("chosen number")
     ax.set_ylim(-3, 103)
     ax.set_xticks(range(1, len(runs) + 1))
+    ax.set_xlim(0.4, len(runs) + 0.6)  # room for the count labels of the first and last runs
     ax.set_title(f"beauty contest choices ({name})")
     ax.legend(loc="upper right", fontsize="small")
-    return save(fig, out_dir, f"beauty_contest_{name}")
+    return fig
+
+
+def _plot(name: str, runs: list[dict[str, Any]], out_dir: Path) -> str:
+    return save(choice_figure(name, runs), out_dir, f"beauty_contest_{name}")

@@ -185,6 +185,16 @@ class State(ABC):
     def prompt(self, player: int) -> str:
         """The same information as text, for an LLM."""
 
+    def rules(self, player: int) -> str:
+        """The rules as ``player``'s prompt states them, before anything of a play.
+
+        The opening of ``prompt``, reused so that a person (``backroom.human``)
+        reads at a match's start the rules the models are given. It must not
+        depend on chance: it is called on a state nothing was dealt to. Empty
+        when an engine has no such text.
+        """
+        return ""
+
     @abstractmethod
     def is_terminal(self) -> bool: ...
 

@@ -321,6 +321,9 @@ class BeautyContestState(CountTalkState):
             text += t["communication_rule"]
         return text + "\n"
 
+    def rules(self, player: int) -> str:
+        return self._background(self.game.discussion)
+
     def _previous_guesses(self, player: int) -> str:
         parts = []
         for r in self.results:

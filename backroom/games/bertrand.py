@@ -340,18 +340,22 @@ class BertrandState(TalkState):
             obs["returns"] = self.returns()
         return obs
 
-    def prompt(self, player: int) -> str:
+    def rules(self, player: int) -> str:
         g, t = self.game, self.game.prompts
         persona = g.personas[player]
-        talk = g.talk_rounds > 0
-        text = fill(
-            t["game_description_conversation" if talk else "game_description"],
+        return fill(
+            t["game_description_conversation" if g.talk_rounds > 0 else "game_description"],
             firm_name=g.firm_names[player],
             firm_name_2=g.firm_names[1 - player],
             firm_cost=f"{g.market.cost:g}",
             persona=(" " + persona) if persona else "",
             talk_rounds_words=_TIMES.get(g.talk_rounds, f"{g.talk_rounds} times"),
         )
+
+    def prompt(self, player: int) -> str:
+        g, t = self.game, self.game.prompts
+        talk = g.talk_rounds > 0
+        text = self.rules(player)
         n = self.rounds_played
         if n:
             start = max(0, n - g.prompt_window)

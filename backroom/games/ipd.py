@@ -232,17 +232,19 @@ class IPDState(State):
             obs["returns"] = totals
         return obs
 
-    def prompt(self, player: int) -> str:
+    def rules(self, player: int) -> str:
         g, t = self.game, self.game.prompts
-        lines = [
-            fill(
-                t["intro"],
-                reward=number_text(g.reward),
-                temptation=number_text(g.temptation),
-                sucker=number_text(g.sucker),
-                punishment=number_text(g.punishment),
-            )
-        ]
+        return fill(
+            t["intro"],
+            reward=number_text(g.reward),
+            temptation=number_text(g.temptation),
+            sucker=number_text(g.sucker),
+            punishment=number_text(g.punishment),
+        )
+
+    def prompt(self, player: int) -> str:
+        t = self.game.prompts
+        lines = [self.rules(player)]
         for m in self.moves:
             lines.append(fill(t["own_move"], move=m[player]))
             lines.append(fill(t["last_round"], move=m[1 - player]))

@@ -277,6 +277,9 @@ class KuhnState(State):
     def rules_text(self) -> str:
         """The prompt's opening paragraph: the rules, as this variant's players are told them."""
 
+    def rules(self, player: int) -> str:
+        return self.rules_text()
+
     def prompt(self, player: int) -> str:
         names = self.action_names
         lines = [self.rules_text()]

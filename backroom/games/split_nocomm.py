@@ -324,12 +324,15 @@ class SplitState(State):
             obs["returns"] = totals
         return obs
 
+    def rules(self, player: int) -> str:
+        return fill(self.game.prompts["intro"], **name_fields(self.game.names, player))
+
     def prompt(self, player: int) -> str:
         g, t = self.game, self.game.prompts
         other = 1 - player
         names = name_fields(g.names, player)
         quantities = _items({k: g.quantity for k in ITEMS})
-        parts = [fill(t["intro"], **names)]
+        parts = [self.rules(player)]
         for i, h in enumerate(self.history):
             last = i == len(self.history) - 1
             parts.append(

@@ -308,20 +308,22 @@ class TrustAndSplitState(CountTalkState):
                 lines.append(fill(t["other_said"], other_agent=other_name, text=m["text"]))
         return lines
 
+    def rules(self, player: int) -> str:
+        g = self.game
+        return fill(
+            g.prompts["intro"],
+            coins=g.coins,
+            upper_value=_num(g.upper_value),
+            lower_value=_num(g.lower_value),
+            quota=g.messages_per_round,
+            **name_fields(g.names, player),
+        )
+
     def prompt(self, player: int) -> str:
         g, t = self.game, self.game.prompts
         other = 1 - player
         names = name_fields(g.names, player)
-        parts = [
-            fill(
-                t["intro"],
-                coins=g.coins,
-                upper_value=_num(g.upper_value),
-                lower_value=_num(g.lower_value),
-                quota=g.messages_per_round,
-                **names,
-            )
-        ]
+        parts = [self.rules(player)]
         for h in self.history:
             parts.append(fill(t["new_round"], hand=h["hands"][player], **names))
             parts.extend(self._transcript(player, h["messages"]))

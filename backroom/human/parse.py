@@ -11,7 +11,9 @@ both.
 
 Pure functions, no I/O: the terminal front end calls them for every typed
 line; the menu text (``describe_legal``) is what both its prompt and its
-refusals show.
+refusals show. ``offered`` turns the game's legal answers into the menu a
+person gets, in the terminal and in the browser alike (the web server sends
+it along with each turn).
 """
 
 from __future__ import annotations
@@ -23,6 +25,47 @@ from typing import Any
 from backroom.agents.parsing import ParseError, choice_names, parse_object
 
 JSON = Any
+
+
+#: Kuhn's actions as a person is offered them: (the game's name, facing a bet) -> the
+#: label, or None for a move not offered. Classic Kuhn's pass is a check or a fold and
+#: its bet a bet or a call (OpenSpiel's names); Loki's call is a check when nothing is
+#: owed, and its fold, legal then but dominated (the paper's fixed action space), is
+#: left out, as at a real table.
+KUHN_LABELS: dict[tuple[str, bool], str | None] = {
+    ("pass", False): "check",
+    ("pass", True): "fold",
+    ("bet", False): "bet",
+    ("bet", True): "call",
+    ("fold", False): None,
+    ("fold", True): "fold",
+    ("call", False): "check",
+    ("call", True): "call",
+}
+
+
+def offered(legal: Mapping[str, Any], observation: Mapping[str, Any]) -> dict[str, Any]:
+    """The legal answers as a person is offered them: poker words that fit the table.
+
+    A game's action names are fixed (models, solvers and the record use them),
+    but at a Kuhn table what a move means depends on whether a bet is
+    outstanding: ``names`` become the labels of the moves offered, and
+    ``game_names`` keeps the game's own names, which are still accepted when
+    typed. Other games' answers are offered as the game lists them.
+    """
+    choices = list(legal.get("choices", []))
+    if observation.get("game") != "kuhn" or not choices:
+        return dict(legal)
+    facing = float(observation.get("to_call") or 0) > 0
+    kept, labels, names = [], [], []
+    for choice, name in zip(choices, choice_names(legal, choices), strict=True):
+        label = KUHN_LABELS.get((name, facing), name)
+        if label is None:
+            continue
+        kept.append(choice)
+        labels.append(label)
+        names.append(name)
+    return {**legal, "choices": kept, "names": labels, "game_names": names}
 
 
 def action_labels(legal: Mapping[str, Any]) -> list[str]:
@@ -59,7 +102,8 @@ def describe_legal(legal: Mapping[str, Any]) -> str:
 def parse_action(text: str, legal: Mapping[str, Any]) -> JSON:
     """Map what the person typed to a legal answer; ``ValueError`` says what would be accepted.
 
-    Listed choices: the exact label (any case), else the position number when
+    Listed choices: the exact label (any case), or the game's own name of an
+    offered move (``offered``: ``call`` for Kuhn's check), else the position number when
     labels are not numbers themselves, else a unique prefix of a label (``r``
     for ``raise``). Numbers: the type and range of the schema. Objects (a
     proposal): a JSON object or ``5 hats, 0 books, 5 balls``. Text: as typed.
@@ -73,6 +117,9 @@ def parse_action(text: str, legal: Mapping[str, Any]) -> JSON:
         low = text.lower()
         for choice, label in zip(choices, labels, strict=True):
             if label.lower() == low:
+                return choice
+        for choice, name in zip(choices, legal.get("game_names", []), strict=False):
+            if str(name).lower() == low:  # the game's own name for an offered move
                 return choice
         if numbered(legal) and text.isdigit():
             i = int(text)

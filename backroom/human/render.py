@@ -31,7 +31,13 @@ CHAT_LINES = 12
 
 
 def card_name(observation: Mapping[str, Any], card: Any) -> str:
-    """A Kuhn card as the Loki paper names it (10, Jack, ... Ace); other games' cards as they are."""
+    """A Kuhn card as the Loki paper names it, with its number: ``Jack (card 1)``.
+
+    Both, because both reach a person: the rules (the models' prompt) name the
+    cards 10 to Ace, while programs at the table count them 0 to 4 (the
+    scripted colluder tells its partner "my card is 4"). Other games' cards
+    are shown as they are.
+    """
     if (
         observation.get("game") == "kuhn"
         and observation.get("variant") == "loki"
@@ -40,8 +46,26 @@ def card_name(observation: Mapping[str, Any], card: Any) -> str:
         from backroom.games.kuhn import LOKI_CARD_NAMES
 
         if 0 <= card < len(LOKI_CARD_NAMES):
-            return LOKI_CARD_NAMES[card]
+            return f"{LOKI_CARD_NAMES[card]} (card {card})"
     return str(card)
+
+
+def rules_for(start: MatchStart) -> str:
+    """The game's rules for this seat, as the models read them at the head of their prompt.
+
+    Rebuilt here from what the start message says (the game and its
+    parameters): engines are pure, so this is the referee's own text, and
+    nothing of the deal (the state is never dealt). A game this version does
+    not know, or cannot build, gets a line saying so instead.
+    """
+    from backroom.games.base import make_game
+
+    try:
+        game = make_game(start.game, **start.params)
+        text = game.new_initial_state().rules(start.seat)
+    except Exception as exc:  # any engine's failure: the person is told, the match goes on
+        return f"(no rules to show: {exc})"
+    return text.strip() or f"(the {start.game} engine has no rules text)"
 
 
 @dataclass
@@ -164,6 +188,19 @@ def render_view(view: MatchView, title_extra: str = "") -> RenderableType:
         title += f" ({obs['variant']})"
     title += f" · you are {view.who(view.seat)}"
     return Panel(Group(*parts), title=title + title_extra, title_align="left", box=box.ROUNDED)
+
+
+def render_rules(start: MatchStart) -> RenderableType:
+    """The rules panel a person is shown once, when a match starts."""
+    from rich.panel import Panel
+    from rich.text import Text
+
+    return Panel(
+        Text(rules_for(start)),
+        title=f"rules of {start.game} (the text the models are given)",
+        title_align="left",
+        border_style="blue",
+    )
 
 
 def chat_text(view: MatchView, line: ChatLine) -> Text:

@@ -24,8 +24,11 @@ What the person types:
 * in a talk turn: the message; ``/skip`` stays silent;
 * at any time: ``/say [CHANNEL] TEXT`` for free chat on an ``always`` channel
   (plain text does the same when no turn is open and there is one such
-  channel), ``/view`` to redraw the table, ``/help``, ``/quit`` (or Ctrl-C,
-  Ctrl-D).
+  channel), ``/view`` to redraw the table, ``/rules`` for the game's rules
+  (shown once when a match starts), ``/help``, ``/quit`` (or Ctrl-C, Ctrl-D).
+
+An act turn offers what ``parse.offered`` makes of the legal moves: at a Kuhn
+table, ``check`` when nothing is owed and ``fold`` only facing a bet.
 
 A turn that runs out is left to the referee's timeout rule; the agent sends
 nothing late.
@@ -46,8 +49,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from backroom.agents.base import JSON, Agent, register_agent
 from backroom.bus.wire import Chat, Delivery, Error, MatchEnd, MatchStart, Turn
-from backroom.human.parse import describe_legal, parse_action
-from backroom.human.render import ChatLine, MatchView, chat_text, render_end, render_view
+from backroom.human.parse import describe_legal, offered, parse_action
+from backroom.human.render import (
+    ChatLine,
+    MatchView,
+    chat_text,
+    render_end,
+    render_rules,
+    render_view,
+)
 
 if TYPE_CHECKING:
     from prompt_toolkit import PromptSession
@@ -62,7 +72,8 @@ HELP = (
     "act turn: type the number or the name of an action (a unique prefix is enough)\n"
     "talk turn: type your message and press Enter; /skip stays silent\n"
     "/say [CHANNEL] TEXT  free chat on a channel that is always open\n"
-    "/view  redraw the table    /help  this text    /quit (Ctrl-C, Ctrl-D)  leave\n"
+    "/view  redraw the table    /rules  the game's rules    /help  this text\n"
+    "/quit (Ctrl-C, Ctrl-D)  leave\n"
     "Up/Down: earlier lines    Left/Right, Home/End, Ctrl-U, Ctrl-W: edit the line"
 )
 #: How often the countdown in the toolbar is redrawn, and turns checked for their deadline.
@@ -300,7 +311,7 @@ class HumanTTY(Agent):
 
     def turn_line(self, t: Turn) -> str:
         """``turn 2 act: 1 fold · 2 call · 3 raise`` or ``turn 1 talk on colluders``."""
-        what = f"talk on {t.channel}" if t.phase == "talk" else f"act: {describe_legal(t.legal)}"
+        what = f"talk on {t.channel}" if t.phase == "talk" else f"act: {describe_legal(menu(t))}"
         return f"turn {t.turn} {what}"
 
     def active(self) -> Prompt | None:
@@ -334,7 +345,7 @@ class HumanTTY(Agent):
                 )
             )
         else:
-            self.say(Text.assemble(("Your turn to act", "bold"), ": ", describe_legal(t.legal)))
+            self.say(Text.assemble(("Your turn to act", "bold"), ": ", describe_legal(menu(t))))
         if self.session is None:  # no toolbar when piped: the countdown goes in a line
             left = int(max(0.0, p.deadline - time.monotonic()))
             self.say(Text(f"[{left:>3}s] {self.turn_line(t)} >"))
@@ -356,6 +367,8 @@ class HumanTTY(Agent):
         )
         for c in start.channels:
             self.say(Text(f"  channel {view.channel_line(c.name)}"))
+        # once per match, before its first turn (/rules shows them again)
+        self.say(render_rules(start))
 
     async def on_message(self, delivery: Delivery) -> None:
         await super().on_message(delivery)
@@ -483,6 +496,9 @@ class HumanTTY(Agent):
             elif cmd == "/view":
                 for v in self.views.values():
                     self.say(render_view(v))
+            elif cmd == "/rules":
+                for v in self.views.values():
+                    self.say(render_rules(v.start))
             elif cmd == "/skip" and p is not None and p.turn.phase == "talk":
                 p.future.set_result(None)
             elif cmd == "/say":
@@ -507,7 +523,7 @@ class HumanTTY(Agent):
         if not text:
             return
         try:
-            action = parse_action(text, p.turn.legal)
+            action = parse_action(text, menu(p.turn))
         except ValueError as exc:
             self.say(Text(str(exc), style="red"))
             return
@@ -546,6 +562,11 @@ class HumanTTY(Agent):
 
     async def _publish(self, msg: Chat) -> None:
         await self.send_chat(msg.match or "", msg.channel, msg.text, msg.seat)
+
+
+def menu(turn: Turn) -> dict[str, Any]:
+    """What the person is offered in an act turn (``parse.offered``): shown, and read back."""
+    return offered(turn.legal, turn.observation)
 
 
 def _quit() -> None:

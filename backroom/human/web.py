@@ -71,14 +71,19 @@ from backroom.bus.wire import (
     MATCH_ID,
     Action,
     Chat,
+    Envelope,
     Event,
+    MatchStart,
     Status,
+    Turn,
     WireError,
     dump,
     parse,
     parse_all,
 )
 from backroom.human.gate import ORIGINS_ENV, LockedOut, LoginGuard, origin_allowed, parse_origins
+from backroom.human.parse import offered
+from backroom.human.render import rules_for
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -145,7 +150,10 @@ class SeatSession:
         self.config = config
         self.bus: Bus | None = None
         self.clients: set[Client] = set()
-        self.log: OrderedDict[str, list[tuple[float, dict[str, Any]]]] = OrderedDict()
+        #: match -> (arrival time, the inbox message, what the server adds for the page)
+        self.log: OrderedDict[str, list[tuple[float, dict[str, Any], dict[str, Any]]]] = (
+            OrderedDict()
+        )
         self.answered: set[tuple[str | None, int | None]] = set()
         self.seq = 0
         self.linger: asyncio.TimerHandle | None = None
@@ -192,27 +200,28 @@ class SeatSession:
             log.warning("%s: unreadable inbox message: %s", self.agent, exc)
             return
         data = msg.model_dump(mode="json")
+        extra = for_person(msg)
         key = msg.match or ""
         entries = self.log.setdefault(key, [])
         self.log.move_to_end(key)
-        entries.append((time.time(), data))
+        entries.append((time.time(), data, extra))
         del entries[:-1000]
         while len(self.log) > MAX_SEAT_MATCHES:
             self.log.popitem(last=False)
         for client in self.clients:
-            client.push({"op": "inbox", "msg": data, "age": 0.0})
+            client.push({"op": "inbox", "msg": data, "age": 0.0, **extra})
 
     def replay(self, client: Client) -> None:
         """What a newly attached tab needs to draw the current match; stale turns left out."""
         now = time.time()
         for match, entries in self.log.items():
-            for t, data in entries:
+            for t, data, extra in entries:
                 if data.get("type") == "turn" and (
                     (match, data.get("turn")) in self.answered
                     or now - t >= float(data.get("deadline_s", 0))
                 ):
                     continue
-                client.push({"op": "inbox", "msg": data, "age": now - t})
+                client.push({"op": "inbox", "msg": data, "age": now - t, **extra})
 
     async def send(self, msg: Action | Chat) -> None:
         if self.bus is None:
@@ -222,6 +231,21 @@ class SeatSession:
         await self.bus.publish(topics.outbox(self.agent), msg)
         if msg.turn is not None:
             self.answered.add((msg.match, msg.turn))
+
+
+def for_person(msg: Envelope) -> dict[str, Any]:
+    """What the page needs besides the wire message, made here so both front ends agree.
+
+    ``rules`` with a match's start (``render.rules_for``, the terminal's text),
+    ``legal`` with a turn (``parse.offered``: the moves as a person is offered
+    them, which the page's buttons and number keys use). The message itself
+    is relayed unchanged.
+    """
+    if isinstance(msg, MatchStart):
+        return {"rules": rules_for(msg)}
+    if isinstance(msg, Turn) and msg.phase == "act":
+        return {"legal": offered(msg.legal, msg.observation)}
+    return {}
 
 
 class WebHub:
