@@ -87,6 +87,10 @@ INPUTS_DROPPED = Counter(
     "backroom_inputs_dropped_total",
     "Outbox payloads the referee dropped unread: the sender's input budget was spent",
 )
+UNPROVEN_REFEREES = Counter(
+    "backroom_unproven_referee_statuses_total",
+    "Statuses saying online as a referee from identities no referee roster record names",
+)
 TRACES_REJECTED = Counter(
     "backroom_traces_rejected_total",
     "Traces the runner did not record, by reason (forged, not_seated)",

@@ -574,6 +574,8 @@ async def test_each_role_reads_and_writes_exactly_the_topics_of_its_job(broker: 
         p.referee_group("ref"),
         p.referee_probe("ref"),
         p.referee_group("ref-other"),
+        p.referee_roster("ref"),
+        p.referee_roster("ref-other"),
     ]
     writes = {
         "agent": {p.outbox("ag"), p.status("ag"), p.traces("ag")},
@@ -584,6 +586,7 @@ async def test_each_role_reads_and_writes_exactly_the_topics_of_its_job(broker: 
             p.episodes("kuhn"),
             p.referee_group("ref"),
             p.referee_probe("ref"),
+            p.referee_roster("ref"),
         },
         "runner": {p.CONTROL_MATCHES},
         "trainer": {p.CONTROL_MATCHES, p.checkpoint("pol")},
@@ -599,9 +602,27 @@ async def test_each_role_reads_and_writes_exactly_the_topics_of_its_job(broker: 
             p.referee_group("ref"),
             p.referee_probe("ref"),
         },
-        "runner": {p.inbox("run"), *statuses, p.traces("ag"), p.episodes("kuhn")},
-        "trainer": {p.inbox("tr"), *statuses, p.traces("ag"), p.episodes("kuhn")},
-        "observer": {*statuses, p.public("m1"), p.episodes("kuhn"), p.checkpoint("pol")},
+        "runner": {
+            p.inbox("run"),
+            *statuses,
+            p.traces("ag"),
+            p.episodes("kuhn"),
+            p.referee_roster("ref"),
+        },
+        "trainer": {
+            p.inbox("tr"),
+            *statuses,
+            p.traces("ag"),
+            p.episodes("kuhn"),
+            p.referee_roster("ref"),
+        },
+        "observer": {
+            *statuses,
+            p.public("m1"),
+            p.episodes("kuhn"),
+            p.checkpoint("pol"),
+            p.referee_roster("ref"),
+        },
     }
     wrote: dict[str, set[str]] = {role: set() for role in ids}
     got: dict[str, set[str]] = {role: set() for role in ids}

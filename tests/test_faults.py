@@ -552,3 +552,37 @@ async def test_another_runs_referee_on_a_shared_broker_is_not_blamed(
     assert len(eps) == 200
     assert faults.referees_lost == [] and faults.rerequested == 0
     assert not [n for n in notices if "referee-old" in n], notices
+
+
+async def test_an_agent_saying_it_is_a_referee_does_not_keep_a_run_waiting(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Any identity may say ``kind: referee`` in its own status. Counted as a referee, an agent
+    doing so kept a run waiting for ever with no real referee online; now only names on the
+    referee roster (which only the referee role can write) count, and the run fails in time."""
+    mallory = identity(broker, "mallory")
+    async with Bus(mallory) as bus:
+        await bus.publish(
+            topics.status("mallory"), Status(state="online", kind="referee"), retain=True
+        )
+    players = agents(("alice", "kuhn-colluder"), ("bob", "kuhn-colluder"), ("carol", "random"))
+    configs = [identity(broker, a.id) for a in players]
+    runners = [AgentRunner(a, c) for a, c in zip(players, configs, strict=True)]
+    for r in runners:
+        await r.__aenter__()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RunError, match=r"not online after .*a referee"):
+            await asyncio.wait_for(
+                run_matches(
+                    _config("no-referee", 5, 5),
+                    identity(broker, "runner", "runner"),
+                    ["alice", "bob", "carol"],
+                    ready_timeout_s=2.0,
+                ),
+                60,
+            )
+        assert time.monotonic() - t0 < 30
+    finally:
+        for r in runners:
+            await r.__aexit__(None, None, None)

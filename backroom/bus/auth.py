@@ -52,10 +52,13 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #:   public match events, which the design makes public to players.
 #: * ``referee``: outboxes and match requests in, inboxes, public events and
 #:   episodes out; statuses; its own status; the referees' group records
-#:   under ``control/referees/`` (writes only its own, and its own probe).
+#:   under ``control/referees/`` (writes only its own, and its own probe and
+#:   roster record).
 #: * ``runner`` and ``trainer``: match requests out, the acknowledgements in
-#:   their own inbox, episodes, traces and statuses in; the trainer alone
-#:   writes checkpoints, the one thing every ``local`` agent loads.
+#:   their own inbox, episodes, traces and statuses in; the referees' roster
+#:   records (which identities are referees: any identity's status may *say*
+#:   ``kind: referee``); the trainer alone writes checkpoints, the one thing
+#:   every ``local`` agent loads.
 #: * ``observer`` (the web's spectating identity, healthchecks, dashboards):
 #:   reads statuses, public events, episodes and checkpoints; writes nothing.
 #:
@@ -65,8 +68,9 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: in the referees' group would be handed a share of the match requests, which
 #: the broker then drops because that identity may not read them. The group's
 #: name is therefore a secret among referees (``backroom.referee.service``),
-#: kept under ``control/referees/``, which only the referee role may read or
-#: write: no other role below has a rule that reaches it.
+#: kept under ``control/referees/+/group``, which only the referee role may read
+#: or write: no other role below has a rule that reaches it (runners, trainers
+#: and observers read ``control/referees/+/roster`` only).
 ROLE_RULES: dict[Role, list[str]] = {
     "agent": [
         f"topic read {PREFIX}/agents/{{me}}/inbox",
@@ -88,6 +92,7 @@ ROLE_RULES: dict[Role, list[str]] = {
         f"topic read {PREFIX}/control/referees/+/group",
         f"topic write {PREFIX}/control/referees/{{me}}/group",
         f"topic readwrite {PREFIX}/control/referees/{{me}}/probe",
+        f"topic write {PREFIX}/control/referees/{{me}}/roster",
     ],
     "runner": [
         f"topic read {PREFIX}/agents/{{me}}/inbox",
@@ -95,6 +100,7 @@ ROLE_RULES: dict[Role, list[str]] = {
         f"topic read {PREFIX}/episodes/#",
         f"topic read {PREFIX}/traces/+",
         f"topic read {PREFIX}/agents/+/status",
+        f"topic read {PREFIX}/control/referees/+/roster",
     ],
     "trainer": [
         f"topic read {PREFIX}/agents/{{me}}/inbox",
@@ -102,10 +108,12 @@ ROLE_RULES: dict[Role, list[str]] = {
         f"topic read {PREFIX}/episodes/#",
         f"topic read {PREFIX}/traces/+",
         f"topic read {PREFIX}/agents/+/status",
+        f"topic read {PREFIX}/control/referees/+/roster",
         f"topic write {PREFIX}/models/+/checkpoint",
     ],
     "observer": [
         f"topic read {PREFIX}/agents/+/status",
+        f"topic read {PREFIX}/control/referees/+/roster",
         f"topic read {PREFIX}/matches/+/public",
         f"topic read {PREFIX}/episodes/#",
         f"topic read {PREFIX}/models/+/checkpoint",

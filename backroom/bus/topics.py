@@ -9,6 +9,11 @@ CONTROL_MATCHES = f"{PREFIX}/control/matches"
 #: match requests in. Only referees may read or write under ``control/referees``
 #: (``backroom.bus.auth``): the group's name is what keeps others out of it.
 REFEREE_GROUPS = f"{PREFIX}/control/referees/+/group"
+#: Each referee's retained roster record: only the referee role may write under
+#: ``control/referees``, so a record here proves its identity is a referee, where a
+#: status saying ``kind: referee`` proves only what its sender claims. Runners and
+#: trainers may read the rosters (not the groups).
+REFEREE_ROSTERS = f"{PREFIX}/control/referees/+/roster"
 ALL_OUTBOXES = f"{PREFIX}/agents/+/outbox"
 ALL_STATUS = f"{PREFIX}/agents/+/status"
 ALL_EPISODES = f"{PREFIX}/episodes/#"
@@ -23,6 +28,18 @@ def control_matches_shared(group: str) -> str:
 
 def referee_group(referee: str) -> str:
     return f"{PREFIX}/control/referees/{referee}/group"
+
+
+def referee_roster(referee: str) -> str:
+    return f"{PREFIX}/control/referees/{referee}/roster"
+
+
+def referee_of(topic: str) -> str | None:
+    """The referee in ``backroom/v1/control/referees/{referee}/...``; the ACL makes it the sender."""
+    parts = topic.split("/")
+    if len(parts) == 6 and parts[2:4] == ["control", "referees"]:
+        return parts[4]
+    return None
 
 
 def referee_probe(referee: str) -> str:

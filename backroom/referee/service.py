@@ -296,6 +296,7 @@ class Referee:
                 asyncio.gather(
                     self.bus.publish(topics.status(name), offline, retain=True),
                     self.bus.publish(topics.referee_group(name), b"", retain=True),
+                    self.bus.publish(topics.referee_roster(name), b"", retain=True),
                 ),
                 2,
             )
@@ -316,6 +317,9 @@ class Referee:
         # Again on every connect: a broker that lost its retained messages learns
         # the group back from the referees that read in it.
         await self.bus.publish(topics.referee_group(name), self.group.encode(), retain=True)
+        # Before the status: a runner counts a status saying "referee" only from a name
+        # on the roster, which only the referee role can write (``topics.REFEREE_ROSTERS``).
+        await self.bus.publish(topics.referee_roster(name), b"referee", retain=True)
         await self.bus.publish(
             topics.status(name), Status(state="online", kind="referee"), retain=True
         )

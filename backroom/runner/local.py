@@ -466,6 +466,8 @@ async def run_matches(
     tries: Counter[str] = Counter()  # match id -> attempts asked for after the first
     voids: Counter[str] = Counter()  # match id -> times voided because its referee stopped
     referees_up: set[str] = set()  # referees whose status says online
+    rostered: set[str] = set()  # identities a referee-only record names referees
+    unproven: dict[str, bytes] = {}  # "online, kind referee" from names not (yet) rostered
     referees_down: dict[str, float] = {}  # referee -> monotonic time its status said offline
     lost: dict[str, float] = {}  # referee given up on -> time.monotonic() it was
     first_asked: dict[str, float] = {}  # attempt id -> time.monotonic() first requested
@@ -478,6 +480,15 @@ async def run_matches(
         if referees_up and all(w in online for w in wait_for):
             ready.set()
 
+    def on_roster(topic: str, payload: bytes) -> None:
+        """A referee-only record names ``name`` a referee: its "online" counts from now on."""
+        name = topics.referee_of(topic)
+        if name is None or not payload:
+            return
+        rostered.add(name)
+        if (claim := unproven.pop(name, None)) is not None:
+            on_status(topics.status(name), claim)
+
     def on_status(topic: str, payload: bytes) -> None:
         name = topics.agent_of(topic)
         try:
@@ -487,6 +498,13 @@ async def run_matches(
         if name is None or not isinstance(msg, Status):
             return
         up = msg.state == "online"
+        if msg.kind == "referee" and up and name not in rostered:
+            # Any identity may say "kind: referee" of itself; counted as one, an agent
+            # kept a run waiting for ever after the real referee died. Its roster
+            # record (which only referees can write) may still be on its way.
+            unproven[name] = payload
+            metrics.UNPROVEN_REFEREES.inc()
+            return
         (online.add if up else online.discard)(name)
         if msg.kind == "referee":
             if up:
@@ -732,6 +750,7 @@ async def run_matches(
             trace_file.write(payload.rstrip(b"\n") + b"\n")
 
     async with Bus(bus_config, role="runner", on_connect=[reconnected]) as bus:
+        await bus.subscribe(topics.REFEREE_ROSTERS, on_roster)  # retained: before the statuses
         await bus.subscribe(topics.ALL_STATUS, on_status)
         if trace_file is not None:
             await bus.subscribe(topics.ALL_TRACES, on_trace)
