@@ -29,6 +29,7 @@ from backroom.agents.backend import Backend
 from backroom.agents.local import LocalAgent
 from backroom.agents.parsing import fallback_action
 from backroom.agents.serve import running_server
+from backroom.analysis import analyze_episodes, notes
 from backroom.bus.broker import Broker
 from backroom.bus.wire import EpisodeRecord, MatchSpec, MatchStart, Turn
 from backroom.games import make_game
@@ -133,7 +134,7 @@ async def test_fallbacks_are_marked_counted_and_can_be_left_out(tmp_path: Path) 
         )
     assert rc == 0, run_out
     run_dir = resolve_run_dir(tmp_path / "runs" / "fb")
-    episodes = list(read_episodes(run_dir))
+    episodes: list[dict[str, Any]] = list(read_episodes(run_dir))
     assert len(episodes) == 8 and all(e["reason"] == "normal" for e in episodes)
 
     # The record: each llm move that was not the model's first reply carries its reason,
@@ -293,3 +294,14 @@ def test_an_episode_written_before_the_field_still_loads() -> None:
     assert has_fallback(old)
     counts = count_fallbacks(record_moves(old))
     assert counts["t"]["by_reason"] == {"timeout": 1} and counts["d"]["fallbacks"] == 0
+
+
+def test_analyze_says_how_many_matches_were_voided_and_left_out() -> None:
+    game = make_game("ipd", rounds=2)
+    ok = episode(game, agents(("t", "tit-for-tat"), ("d", "random")))
+    voided = dict(ok, match="v", reason="voided", detail="referee stopped", final_observations=[])
+    result = analyze_episodes([ok, voided, dict(voided, match="v2")])
+    assert result["voided"] == 2 and result["outcomes"] == {"normal": 1, "voided": 2}
+    assert result["games"]["ipd"]["episodes"] == 1
+    (line,) = notes(result)
+    assert line.startswith("left out: 2 of 3 matches did not finish (2 voided)")
