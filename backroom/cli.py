@@ -554,6 +554,15 @@ def _execute(
         raise typer.Exit(2) from None
     summary = summarize(result)
     console.print(results_table(result, summary))
+    for line in summary["warnings"]:
+        console.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+    if summary["warnings"]:
+        console.print(
+            f"(measures without those matches: backroom analyze {result.run_dir} --exclude-fallbacks)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(summary["outcomes"].items()))
     console.print(f"outcomes: {outcomes}; {result.matches_per_second:.3g} matches/s while playing")
     console.print(f"episodes: {result.run_dir / 'episodes.jsonl'}")
@@ -579,12 +588,17 @@ def _execute(
 def results_table(result: RunResult, summary: dict[str, Any]) -> Table:
     """The table a run ends with: per agent, matches and means in the game's own unit.
 
+    ``fallbacks``: the agent's moves that were not its own choice, of all its
+    moves, by reason (``backroom.referee.fallbacks``), the referee's timeout
+    defaults among them: a mean over defaults must not pass for the agent's play.
+
     "chips" is Kuhn's unit only: a Bertrand firm makes profit, the others score
     points. An agent holding several seats of a match (the beauty contest's
     four agents in 24 seats) played it once: ``matches`` counts matches, and a
     ``seats`` column appears, since the means are per seat.
     """
     from backroom.analysis.story import return_unit
+    from backroom.referee.fallbacks import describe as describe_fallbacks
 
     config = result.config
     rows = summary["agents"]
@@ -593,9 +607,10 @@ def results_table(result: RunResult, summary: dict[str, Any]) -> Table:
         title=f"{config.run}: {len(result.episodes)} matches of {config.game} in {result.seconds:.1f}s"
     )
     columns = ["agent", "matches", *(["seats"] if several else [])]
-    columns += [f"mean {return_unit(config.game)}", "mean reward", "timeouts"]
+    columns += [f"mean {return_unit(config.game)}", "mean reward", "timeouts", "fallbacks"]
     for col in columns:
         table.add_column(col, justify="right" if col != "agent" else "left")
+    fallbacks = summary.get("fallbacks", {})
     for agent_id, row in rows.items():
         counts = [str(int(row["matches"])), *([str(int(row["seats"]))] if several else [])]
         table.add_row(
@@ -604,6 +619,7 @@ def results_table(result: RunResult, summary: dict[str, Any]) -> Table:
             f"{row['raw']:+.3f}",
             f"{row['reward']:+.3f}",
             str(int(row["timeouts"])),
+            describe_fallbacks(fallbacks[agent_id]) if agent_id in fallbacks else "0",
         )
     if several:
         table.caption = "means are per seat held"
@@ -706,13 +722,22 @@ def analyze(
     out_dir: Annotated[
         Path | None, typer.Option(help="where PNG plots go (default RUN_DIR/plots)")
     ] = None,
+    exclude_fallbacks: Annotated[
+        bool,
+        typer.Option(
+            "--exclude-fallbacks",
+            help="measure only matches in which every move was its agent's own choice "
+            "(no fallback of any reason, no timeout default); says how many it left out",
+        ),
+    ] = False,
 ) -> None:
     """Measures of one finished run: tables here, PNG plots and analysis.json on disk.
 
     Given runs/<run>, it reads the run that runs/<run>/latest points to, and
-    says which: never the episodes of several runs together.
+    says which: never the episodes of several runs together. Voided and failed
+    matches are left out and counted; fallbacks are counted per agent and reason.
     """
-    from backroom.analysis import analyze_run, render_tables
+    from backroom.analysis import analyze_run, notes, render_tables
     from backroom.referee.episodes import resolve_run_dir
 
     if not run_dir.exists():
@@ -725,9 +750,14 @@ def analyze(
         raise typer.BadParameter(f"{chosen} holds no {' or '.join(ANALYZED_FILES)}")
     latest = f" (the latest run of {run_dir})" if chosen != run_dir else ""
     console.print(f"run: {chosen}{latest}", markup=False, highlight=False, soft_wrap=True)
-    result = analyze_run(chosen, out_dir)
+    result = analyze_run(chosen, out_dir, exclude_fallbacks)
     for table in render_tables(result):
         console.print(table)
+    for line in notes(result):
+        warn = line.startswith("warning:")
+        console.print(
+            line, style="yellow" if warn else None, markup=False, highlight=False, soft_wrap=True
+        )
     if skipped := result.get("unreadable_lines"):
         console.print(
             f"skipped {skipped} unreadable lines in {result['episodes_file']}",

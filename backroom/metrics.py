@@ -97,6 +97,12 @@ TRACES_REJECTED = Counter(
     ["reason"],
 )
 TIMEOUTS = Counter("backroom_turn_timeouts_total", "Turns that timed out", ["game", "phase"])
+FALLBACKS = Counter(
+    "backroom_fallbacks_total",
+    "Recorded moves that were not the agent's own choice, by agent kind and reason "
+    "(backroom.bus.wire.Fallback; the referee counts them as each match's record is written)",
+    ["kind", "reason"],
+)
 RECONNECTS = Counter("backroom_reconnects_total", "Reconnections to the broker", ["role"])
 BUS_MESSAGES = Counter(
     "backroom_bus_messages_total", "MQTT messages in and out of this process", ["direction", "role"]

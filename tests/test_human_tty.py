@@ -472,11 +472,11 @@ async def test_typos_are_refused_and_a_missed_turn_is_left_to_the_referee(
         screen = await screen_with(term, "waiting for the next match")
     assert ep.reason == "timeout"
     first_act = next(a for a in ep.actions if a.seat == 0 and a.phase == "act")
-    assert first_act.timed_out and 0 in ep.timeouts
+    assert first_act.timed_out and first_act.fallback == "timeout" and 0 in ep.timeouts
     first_talk = next(a for a in ep.actions if a.seat == 0 and a.phase == "talk")
     assert (
-        first_talk.action == "" and not first_talk.timed_out
-    )  # /skip answered in time, with silence
+        first_talk.action == "" and not first_talk.timed_out and first_talk.fallback is None
+    )  # /skip answered in time, with silence: the person's own choice
     assert "type a message, or /skip to stay silent" in screen
     assert "not one of: 1 check · 2 raise" in screen  # bob opens: nothing to call, no fold
     assert "time is up for turn" in screen

@@ -223,6 +223,7 @@ async def test_mute_server_falls_back_before_the_referee_times_out(
             await tr.settle(sum(1 for a in ep.actions if a.seat == 0), [llm])
     mine = [a for a in ep.actions if a.seat == 0]
     assert mine and not any(a.timed_out for a in mine) and ep.timeouts == []
+    assert all(a.fallback == "deadline" for a in mine)  # marked, not passed off as a choice
     assert mine[0].action == 1  # the configured fallback, "bet"
     assert time.monotonic() - started < 2.5 * len(mine) + 5
     traces = [t for t in tr.items if t.agent == "llm"]

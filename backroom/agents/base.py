@@ -19,7 +19,16 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
-from backroom.bus.wire import Chat, Checkpoint, Delivery, MatchEnd, MatchStart, Trace, Turn
+from backroom.bus.wire import (
+    AgentFallback,
+    Chat,
+    Checkpoint,
+    Delivery,
+    MatchEnd,
+    MatchStart,
+    Trace,
+    Turn,
+)
 
 JSON = Any
 
@@ -76,6 +85,7 @@ class Agent:
         self.matches: dict[str, dict[str, Any]] = {}
         self._trace_sink: Callable[[Trace], Awaitable[None]] | None = None
         self._chat_sink: Callable[[Chat], Awaitable[None]] | None = None
+        self._fallbacks: dict[tuple[str | None, int, int], AgentFallback] = {}
 
     async def act(self, turn: Turn) -> JSON:
         """Return one legal action for an act turn (``turn.legal`` lists or describes them)."""
@@ -101,6 +111,22 @@ class Agent:
 
     async def on_error(self, error: Any) -> None:
         """The referee rejected something this agent sent (``backroom.bus.wire.Error``)."""
+
+    def mark_fallback(self, turn: Turn, reason: AgentFallback) -> None:
+        """Say that the answer ``act`` or ``talk`` returns for ``turn`` is not the policy's own
+        choice (a default sent at the deadline, after an unreadable reply, ...), and why.
+
+        The runtime sends the reason with the answer (``Action.fallback``) and the
+        referee writes it into the episode record, where every count and
+        ``backroom analyze --exclude-fallbacks`` find it: a default must never pass
+        for a decision. Reasons: ``backroom.bus.wire.AgentFallback``.
+        """
+        self._fallbacks[(turn.match, turn.turn, turn.seat)] = reason
+
+    def take_fallback(self, turn: Turn) -> AgentFallback | None:
+        """The reason ``mark_fallback`` gave for ``turn``, forgotten once read (the runtime's)."""
+        marks = getattr(self, "_fallbacks", None)  # None: a subclass that skipped __init__
+        return marks.pop((turn.match, turn.turn, turn.seat), None) if marks else None
 
     async def publish_trace(self, trace: Trace) -> None:
         """Send one decision's trace to ``traces/{agent}`` (a no-op outside a runtime)."""

@@ -19,6 +19,10 @@ What it guarantees, because a referee waits on it and a researcher reads it:
 * **Valid actions.** Replies are parsed in the formats the papers' prompts ask
   for (``backroom.agents.parsing``); an unreadable reply gets one repair round
   ("Your reply was not valid because ..."), then the fallback.
+* **No fallback passes for a choice.** Every answer that is not the model's
+  own first reply is marked with its reason (``Agent.mark_fallback``:
+  ``deadline``, ``unparseable``, ``request_failed``, ``repaired``), which the
+  episode record keeps (``ActionRecord.fallback``).
 * **A full record.** Every request body and every raw reply (with each
   attempt's status) goes into the decision's ``Trace`` (``request`` /
   ``reply``), so what each model was told and said can be read afterwards.
@@ -54,7 +58,7 @@ from backroom.agents.parsing import (
     parse_action,
     parse_message,
 )
-from backroom.bus.wire import MatchStart, Trace, Turn
+from backroom.bus.wire import AgentFallback, MatchStart, Trace, Turn
 
 log = logging.getLogger("backroom.agent.llm")
 
@@ -262,7 +266,9 @@ class LLMAgent(MemoryAgent):
         )
         calls: list[dict[str, Any]] = []
         sampling = self.sampling(mm.start.game if mm.start else None, "act")
-        outcome, reason, replies = "parsed", "", []
+        outcome, replies = "parsed", []
+        reason: AgentFallback | None = None
+        detail = ""
         action: JSON = None
         try:
             if self.prompts.planning_due(mm, turn):
@@ -305,19 +311,29 @@ class LLMAgent(MemoryAgent):
                 replies.append(text)
                 try:
                     action = parse_action(text, turn.legal)
-                    outcome = "repaired"
+                    outcome, reason = "repaired", "repaired"
                 except ParseError as exc2:
-                    outcome, reason = "fallback", f"unparsable: {exc2.reason}"
+                    outcome, reason, detail = "fallback", "unparseable", exc2.reason
         except DeadlineExceeded:
             outcome, reason = "fallback", "deadline"
         except RequestFailed as exc:
-            outcome, reason = "fallback", f"request failed: {exc}"
+            outcome, reason, detail = "fallback", "request_failed", str(exc)
         if outcome == "fallback":
             action = fallback_action(turn.legal, self.fallback)
+        if reason is not None:
+            self.mark_fallback(turn, reason)
         self._count(outcome)
         self.prompts.record_decision(mm, turn, action)
         await self._trace(
-            turn, calls, {"text": replies, "action": action, "outcome": outcome, "reason": reason}
+            turn,
+            calls,
+            {
+                "text": replies,
+                "action": action,
+                "outcome": outcome,
+                "reason": reason or "",
+                "detail": detail,
+            },
         )
         return action
 
@@ -329,7 +345,8 @@ class LLMAgent(MemoryAgent):
         calls: list[dict[str, Any]] = []
         sampling = self.sampling(mm.start.game if mm.start else None, "talk")
         limit = (turn.legal.get("schema") or {}).get("maxLength")
-        text, reason = "", ""
+        text, detail = "", ""
+        reason: AgentFallback | None = None
         try:
             raw = await self._chat(
                 self.prompts.talk_messages(mm, turn),
@@ -344,14 +361,20 @@ class LLMAgent(MemoryAgent):
         except DeadlineExceeded:
             reason = "deadline"
         except RequestFailed as exc:
-            reason = f"request failed: {exc}"
+            reason, detail = "request_failed", str(exc)
         text = self.prompts.finish_talk(mm, turn, text) if (text or not reason) else ""
         if limit is not None:
             text = text[: int(limit)]
+        if reason is not None:
+            self.mark_fallback(turn, reason)
         outcome = "spoke" if text else "silent"
         self._count(outcome)
         self.prompts.record_decision(mm, turn, text)
-        await self._trace(turn, calls, {"message": text, "outcome": outcome, "reason": reason})
+        await self._trace(
+            turn,
+            calls,
+            {"message": text, "outcome": outcome, "reason": reason or "", "detail": detail},
+        )
         return text
 
     def _count(self, outcome: str) -> None:

@@ -66,7 +66,15 @@ from backroom.agents.parsing import (
     parse_message,
     render_choice,
 )
-from backroom.bus.wire import AdapterRef, Checkpoint, MatchEnd, MatchStart, Trace, Turn
+from backroom.bus.wire import (
+    AdapterRef,
+    AgentFallback,
+    Checkpoint,
+    MatchEnd,
+    MatchStart,
+    Trace,
+    Turn,
+)
 
 log = logging.getLogger("backroom.agent.local")
 
@@ -348,6 +356,7 @@ class LocalAgent(MemoryAgent):
         except TimeoutError:
             action = fallback_action(turn.legal, self.fallback)
             self.fallbacks += 1
+            self.mark_fallback(turn, "deadline")
             await self._trace(
                 turn,
                 [],
@@ -378,6 +387,7 @@ class LocalAgent(MemoryAgent):
                     seed=self.decision_seed(turn, "talk"),
                 )
         except TimeoutError:
+            self.mark_fallback(turn, "deadline")
             await self._trace(
                 turn,
                 prompt_ids,
@@ -486,6 +496,8 @@ class LocalAgent(MemoryAgent):
             seed=self.decision_seed(turn, "act"),
         )
         replies = [gen.text]
+        reason: AgentFallback | None = None
+        detail = ""
         try:
             action = parse_action(gen.text, turn.legal)
             outcome = "parsed"
@@ -512,12 +524,13 @@ class LocalAgent(MemoryAgent):
             replies.append(gen.text)
             try:
                 action = parse_action(gen.text, turn.legal)
-                outcome = "repaired"
+                outcome, reason = "repaired", "repaired"
             except ParseError as exc2:
                 action = fallback_action(turn.legal, self.fallback)
-                outcome = "fallback"
+                outcome, reason, detail = "fallback", "unparseable", exc2.reason
                 self.fallbacks += 1
-                request["fallback_reason"] = exc2.reason
+        if reason is not None:
+            self.mark_fallback(turn, reason)
         await self._trace(
             turn,
             prompt_ids,
@@ -525,7 +538,13 @@ class LocalAgent(MemoryAgent):
             gen.logprobs,
             version,
             request,
-            {"text": replies, "action": action, "outcome": outcome},
+            {
+                "text": replies,
+                "action": action,
+                "outcome": outcome,
+                "reason": reason or "",
+                "detail": detail,
+            },
         )
         return action
 

@@ -295,14 +295,22 @@ class AgentRunner:
                     seat=turn.seat,
                     channel=turn.channel or "",
                     text=text or "",
+                    fallback=self.agent.take_fallback(turn),
                 )
             action = await self.agent.act(turn)
-            return Action(match=turn.match, turn=turn.turn, seat=turn.seat, action=action)
+            return Action(
+                match=turn.match,
+                turn=turn.turn,
+                seat=turn.seat,
+                action=action,
+                fallback=self.agent.take_fallback(turn),
+            )
         except Exception:
             # A bug in the agent's policy leaves the seat to the referee's timeout default.
             log.exception(
                 "%s: decision failed for %s turn %s", self.agent.id, turn.match, turn.turn
             )
+            self.agent.take_fallback(turn)
             return None
 
     def _spawn(self, coro: Any) -> None:

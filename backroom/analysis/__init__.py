@@ -17,17 +17,39 @@ from typing import Any
 from rich.table import Table
 
 from backroom.analysis import beauty, bertrand, kuhn, social
-from backroom.analysis.episodes import Episode, by_game, load_episodes, played
+from backroom.analysis.episodes import PLAYED, Episode, by_game, load_episodes, played
 from backroom.referee.episodes import LATEST, resolve_run_dir
+from backroom.referee.fallbacks import (
+    count_fallbacks,
+    has_fallback,
+    record_moves,
+    warning_lines,
+)
+from backroom.referee.fallbacks import reasons as fallback_reasons
 
-__all__ = ["analyze_episodes", "analyze_run", "load_episodes", "render_tables"]
+__all__ = ["analyze_episodes", "analyze_run", "load_episodes", "notes", "render_tables"]
 
 
-def analyze_episodes(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, Any]:
-    """Measures per game; plots go to ``out_dir`` when given. Unknown games are only counted."""
+def analyze_episodes(
+    episodes: list[Episode], out_dir: Path | None = None, exclude_fallbacks: bool = False
+) -> dict[str, Any]:
+    """Measures per game; plots go to ``out_dir`` when given. Unknown games are only counted.
+
+    Only played matches are measured (``played``): voided and failed ones are
+    counted in ``outcomes`` and left out. ``fallbacks`` counts, per agent, the
+    moves of the played matches that were not its own choice
+    (``referee.fallbacks``); with ``exclude_fallbacks`` the measures leave out
+    every match holding one (``excluded_fallback_matches`` says how many).
+    """
     games: dict[str, Any] = {}
     usable = played(episodes)
-    for game, eps in sorted(by_game(usable).items()):
+    fallbacks = count_fallbacks(m for e in usable for m in record_moves(e))
+    measured = [e for e in usable if not has_fallback(e)] if exclude_fallbacks else usable
+    outcomes: dict[str, int] = {}
+    for e in episodes:
+        reason = str(e.get("reason", "normal"))
+        outcomes[reason] = outcomes.get(reason, 0) + 1
+    for game, eps in sorted(by_game(measured).items()):
         if game in social.GAMES:
             games[game] = social.analyze(game, eps, out_dir)
         elif game == "beauty_contest":
@@ -41,11 +63,20 @@ def analyze_episodes(episodes: list[Episode], out_dir: Path | None = None) -> di
     return {
         "episodes": len(episodes),
         "unplayed": len(episodes) - len(usable),
+        "outcomes": dict(sorted(outcomes.items())),
+        "voided": outcomes.get("voided", 0),
+        "fallbacks": fallbacks,
+        "fallback_warnings": warning_lines(fallbacks),
+        "exclude_fallbacks": exclude_fallbacks,
+        "excluded_fallback_matches": len(usable) - len(measured),
+        "measured": len(measured),
         "games": games,
     }
 
 
-def analyze_run(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
+def analyze_run(
+    run_dir: Path, out_dir: Path | None = None, exclude_fallbacks: bool = False
+) -> dict[str, Any]:
     """Measure one run; PNGs go to ``out_dir`` (default ``<run_dir>/plots``).
 
     ``run_dir`` is a run's own directory (``runs/<run>/<UTC time>``), or
@@ -61,7 +92,7 @@ def analyze_run(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
 
         return {"run": run_dir.name, "training": analyze_training(run_dir, plots), "games": {}}
     stats: dict[str, int] = {}
-    result = analyze_episodes(load_episodes(run_dir, stats), plots)
+    result = analyze_episodes(load_episodes(run_dir, stats), plots, exclude_fallbacks)
     # Skipped lines are said, not hidden: `backroom analyze` prints them.
     result["unreadable_lines"] = stats.get("unreadable_lines", 0)
     result["episodes_file"] = str(run_dir / "episodes.jsonl" if run_dir.is_dir() else run_dir)
@@ -165,7 +196,48 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
                 title=f"{run} {game}: {r['episodes']} episodes (no measures for this game)".strip()
             )
             tables.append(t)
+    counts = result.get("fallbacks") or {}
+    if any(c["fallbacks"] for c in counts.values()):
+        tables.append(_fallback_table(run, counts))
     return tables
+
+
+def notes(result: dict[str, Any]) -> list[str]:
+    """What the tables leave out, said under them: matches not measured (voided, failed,
+    excluded for a fallback) and agents whose moves were often not their own choice."""
+    if "training" in result:
+        return []
+    lines: list[str] = []
+    outcomes = result.get("outcomes", {})
+    total = result.get("episodes", 0)
+    if unplayed := result.get("unplayed", 0):
+        why = ", ".join(f"{n} {reason}" for reason, n in outcomes.items() if reason not in PLAYED)
+        lines.append(
+            f"left out: {unplayed} of {total} matches did not finish ({why or 'no final state'}); "
+            "the measures are over the other "
+            f"{total - unplayed}"
+        )
+    lines.extend(result.get("fallback_warnings", []))
+    if result.get("exclude_fallbacks"):
+        excluded = result.get("excluded_fallback_matches", 0)
+        lines.append(
+            f"--exclude-fallbacks: left out {excluded} matches with a fallback; "
+            f"the measures are over the other {result.get('measured', 0)}"
+        )
+    elif result.get("fallback_warnings"):
+        lines.append("(backroom analyze --exclude-fallbacks measures without those matches)")
+    return lines
+
+
+def _fallback_table(run: str, counts: dict[str, Any]) -> Table:
+    t = Table(title=f"{run} fallbacks: moves that were not the agent's own choice".strip())
+    for col in ("agent", "moves", "fallbacks", "share", "by reason"):
+        t.add_column(col, justify="left" if col in ("agent", "by reason") else "right")
+    for agent, c in counts.items():
+        t.add_row(
+            agent, str(c["moves"]), str(c["fallbacks"]), f"{c['share']:.1%}", fallback_reasons(c)
+        )
+    return t
 
 
 def _training_table(run: str, r: dict[str, Any]) -> Table:

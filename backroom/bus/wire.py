@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -28,6 +28,18 @@ MAX_CHAT_CHARS = 2000
 
 JSON = Any
 AgentId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+#: Why an answer an agent sent is not its own choice (``Action.fallback``, ``Chat.fallback``):
+#: ``deadline`` (out of time: the documented fallback was sent), ``unparseable`` (the reply
+#: could not be read, after the repair round too), ``request_failed`` (the model's API
+#: refused the request or gave no usable reply after its retries), ``repaired`` (the
+#: model's answer at its second try, after a repair round). A closed set: it is a metric
+#: label, and readers count by it (docs/agents.md, *Fallbacks*).
+AgentFallback = Literal["deadline", "unparseable", "request_failed", "repaired"]
+#: ``ActionRecord.fallback``: an agent's own reason, or ``timeout``, the referee's default
+#: for a seat whose answer did not arrive in time.
+Fallback = Literal["deadline", "unparseable", "request_failed", "repaired", "timeout"]
+FALLBACK_REASONS: tuple[str, ...] = get_args(Fallback)
 
 
 class Envelope(BaseModel):
@@ -185,6 +197,11 @@ class Action(Envelope):
     seat: int | None = Field(
         default=None, description="needed only when one agent holds several seats"
     )
+    fallback: AgentFallback | None = Field(
+        default=None,
+        description="set when this action is not the agent's own choice, and why "
+        "(the episode record keeps it: ActionRecord.fallback)",
+    )
 
 
 class Chat(Envelope):
@@ -195,6 +212,10 @@ class Chat(Envelope):
     text: str = Field(max_length=MAX_CHAT_CHARS)
     turn: int | None = None
     seat: int | None = None
+    fallback: AgentFallback | None = Field(
+        default=None,
+        description="as Action.fallback, for a talk turn's message (free chat is not recorded)",
+    )
 
 
 class Delivery(Envelope):
@@ -263,6 +284,12 @@ class ActionRecord(BaseModel):
     phase: Literal["talk", "act"]
     action: JSON
     timed_out: bool = False
+    fallback: Fallback | None = Field(
+        default=None,
+        description="why this move is not the agent's own choice: the reason its agent sent "
+        "(Action.fallback), or 'timeout', the referee's default; None: the agent's own answer "
+        "(and in records written before the field)",
+    )
 
 
 class DeliveryRecord(BaseModel):

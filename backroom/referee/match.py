@@ -7,7 +7,10 @@ so "who saw what" can be audited afterwards.
 
 A match never stops on bad input: an invalid, illegal, late or out-of-turn
 message gets an ``Error`` back in the sender's inbox and play goes on; a seat
-that does not answer in time gets the configured default.
+that does not answer in time gets the configured default, recorded with
+``fallback="timeout"``. An answer its agent marks as a fallback
+(``Action.fallback``) is recorded with the agent's reason: the one claim of an
+agent the referee writes down unchecked, and it can only mark its own moves.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from backroom.bus.wire import (
     DeliveryRecord,
     EpisodeRecord,
     Event,
+    Fallback,
     MatchEnd,
     MatchSpec,
     MatchStart,
@@ -355,16 +359,16 @@ class Match:
         metrics.TIMEOUTS.labels(game=self.spec.game, phase=phase).inc()
         self.timeouts.append(seat)
         if phase == "talk":
-            self.record(seat, "talk", None, timed_out=True)
+            self.record(seat, "talk", None, fallback="timeout")
             return None
         if self.spec.on_timeout == "forfeit":
-            self.record(seat, "act", None, timed_out=True)
+            self.record(seat, "act", None, fallback="timeout")
             raise Forfeit(seat)
         if self.spec.on_timeout == "random":
             action = self.state.check_action(seat, self.state.action_spec(seat).sample(self.rng))
         else:
             action = self.state.default_action(seat)
-        self.record(seat, "act", action, timed_out=True)
+        self.record(seat, "act", action, fallback="timeout")
         return action
 
     # --- input from agents -------------------------------------------------------
@@ -412,7 +416,8 @@ class Match:
                 return self.reject(agent, msg, "illegal_action", str(exc))
         self.referee.latency(agent, p.phase).observe(time.perf_counter() - p.sent_at)
         del self.pending[seat]
-        self.record(seat, p.phase, answer)
+        # The agent's word is taken for this label only, and only for its own seat's move.
+        self.record(seat, p.phase, answer, fallback=msg.fallback)
         self.answers[seat] = answer
         if not self.pending:
             self.end_turn()
@@ -478,7 +483,9 @@ class Match:
         if channel.name == TABLE:
             self.public("talk", {"seat": seat, "text": text})
 
-    def record(self, seat: int, phase: str, action: Any, timed_out: bool = False) -> None:
+    def record(self, seat: int, phase: str, action: Any, fallback: Fallback | None = None) -> None:
+        """One move into the episode record; ``fallback`` says why it is not the seat's own
+        choice (``timeout``: the referee's default, which ``timed_out`` still marks too)."""
         self.actions.append(
             ActionRecord(
                 turn=self.turn_no,
@@ -488,7 +495,8 @@ class Match:
                 agent=self.spec.seats[seat],
                 phase="talk" if phase == "talk" else "act",
                 action=action,
-                timed_out=timed_out,
+                timed_out=fallback == "timeout",
+                fallback=fallback,
             )
         )
 

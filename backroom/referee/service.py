@@ -707,6 +707,11 @@ class Referee:
         record_json = record.model_dump_json().encode()  # the longest message: serialised once
         await self.episodes.append(record.run, record_json, record.spec.run_stamp)
         metrics.MATCHES_FINISHED.labels(game=record.game, outcome=record.reason).inc()
+        for action in record.actions:
+            if action.fallback is not None:  # a closed set of reasons, a closed set of kinds
+                metrics.FALLBACKS.labels(
+                    kind=self.kind_of(action.agent), reason=action.fallback
+                ).inc()
         assert self.bus is not None
         self._counter("out", "episode").inc()
         self.bus.publish(

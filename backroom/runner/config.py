@@ -40,7 +40,7 @@ from backroom.bus.auth import check_identity
 from backroom.bus.wire import ChannelSpec, MatchSpec, RewardTransform
 
 if TYPE_CHECKING:
-    from backroom.games.base import Game
+    from backroom.games.base import Game, State
 
 #: The kind of an agent the run does not start: someone else's process (a
 #: notebook, another machine) that joins with its own identity.
@@ -48,6 +48,11 @@ EXTERNAL = "external"
 
 #: The kind of an agent that plays with the run's ``model:`` block (``ModelChoice``).
 MODEL = "model"
+
+#: The scripted kind whose ``action`` option is checked against the game's actions.
+ALWAYS = "always"
+#: States of a game visited for the actions it has (``act_states``).
+EXPLORED_STATES = 200
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -233,8 +238,22 @@ class RunConfig(BaseModel):
                 raise ValueError(f"seat {s!r} names no agent in `agents` ({ids})")
         if self.round_robin and len(ids) < 2:
             raise ValueError("round_robin needs at least two agents")
-        self._check_seating(build_game(self.game, self.params).num_players)
+        game = build_game(self.game, self.params)
+        self._check_seating(game.num_players)
+        self._check_always(game)
         return self
+
+    def _check_always(self, game: Game) -> None:
+        """An ``always`` agent must name an action of the game: else it would play the
+        first legal one, every move, and nothing would say so."""
+        errors: list[tuple[tuple[str | int, ...], str]] = []
+        for i, agent in enumerate(self.agents):
+            if agent.kind == ALWAYS:
+                why = always_refusal(game, agent.options.get("action"), self.seed)
+                if why:
+                    errors.append((("agents", i, "options", "action"), why))
+        if errors:
+            raise _field_errors(errors)
 
     def _check_seating(self, players: int) -> None:
         """Seat every match on paper: a mismatch would end each one in ``error`` at the referee."""
@@ -318,6 +337,88 @@ class RunConfig(BaseModel):
             max_messages=c.max_messages,
             max_chars=c.max_chars,
         )
+
+
+def act_states(game: Game, seed: int, limit: int = EXPLORED_STATES) -> Iterator[tuple[State, int]]:
+    """(state, seat) of the act turns in the first ``limit`` states of ``game``, breadth first.
+
+    A game declares its actions per state (``State.action_spec``), not once, so
+    the states are visited: every choice is followed (at most 16 combinations
+    of a simultaneous move), a described answer (a price, a proposal) and a
+    message by the engine's default.
+    """
+    from collections import deque
+
+    queue = deque([game.new_initial_state(seed)])
+    visited = 0
+    while queue and visited < limit:
+        state = queue.popleft()
+        visited += 1
+        if state.is_terminal():
+            continue
+        players = sorted(state.current_players())
+        options: list[list[Any]] = []
+        for p in players:
+            if state.phase == "act":
+                yield state, p
+            spec = state.action_spec(p)
+            choices = list(spec.choices) if state.phase == "act" else []
+            options.append(choices or [state.default_action(p)])
+        for combo in itertools.islice(itertools.product(*options), 16):
+            child = state.clone()
+            try:
+                child.apply(dict(zip(players, combo, strict=True)))
+            except ValueError:  # IllegalActionError: a combination the rules refuse
+                continue
+            queue.append(child)
+
+
+def always_refusal(game: Game, action: Any, seed: int = 0) -> str | None:
+    """Why an ``always`` agent's ``action`` is no action of ``game`` (None when it is one).
+
+    As the agent plays it: a listed choice, or its name, exactly (``A``, not
+    ``a``); where the game describes its answers instead (a price, a number),
+    what the engine accepts (``State.check_action``) in some act turn.
+    """
+    from backroom.games.base import IllegalActionError
+
+    names: list[Any] = []
+    schemas: list[dict[str, Any]] = []
+    for state, seat in act_states(game, seed):
+        spec = state.action_spec(seat)
+        if spec.choices:
+            if action is not None and (action in spec.choices or action in spec.names):
+                return None
+            for x in spec.names or spec.choices:
+                if x not in names:
+                    names.append(x)
+            continue
+        try:
+            state.check_action(seat, action)
+            return None
+        except IllegalActionError:
+            if spec.schema not in schemas:
+                schemas.append(spec.schema)
+    legal = [", ".join(str(x) for x in names)] if names else []
+    legal += [_describe_schema(s) for s in schemas]
+    what = " or ".join(legal) or "no act turn in its first states"
+    if action is None:
+        return f"`always` needs `action`; {game.name} takes {what}"
+    return f"{game.name} has no action {action!r}; it takes {what}"
+
+
+def _describe_schema(schema: dict[str, Any]) -> str:
+    """``a number from 0 to 10``, ``an integer from 0 to 100``, ``an object (hats, books)``."""
+    kind = schema.get("type")
+    if kind in ("integer", "number"):
+        word = "an integer" if kind == "integer" else "a number"
+        lo, hi = schema.get("minimum"), schema.get("maximum")
+        if lo is not None and hi is not None:
+            return f"{word} from {lo} to {hi}"
+        return word
+    if kind == "object":
+        return f"an object ({', '.join(schema.get('properties', {}))})"
+    return f"a {kind or 'value'}"
 
 
 def build_game(game: str, params: dict[str, Any]) -> Game:

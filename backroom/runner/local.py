@@ -48,6 +48,7 @@ from backroom.bus.wire import (
     parse_all,
 )
 from backroom.referee.episodes import new_run_dir
+from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
 from backroom.referee.service import SHUTTING_DOWN
 from backroom.runner.config import EXTERNAL, RunConfig
 
@@ -1022,7 +1023,9 @@ def summarize(result: RunResult) -> dict[str, Any]:
     """Per agent: matches, seats, mean raw return and return after the transform per seat,
     timeouts; outcomes; faults (``Faults``: referees lost, matches asked for again,
     duplicates, and each agent that went offline, with the matches its seats were
-    defaulted in).
+    defaulted in); ``fallbacks`` per agent (``referee.fallbacks.count_fallbacks``:
+    moves that were not its own choice, by reason) and a ``warnings`` line for each
+    agent over ``WARN_SHARE`` of them.
 
     An agent may hold several seats of one match (the beauty contest's 24
     seats, four agents): it played the match once, so ``matches`` counts
@@ -1048,4 +1051,15 @@ def summarize(result: RunResult) -> dict[str, Any]:
         row["raw"] /= n
         row["reward"] /= n
     faults = {**asdict(result.faults), "rerequested": result.faults.rerequested}
-    return {"agents": per, "outcomes": outcomes, "faults": faults}
+    fallbacks = count_fallbacks(
+        (a.agent, fallback_of(a.fallback, a.timed_out))
+        for ep in result.episodes
+        for a in ep.actions
+    )
+    return {
+        "agents": per,
+        "outcomes": outcomes,
+        "faults": faults,
+        "fallbacks": fallbacks,
+        "warnings": warning_lines(fallbacks),
+    }
