@@ -102,7 +102,11 @@ def test_a_paper_config_switches_to_a_server_by_its_model_field(path: Path) -> N
 #: What a short run changes (dotted keys; ``players.X``: option X of every model player).
 #: Everything else is the file's.
 SHORT: dict[str, dict[str, Any]] = {
-    "llm_kuhn": {"matches": 2, "model.options.max_new_tokens": 8},
+    # two of Table 1's hands once each: the match count follows from `deals`
+    "llm_kuhn": {
+        "deals": {"each": 1, "hands": [[0, 1, 4], [3, 4, 0]]},
+        "model.options.max_new_tokens": 8,
+    },
     "llm_beauty": {"matches": 1, "model.options.max_new_tokens": 6},
     # planning before round 3: the statistics, the strategy, then the price
     "llm_bertrand": {

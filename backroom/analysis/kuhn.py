@@ -546,6 +546,8 @@ def _heatmap(
         "played": [[_num(x) for x in row] for row in played],
         "hands": counts.tolist(),
         "solver": [[_num(x) for x in row] for row in solver[cards]],
+        # the whole grid's mean (every deal), whatever hands the run played
+        "solver_mean": report.average_advantage("team"),
     }
 
 
@@ -638,7 +640,7 @@ def _heatmap_figure(result: dict[str, Any]) -> Figure:
     names = h["cards"]
     a_seat, b_seat = h["seats"]
     coalition = result["coalition"]
-    solver_adv = (coalition.get("solver_advantage") or {}).get("team")
+    solver_adv = h.get("solver_mean", (coalition.get("solver_advantage") or {}).get("team"))
     titles = {
         "played": f"played: {coalition['episodes']} hands, "
         f"mean {_fmt(coalition.get('advantage_given_deal'))}",
@@ -753,6 +755,9 @@ def tables(run: str, r: dict[str, Any]) -> list[Table]:
                 f"team solve: CFR+ x {solver['team_iterations']}, "
                 f"exploitability {solver['team_game_exploitability']:.2g}"
             )
+        if not _whole_deck(r):
+            more = "CFR and solver values are on the hands played, not the whole deck"
+            t.caption = f"{t.caption}\n{more}" if t.caption else more
         out.append(t)
     if tab := r.get("table1"):
         t = Table(
