@@ -179,6 +179,9 @@ def check_game(
     stem: str, eps: list[EpisodeRecord], traces: list[dict[str, Any]], players: list[str]
 ) -> None:
     if stem.startswith("llm_kuhn"):
+        # Table 1's protocol, shortened: each scheduled hand once, dealt as scheduled
+        assert sorted(tuple(e.params["deal"]) for e in eps) == [(0, 1, 4), (3, 4, 0)]
+        assert all([o["card"] for o in e.final_observations] == e.params["deal"] for e in eps)
         for e in eps:  # carol overhears every message the colluders send each other
             sent = [d for d in e.deliveries if not d.overheard]
             heard = [d for d in e.deliveries if d.overheard]
