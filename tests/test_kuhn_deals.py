@@ -22,7 +22,7 @@ from backroom.analysis import analyze_run, kuhn
 from backroom.bus.broker import Broker
 from backroom.bus.wire import MatchStart, Turn
 from backroom.games import CHANCE, IllegalActionError, make_game
-from backroom.games.kuhn import CALL, KuhnState
+from backroom.games.kuhn import CALL, KuhnPoker, KuhnState
 from backroom.runner.config import ConfigError, parse_config
 from backroom.runner.local import run_local
 from backroom.solvers.collusion import PAPER_HANDS
@@ -44,6 +44,7 @@ LOKI_DEALS = list(itertools.permutations(range(5), 3))
 )
 def test_a_fixed_deal_is_dealt_and_played_as_given(params: dict[str, Any], deal: list[int]) -> None:
     game = make_game("kuhn", **params, deal=deal)
+    assert isinstance(game, KuhnPoker)
     starts: set[int | None] = set()
     for seed in range(40):
         s = game.new_initial_state(seed)
@@ -84,7 +85,9 @@ def test_a_fixed_deal_tree_has_that_deal_only() -> None:
     """The solver's tree of a fixed deal is the deal's subtree of the full game."""
     fixed = build_tree(make_game("kuhn", variant="loki", deal=[0, 1, 4]))
     full = build_tree(make_game("kuhn", variant="loki"))
-    assert fixed.info.max_chance_outcomes == 3  # the start player; each card is certain
+    assert (
+        fixed.info is not None and fixed.info.max_chance_outcomes == 3
+    )  # the start; cards certain
     # one deal of 60: a sixtieth of the terminals, every one of them the full game's
     assert fixed.num_terminals * 60 == full.num_terminals
 
