@@ -29,7 +29,7 @@ async def play_async(
                 seat=seat,
                 seats=[a.id for a in agents],
                 game=game.name,
-                params=game.params(),
+                params=game.public_params(),  # as the referee tells the players
                 turn_timeout_s=10,
             )
         )

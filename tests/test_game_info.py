@@ -101,6 +101,10 @@ KUHN = [
     {"variant": "classic", "players": 4},
     {"variant": "loki"},
     {"variant": "loki", "start": 1},
+    # a fixed deal: each card a certain outcome, the bounds and length still reached
+    {"variant": "classic", "players": 3, "deal": [2, 0, 3]},
+    {"variant": "loki", "deal": [3, 4, 0]},
+    {"variant": "loki", "start": 1, "deal": [0, 1, 4]},
 ]
 
 

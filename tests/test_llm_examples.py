@@ -102,7 +102,11 @@ def test_a_paper_config_switches_to_a_server_by_its_model_field(path: Path) -> N
 #: What a short run changes (dotted keys; ``players.X``: option X of every model player).
 #: Everything else is the file's.
 SHORT: dict[str, dict[str, Any]] = {
-    "llm_kuhn": {"matches": 2, "model.options.max_new_tokens": 8},
+    # two of Table 1's hands once each: the match count follows from `deals`
+    "llm_kuhn": {
+        "deals": {"each": 1, "hands": [[0, 1, 4], [3, 4, 0]]},
+        "model.options.max_new_tokens": 8,
+    },
     "llm_beauty": {"matches": 1, "model.options.max_new_tokens": 6},
     # planning before round 3: the statistics, the strategy, then the price
     "llm_bertrand": {
@@ -175,6 +179,9 @@ def check_game(
     stem: str, eps: list[EpisodeRecord], traces: list[dict[str, Any]], players: list[str]
 ) -> None:
     if stem.startswith("llm_kuhn"):
+        # Table 1's protocol, shortened: each scheduled hand once, dealt as scheduled
+        assert sorted(tuple(e.params["deal"]) for e in eps) == [(0, 1, 4), (3, 4, 0)]
+        assert all([o["card"] for o in e.final_observations] == e.params["deal"] for e in eps)
         for e in eps:  # carol overhears every message the colluders send each other
             sent = [d for d in e.deliveries if not d.overheard]
             heard = [d for d in e.deliveries if d.overheard]

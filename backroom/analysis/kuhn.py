@@ -17,6 +17,11 @@ any reward transform):
 * message statistics on each channel (messages, deliveries, overheard);
 * Figure 2: the per-deal collusion advantage, played beside the solver's.
 
+A run with fixed deals (``deals:`` in the run config, ``params.deal`` in each
+episode) is one game with its hands chosen: its episodes are analysed together,
+and every comparison with the solver takes each hand's own value, so a run of
+three hands is set against those three hands, not against the whole deck.
+
 The solver's side needs the full game tree and a team solve (seconds), so its
 numbers are cached on disk per policy, rules and coalition; see
 :func:`cache_dir`.
@@ -42,6 +47,7 @@ from rich.table import Table
 from backroom.analysis.episodes import Episode, channel_stats
 from backroom.analysis.plotting import figure, save
 from backroom.games.base import make_game
+from backroom.games.kuhn import KuhnPoker
 from backroom.solvers.collusion import (
     PAPER_AVERAGE_ADVANTAGE,
     PAPER_HANDS,
@@ -79,6 +85,23 @@ SOLVER_ROWS = {
     "CFR Collusion, paper's construction": "paper",
 }
 MEASURED_ROW = "this run"
+#: The game parameter that fixes the cards; not a rule: policies and solver values ignore it.
+DEAL = "deal"
+
+
+def rules_of(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The rules of an episode's game: its parameters but a fixed ``deal``.
+
+    A fixed deal chooses which hand is played, not the game the policies were
+    solved for, so runs with and without one share policies and solver values.
+    """
+    return {k: v for k, v in params.items() if k != DEAL}
+
+
+def fixed_deal(ep: Mapping[str, Any]) -> Deal | None:
+    """The deal an episode's parameters fixed (``deals:`` in the run config), else None."""
+    deal = (ep.get("params") or {}).get(DEAL)
+    return None if deal is None else tuple(int(c) for c in deal)
 
 
 def cache_dir() -> Path:
@@ -127,7 +150,7 @@ def _solver_fingerprint() -> str:
 def shipped_policy(params: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """The policy file in ``backroom/policies`` solved for these Kuhn rules: (name, document)."""
     try:
-        rules = dict(make_game(GAME, **dict(params)).params())
+        rules = dict(make_game(GAME, **rules_of(params)).params())
     except (TypeError, ValueError):
         return None
     folder = resources.files("backroom").joinpath("policies")
@@ -170,7 +193,7 @@ def cfr_reference(params: Mapping[str, Any]) -> Reference | None:
     Costs one game-tree build (about a second for Loki) the first time for a
     policy file, then a cache read (milliseconds); kept in memory after that.
     """
-    return _cfr_reference(json.dumps(dict(params), sort_keys=True))
+    return _cfr_reference(json.dumps(rules_of(params), sort_keys=True))
 
 
 @lru_cache(maxsize=8)
@@ -207,7 +230,7 @@ def collusion_reference(params: Mapping[str, Any], team: Sequence[int]) -> Collu
 
     None unless a shipped policy fits the rules and ``team`` is two seats of three.
     """
-    return _collusion_reference(json.dumps(dict(params), sort_keys=True), tuple(team))
+    return _collusion_reference(json.dumps(rules_of(params), sort_keys=True), tuple(team))
 
 
 @lru_cache(maxsize=8)
@@ -287,16 +310,21 @@ def _num(x: float) -> float | None:
 
 def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, Any]:
     """Measures of played Kuhn episodes (see the module docstring); plots go to ``out_dir``."""
-    by_rules = Counter(json.dumps(e.get("params", {}), sort_keys=True) for e in episodes)
-    rules_json = by_rules.most_common(1)[0][0] if episodes else "{}"
-    eps = [e for e in episodes if json.dumps(e.get("params", {}), sort_keys=True) == rules_json]
+
+    def rules_json(e: Episode) -> str:
+        return json.dumps(rules_of(e.get("params", {})), sort_keys=True)
+
+    by_rules = Counter(rules_json(e) for e in episodes)
+    most = by_rules.most_common(1)[0][0] if episodes else "{}"
+    eps = [e for e in episodes if rules_json(e) == most]
     eps.sort(key=lambda e: float(e.get("started_at", 0.0)))
-    params = json.loads(rules_json)
+    params = json.loads(most)
     result: dict[str, Any] = {
         "game": GAME,
         "episodes": len(eps),
         "other_rules": len(episodes) - len(eps),
         "params": params,
+        "dealt": _dealt(eps, params),
         "policy": None,
         "seats": [],
         "coalition": None,
@@ -313,6 +341,7 @@ def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, A
     n_seats = len(eps[0]["seats"])
     for seat in range(n_seats):
         chips = [float(e["raw_returns"][seat]) for e in eps]
+        cfr_value = _expected(reference, (seat,), eps) if reference else None
         rewards = [float(e["returns"][seat]) for e in eps]
         mean, se = mean_se(chips)
         reward, reward_se = mean_se(rewards)
@@ -325,7 +354,7 @@ def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, A
                 "se": se,
                 "mean_reward": reward,
                 "reward_se": reward_se,
-                "cfr_value": reference.seat_values[seat] if reference else None,
+                "cfr_value": cfr_value,
             }
         )
     coalitions = Counter(c for e in eps if (c := coalition_of(e)) is not None)
@@ -334,6 +363,46 @@ def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, A
     if out_dir is not None:
         result["plots"] = _plots(result, out_dir)
     return result
+
+
+def _dealt(eps: Sequence[Episode], params: Mapping[str, Any]) -> dict[str, Any]:
+    """How the hands were dealt: by chance, or fixed (how many hands, how often each).
+
+    ``every_deal``: the fixed hands are every deal of the deck, each as often,
+    so whole-game means (the solver's "all hands") are what they estimate.
+    """
+    fixed = Counter(d for e in eps if (d := fixed_deal(e)) is not None)
+    out: dict[str, Any] = {"chance": len(eps) - fixed.total(), "fixed": fixed.total()}
+    if fixed:
+        try:
+            game = make_game(GAME, **params)
+        except ValueError:
+            game = None
+        deck = game.deals() if isinstance(game, KuhnPoker) else []
+        out["hands"] = len(fixed)
+        out["per_hand"] = [min(fixed.values()), max(fixed.values())]
+        out["every_deal"] = (
+            not out["chance"] and set(fixed) == set(deck) and len(set(fixed.values())) == 1
+        )
+    return out
+
+
+def _whole_deck(result: Mapping[str, Any]) -> bool:
+    """Whether the hands played weigh every deal alike: dealt by chance, or every deal k times."""
+    dealt = result.get("dealt") or {}
+    return not dealt.get("fixed") or bool(dealt.get("every_deal"))
+
+
+def _expected(reference: Reference, seats: Sequence[int], eps: Sequence[Episode]) -> float:
+    """What all-CFR play gives ``seats`` on these episodes, each as it was dealt.
+
+    A hand dealt by chance expects the seats' whole-game value; a fixed hand,
+    that deal's value. Without fixed deals this is the whole-game value itself.
+    """
+    deals = [fixed_deal(e) for e in eps]
+    if all(d is None for d in deals):
+        return reference.value(seats)
+    return float(np.mean([reference.value(seats, d) for d in deals]))
 
 
 def _coalition(
@@ -362,7 +431,7 @@ def _coalition(
     coalition["mean"], coalition["se"] = mean_se(payoffs)
     report = collusion_reference(params, team) if len(team) == 2 and n_seats == 3 else None
     if reference is not None:
-        cfr_value = reference.value(team)
+        cfr_value = _expected(reference, team, mine)
         given_deal = [p - reference.value(team, d) for p, d in zip(payoffs, deals, strict=True)]
         coalition["cfr_value"] = cfr_value
         coalition["advantage"] = coalition["mean"] - cfr_value
@@ -374,7 +443,7 @@ def _coalition(
         coalition["advantage_by_hand"] = coalition["advantage_by_hand"].tolist()
     if report is not None:
         coalition["solver_advantage"] = {
-            name: report.average_advantage(name)
+            name: _solver_mean(report, report.advantage(name), mine)
             for name in SOLVER_READINGS
             if name in report.values
         }
@@ -390,6 +459,8 @@ def _coalition(
     if report is not None:
         victim = report.victims[0]
         result["table1"] = _table1(report, team, victim, mine, deals)
+        if not _whole_deck(result):
+            result["table1"]["last"] = "hands played"
         result["heatmap"] = _heatmap(report, mine, deals, reference)
 
 
@@ -415,7 +486,7 @@ def _table1(
             continue
         values = report.values[profile][:, victim]
         rows[label] = [report.hand_value(profile, deal(h), victim) for h in hands]
-        rows[label].append(float(np.mean(values)))  # deals are equally likely
+        rows[label].append(_solver_mean(report, values, eps))
     measured: list[Any] = []
     for h in [*hands, None]:
         chips = [
@@ -426,7 +497,21 @@ def _table1(
         mean, se = mean_se(chips)
         measured.append({"mean": mean, "se": se, "n": len(chips)})
     rows[MEASURED_ROW] = measured
-    return {"seat": victim, "hands": hands, "rows": rows}
+    return {"seat": victim, "hands": hands, "rows": rows, "last": "all hands"}
+
+
+def _solver_mean(report: CollusionReport, per_deal: np.ndarray, eps: Sequence[Episode]) -> float:
+    """A solver reading (one value per deal) averaged as these episodes were dealt.
+
+    Deals are equally likely, so a hand dealt by chance counts the mean over
+    every deal, and a fixed hand its own deal's value: for a run of chosen
+    hands, the solver's number for those hands.
+    """
+    deals = [fixed_deal(e) for e in eps]
+    whole = float(np.mean(per_deal))
+    if all(d is None for d in deals):
+        return whole
+    return float(np.mean([whole if d is None else per_deal[report.deals.index(d)] for d in deals]))
 
 
 def _heatmap(
@@ -461,6 +546,8 @@ def _heatmap(
         "played": [[_num(x) for x in row] for row in played],
         "hands": counts.tolist(),
         "solver": [[_num(x) for x in row] for row in solver[cards]],
+        # the whole grid's mean (every deal), whatever hands the run played
+        "solver_mean": report.average_advantage("team"),
     }
 
 
@@ -553,7 +640,7 @@ def _heatmap_figure(result: dict[str, Any]) -> Figure:
     names = h["cards"]
     a_seat, b_seat = h["seats"]
     coalition = result["coalition"]
-    solver_adv = (coalition.get("solver_advantage") or {}).get("team")
+    solver_adv = h.get("solver_mean", (coalition.get("solver_advantage") or {}).get("team"))
     titles = {
         "played": f"played: {coalition['episodes']} hands, "
         f"mean {_fmt(coalition.get('advantage_given_deal'))}",
@@ -609,6 +696,19 @@ def _measured_cell(c: Mapping[str, Any]) -> str:
     return f"{c['mean']:+.2f}{se} (n={c['n']})"
 
 
+def _dealt_line(dealt: Mapping[str, Any]) -> str:
+    """How the hands were dealt, for a caption; empty when chance dealt them all."""
+    if not dealt.get("fixed"):
+        return ""
+    low, high = dealt["per_hand"]
+    each = f"{low}" if low == high else f"{low} to {high}"
+    which = "every deal" if dealt.get("every_deal") else f"{dealt['hands']} hands"
+    line = f"fixed deals: {which}, {each} each"
+    if dealt.get("chance"):
+        line += f"; {dealt['chance']} dealt by chance"
+    return line
+
+
 def tables(run: str, r: dict[str, Any]) -> list[Table]:
     """Rich tables of :func:`analyze`'s result: seats, coalition, Table 1, channels."""
     out: list[Table] = []
@@ -629,6 +729,10 @@ def tables(run: str, r: dict[str, Any]) -> list[Table]:
         )
     if r.get("policy"):
         t.caption = f"all play CFR: every seat plays {r['policy']} (expected chips per hand)"
+        if not _whole_deck(r):
+            t.caption += ", on the hands played"
+    if dealt := _dealt_line(r.get("dealt") or {}):
+        t.caption = f"{t.caption}\n{dealt}" if t.caption else dealt
     out.append(t)
     if c := r.get("coalition"):
         t = Table(title=f"coalition {' + '.join(c['agents'])} (seats {c['seats']}; {c['source']})")
@@ -651,6 +755,9 @@ def tables(run: str, r: dict[str, Any]) -> list[Table]:
                 f"team solve: CFR+ x {solver['team_iterations']}, "
                 f"exploitability {solver['team_game_exploitability']:.2g}"
             )
+        if not _whole_deck(r):
+            more = "CFR and solver values are on the hands played, not the whole deck"
+            t.caption = f"{t.caption}\n{more}" if t.caption else more
         out.append(t)
     if tab := r.get("table1"):
         t = Table(
@@ -659,7 +766,7 @@ def tables(run: str, r: dict[str, Any]) -> list[Table]:
         t.add_column("")
         for h in tab["hands"]:
             t.add_column(f"[{', '.join(map(str, h))}]", justify="right")
-        t.add_column("all hands", justify="right")
+        t.add_column(tab.get("last", "all hands"), justify="right")
         for label, cells in tab["rows"].items():
             if label == MEASURED_ROW:
                 t.add_row(label, *(_measured_cell(c) for c in cells))

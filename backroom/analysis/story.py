@@ -15,7 +15,7 @@ from typing import Any
 
 from backroom.analysis.episodes import channel_stats, played
 from backroom.analysis.kuhn import GAME as KUHN
-from backroom.analysis.kuhn import Reference, cfr_reference, mean_se
+from backroom.analysis.kuhn import Reference, cfr_reference, fixed_deal, mean_se
 
 #: What one unit of each game's returns is, for column headings ("mean chips").
 RETURN_UNITS = {
@@ -105,10 +105,19 @@ def _coalition_line(
         if reference is ...:
             reference = cfr_reference(eps[0]["params"])
         if isinstance(reference, Reference):
-            value = sum(reference.value(seats) for seats in seatings) / len(seatings)
+            # Each hand as it was dealt: a fixed deal (`deals:`) expects its own value.
+            value = sum(
+                reference.value(seats, fixed_deal(e))
+                for e, seats in zip(eps, seatings, strict=True)
+            ) / len(seatings)
+            same = (
+                "the same seats on the same hands"
+                if any(map(fixed_deal, eps))
+                else "the same seats"
+            )
             # The same spread: the equilibrium value is exact, all the noise is the run's.
             line += (
                 f"; all three playing the CFR equilibrium ({reference.policy}) would give "
-                f"the same seats {value:+.3f}, so collusion earned {mean - value:+.3f}{spread}"
+                f"{same} {value:+.3f}, so collusion earned {mean - value:+.3f}{spread}"
             )
     return line

@@ -303,6 +303,14 @@ class Game(ABC):
         """The parameters that made this game, for the episode record."""
         return {}
 
+    def public_params(self) -> dict[str, JSON]:
+        """The parameters every player is told at the start (the referee's ``match_start``).
+
+        All of ``params()`` unless a parameter fixes what chance would hide
+        (Kuhn's ``deal`` holds every seat's card); the episode record keeps them all.
+        """
+        return self.params()
+
 
 _REGISTRY: dict[str, type[Game]] = {}
 

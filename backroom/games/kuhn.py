@@ -33,11 +33,19 @@ several rules open; the choices made here (also in docs/games.md):
    player is left, who takes the pot without showdown.
 7. Showdown: the highest card among live players takes the whole pot.
 8. Returns are chips won minus chips put in; they sum to zero.
+
+Both variants take ``deal``, the card of every seat (seat 0's first): chance
+then deals exactly those cards. The deal stays a chance node with one outcome
+per card, as OpenSpiel writes a fixed chance event, so solvers, seeds and
+replays see the same state machine; only what chance may choose changes. A run
+plays a schedule of fixed deals with ``deals:`` (``backroom/runner/config.py``),
+as the Loki paper's Table 1 ran 100 games per hand.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
@@ -85,6 +93,7 @@ class KuhnPoker(Game):
         variant: Literal["classic", "loki"] = "classic",
         players: int | None = None,
         start: int | Literal["random"] | None = None,
+        deal: Sequence[int] | None = None,
     ) -> None:
         if variant not in ("classic", "loki"):
             raise ValueError(f"kuhn variant must be 'classic' or 'loki', not {variant!r}")
@@ -109,6 +118,43 @@ class KuhnPoker(Game):
             isinstance(self.start, int) and 0 <= self.start < self.num_players
         ):
             raise ValueError(f"start must be 'random' or a seat in 0..{self.num_players - 1}")
+        self.deal = None if deal is None else self._checked_deal(deal)
+
+    def _checked_deal(self, deal: object) -> tuple[int, ...]:
+        """``deal`` as a tuple of cards, one per seat, or a ``ValueError`` saying what is wrong."""
+        n, deck = self.num_players, self.num_cards
+        if (
+            isinstance(deal, str | bytes)
+            or not isinstance(deal, Sequence)
+            or not all(isinstance(c, int) and not isinstance(c, bool) for c in deal)
+        ):
+            raise ValueError(
+                f"kuhn deal must be a list of {n} cards, one per seat (seat 0's first), "
+                f"such as {list(range(n))}; not {deal!r}"
+            )
+        cards = tuple(int(c) for c in deal)
+        if len(cards) != n:
+            raise ValueError(
+                f"kuhn deal {list(cards)} gives {len(cards)} cards, but this game seats {n}: "
+                "one card per seat"
+            )
+        if bad := [c for c in cards if not 0 <= c < deck]:
+            raise ValueError(
+                f"kuhn deal {list(cards)}: card {bad[0]} is not in the deck 0..{deck - 1}"
+            )
+        if twice := sorted({c for c in cards if cards.count(c) > 1}):
+            raise ValueError(
+                f"kuhn deal {list(cards)} gives card {twice[0]} twice; each seat gets its own card"
+            )
+        return cards
+
+    def deals(self) -> list[tuple[int, ...]]:
+        """Every deal of the deck, one card per seat (seat 0's first), in lexicographic order.
+
+        What a deal schedule enumerates: 60 for Loki (5 cards to 3 seats), 6
+        for two-player classic Kuhn.
+        """
+        return list(itertools.permutations(range(self.num_cards), self.num_players))
 
     @property
     def info(self) -> GameInfo:
@@ -116,7 +162,20 @@ class KuhnPoker(Game):
         return self.state_class.game_info(self)
 
     def params(self) -> dict[str, JSON]:
-        return {"variant": self.variant, "players": self.num_players, "start": self.start}
+        # ``deal`` only when fixed: a random-deal game keeps the parameters its
+        # policies and earlier records were written with.
+        out: dict[str, JSON] = {
+            "variant": self.variant,
+            "players": self.num_players,
+            "start": self.start,
+        }
+        if self.deal is not None:
+            out["deal"] = list(self.deal)
+        return out
+
+    def public_params(self) -> dict[str, JSON]:
+        """The parameters without the deal: a fixed deal holds every seat's card."""
+        return {k: v for k, v in self.params().items() if k != "deal"}
 
 
 class KuhnState(State):
@@ -188,6 +247,8 @@ class KuhnState(State):
     def chance_outcomes(self) -> list[tuple[Action, float]]:
         if not self._dealing():
             raise NotImplementedError("not a chance node")
+        if self.game.deal is not None:  # a fixed deal: one outcome, certain
+            return [(self.game.deal[len(self.cards)], 1.0)]
         left = [c for c in range(self.game.num_cards) if c not in self.cards]
         return [(c, 1.0 / len(left)) for c in left]
 
@@ -196,6 +257,12 @@ class KuhnState(State):
             raise IllegalActionError("not a chance node")
         if outcome in self.cards or not 0 <= outcome < self.game.num_cards:
             raise IllegalActionError(f"card {outcome!r} cannot be dealt")
+        fixed = self.game.deal
+        if fixed is not None and outcome != fixed[len(self.cards)]:
+            seat = len(self.cards)
+            raise IllegalActionError(
+                f"the deal is fixed: seat {seat} gets card {fixed[seat]}, not {outcome!r}"
+            )
         self.cards.append(int(outcome))
         if not self._at_chance():
             self.to_move = self.start
@@ -314,7 +381,8 @@ class ClassicKuhnState(KuhnState):
 
         The worst a seat can do is bet (or call) and lose its 2 chips; the best,
         bet and be called by every other seat: 2(n − 1). The longest play is
-        n − 1 passes, a bet by the last seat, and the n − 1 answers to it.
+        n − 1 passes, a bet by the last seat, and the n − 1 answers to it. A
+        fixed ``deal`` leaves chance one outcome per card.
         """
         n = game.num_players
         return GameInfo(
@@ -324,7 +392,7 @@ class ClassicKuhnState(KuhnState):
             utility_sum=0.0,
             max_game_length=2 * n - 1,
             max_chance_nodes=n,
-            max_chance_outcomes=n + 1,
+            max_chance_outcomes=n + 1 if game.deal is None else 1,
         )
 
     def legal_actions(self, player: int) -> Sequence[Action]:
@@ -381,8 +449,10 @@ class LokiKuhnState(KuhnState):
         each but the last answered by one call (a second call would close the
         betting) and the last by two (``ccrcrcrcc``); ``tests/test_game_info.py``
         enumerates every hand to confirm it. Chance deals three cards (5, 4, 3
-        outcomes) and, unless ``start`` fixes it, draws the first player.
+        outcomes; 1 each when ``deal`` fixes them) and, unless ``start`` fixes
+        it, draws the first player (3 outcomes).
         """
+        outcomes = game.num_cards if game.deal is None else 1 + 2 * (game.start == "random")
         return GameInfo(
             num_players=3,
             min_utility=-4.0,
@@ -390,7 +460,7 @@ class LokiKuhnState(KuhnState):
             utility_sum=0.0,
             max_game_length=9,
             max_chance_nodes=3 + (game.start == "random"),
-            max_chance_outcomes=game.num_cards,
+            max_chance_outcomes=outcomes,
         )
 
     # --- chance: the deal, then the first player unless ``start`` fixed it --------

@@ -202,7 +202,7 @@ class Match:
                     seat=seat,
                     seats=list(self.spec.seats),
                     game=self.spec.game,
-                    params=self.game.params(),
+                    params=self.game.public_params(),
                     channels=mine,
                     turn_timeout_s=self.spec.turn_timeout_s,
                     adapter=self.spec.adapters[seat] if seat < len(self.spec.adapters) else None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,6 +163,26 @@ class RunTransform(BaseModel):
     members: list[int | str] = Field(default_factory=list)
 
 
+class DealSchedule(BaseModel):
+    """Fixed Kuhn deals: every hand ``each`` times, as the Loki paper's Table 1 ran them.
+
+    The paper plays "100 games for each hand"; dealt by chance, a run of 100
+    matches gives each of Loki's 60 deals 1.7 on average, and a given hand
+    none in about one run of five ((59/60)^100). A hand is the card of every seat, seat 0's first; ``hands``
+    names the hands to play, or ``all`` (the default) for every deal of the
+    deck. The run plays ``len(hands) * each`` matches, in rounds that play every
+    hand once, in an order shuffled from the run's seed, so any prefix of the
+    run is balanced to within one match per hand.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    each: int = Field(ge=1, description="matches per hand")
+    hands: list[list[int]] | Literal["all"] = Field(
+        default="all", description="the cards of every seat, seat 0's first; all: every deal"
+    )
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -186,6 +207,9 @@ class RunConfig(BaseModel):
     referees: int = Field(default=1, ge=1)
     model: ModelChoice = Field(
         default_factory=ModelChoice, description="what the agents of kind `model` play with"
+    )
+    deals: DealSchedule | None = Field(
+        default=None, description="Kuhn only: fixed deals, each hand a set number of times"
     )
 
     @model_validator(mode="before")
@@ -238,6 +262,7 @@ class RunConfig(BaseModel):
                 raise ValueError(f"seat {s!r} names no agent in `agents` ({ids})")
         if self.round_robin and len(ids) < 2:
             raise ValueError("round_robin needs at least two agents")
+        self._schedule_deals()
         game = build_game(self.game, self.params)
         self._check_seating(game.num_players)
         self._check_always(game)
@@ -254,6 +279,108 @@ class RunConfig(BaseModel):
                     errors.append((("agents", i, "options", "action"), why))
         if errors:
             raise _field_errors(errors)
+
+    def _schedule_deals(self) -> None:
+        """Check ``deals`` against the game and set ``matches`` from it.
+
+        The match count follows from the schedule: ``matches`` may be left out,
+        and when given must be what the schedule plays. With ``crn`` above 1 a
+        CRN group shares its seed and so its deal: ``each`` must fill whole groups.
+        """
+        if self.deals is None:
+            return
+        if self.game != "kuhn":
+            raise _field_errors(
+                [(("deals",), f"only kuhn has a deal to fix; this run plays {self.game}")]
+            )
+        if "deal" in self.params:
+            raise _field_errors(
+                [
+                    (
+                        ("params", "deal"),
+                        "fixes one deal for every match, and `deals` schedules several: "
+                        "keep one of them",
+                    )
+                ]
+            )
+        hands = self.scheduled_hands()
+        total = len(hands) * self.deals.each
+        if self.deals.each % self.crn:
+            raise _field_errors(
+                [
+                    (
+                        ("deals", "each"),
+                        f"{self.deals.each} is not a multiple of crn ({self.crn}): the matches "
+                        "of a CRN group share their seed, so they play one hand",
+                    )
+                ]
+            )
+        if "matches" in self.model_fields_set and self.matches != total:
+            raise _field_errors(
+                [
+                    (
+                        ("matches",),
+                        f"{self.matches}, but deals plays {len(hands)} hands x {self.deals.each} "
+                        f"= {total} matches; leave matches out (it follows from deals) or make "
+                        f"it {total}",
+                    )
+                ]
+            )
+        self.matches = total
+
+    def scheduled_hands(self) -> list[tuple[int, ...]]:
+        """The hands ``deals`` plays, checked against the game: [] without a schedule."""
+        from backroom.games.kuhn import KuhnPoker
+
+        if self.deals is None:
+            return []
+        game = build_game(self.game, self.params)
+        assert isinstance(game, KuhnPoker)  # `deals` is refused for any other game
+        if self.deals.hands == "all":
+            return game.deals()
+        if not self.deals.hands:
+            raise _field_errors(
+                [(("deals", "hands"), "lists no hand; leave it out (or write all) for every deal")]
+            )
+        errors: list[tuple[tuple[str | int, ...], str]] = []
+        seen: dict[tuple[int, ...], int] = {}
+        for i, hand in enumerate(self.deals.hands):
+            try:
+                checked = build_game(self.game, {**self.params, "deal": hand})
+            except ValidationError as exc:
+                errors += [(("deals", "hands", i), _message(e)) for e in exc.errors()]
+                continue
+            assert isinstance(checked, KuhnPoker) and checked.deal is not None
+            if checked.deal in seen:
+                errors.append(
+                    (
+                        ("deals", "hands", i),
+                        f"{hand} is listed already (hands.{seen[checked.deal]}); "
+                        "`each` sets how often every hand is played",
+                    )
+                )
+            seen.setdefault(checked.deal, i)
+        if errors:
+            raise _field_errors(errors)
+        return list(seen)
+
+    def _deal_order(self) -> list[tuple[int, ...]] | None:
+        """The hand of every CRN group, in play order; None without a schedule.
+
+        Rounds of every hand once, each round shuffled by a generator seeded
+        from the run's seed alone: the same config plays the same hands in the
+        same order, and stopping early leaves the hands balanced.
+        """
+        if self.deals is None:
+            return None
+        hands = self.scheduled_hands()
+        rng = random.Random(f"deals-{self.seed}")
+        order: list[tuple[int, ...]] = []
+        for _ in range(self.deals.each // self.crn):
+            rounds = list(hands)
+            rng.shuffle(rounds)
+            order += rounds
+        return order
 
     def _check_seating(self, players: int) -> None:
         """Seat every match on paper: a mismatch would end each one in ``error`` at the referee."""
@@ -293,14 +420,19 @@ class RunConfig(BaseModel):
             raise _field_errors(list(errors.items()))
 
     def match_specs(self) -> Iterator[tuple[str, MatchSpec]]:
-        """(match id suffix, spec) for every match of the run, in order."""
+        """(match id suffix, spec) for every match of the run, in order.
+
+        With ``deals``, each CRN group's spec adds its hand as ``params.deal``.
+        """
+        order = self._deal_order()
         for i, seats in zip(range(self.matches), self._seatings(), strict=False):
             group = i // self.crn
+            params = self.params if order is None else {**self.params, "deal": list(order[group])}
             yield (
                 f"{i:06d}",
                 MatchSpec(
                     game=self.game,
-                    params=self.params,
+                    params=params,
                     seats=seats,
                     channels=[self._channel(c, seats) for c in self.channels],
                     transform=RewardTransform(
