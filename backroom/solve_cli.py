@@ -6,6 +6,7 @@ Mounted by the main CLI as ``app.add_typer(solve_app, name="solve")``::
     backroom solve game kuhn -p variant=classic -p players=3 --iterations 20000
     backroom solve evaluate loki.json
     backroom solve collusion --iterations 100000 --out-dir results/collusion
+    backroom solve team --out backroom/policies/kuhn_loki_team.json
 """
 
 from __future__ import annotations

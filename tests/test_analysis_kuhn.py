@@ -113,7 +113,9 @@ def test_demo_story_matches_the_episodes(demo_run: tuple[str, Path, list[dict[st
     ) in stdout
     # the luck of the deal out: each hand's payoff minus its deal's CFR value
     deals = [tuple(o["card"] for o in e["final_observations"]) for e in episodes]
-    given, given_se = _mean_se([c - ref.value((0, 1), d) for c, d in zip(coalition, deals)])
+    given, given_se = _mean_se(
+        [c - ref.value((0, 1), d) for c, d in zip(coalition, deals, strict=True)]
+    )
     assert f"({given:+.3f} ± {given_se:.3f} with each deal's CFR value subtracted)" in stdout
     # the why-line names the colluders that played and what the solver says their play is worth
     report = kuhn.collusion_reference(episodes[0]["params"], (0, 1))
@@ -337,7 +339,9 @@ def test_team_colluders_gain_what_the_team_solve_says(solver_cache: Path, tmp_pa
     mean, se = _mean_se([p - ref.value((0, 1)) for p in payoff])
     assert abs(mean - expected) < 2 * se, (mean, se, expected)
     deals = [tuple(o["card"] for o in e["final_observations"]) for e in episodes]
-    given, given_se = _mean_se([p - ref.value((0, 1), d) for p, d in zip(payoff, deals)])
+    given, given_se = _mean_se(
+        [p - ref.value((0, 1), d) for p, d in zip(payoff, deals, strict=True)]
+    )
     assert abs(given - expected) < 2 * given_se, (given, given_se, expected)
     assert given > report.average_advantage("team") - 2 * given_se
     acts = sum(1 for e in episodes for a in e["actions"] if a["phase"] == "act" and a["seat"] < 2)
