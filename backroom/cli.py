@@ -627,19 +627,26 @@ def results_table(result: RunResult, summary: dict[str, Any]) -> Table:
 
 
 def _prefetch_reference(config: RunConfig) -> Future[Reference | None] | None:
-    """Start on the all-CFR values a Kuhn coalition's story line compares with.
+    """Start on the all-CFR values and the team solve a Kuhn coalition's story compares with.
 
-    The first time for a policy they need the game tree (about a second, then
-    cached on disk); computed in a thread while the matches play, they are
-    ready when the table is printed and the story adds no wait.
+    The first time for a policy they need the game tree and a team solve
+    (about two seconds, then cached on disk); computed in a thread while the
+    matches play, they are ready when the table is printed and the story adds
+    no wait (the team solve is then a lookup in memory).
     """
     if config.game != "kuhn" or config.transform.kind != "coalition":
         return None
 
     def compute() -> Reference | None:
-        from backroom.analysis.kuhn import cfr_reference
+        from backroom.analysis.kuhn import cfr_reference, collusion_reference
 
-        return cfr_reference(config.params)
+        reference = cfr_reference(config.params)
+        try:
+            _, spec = next(config.match_specs())
+            collusion_reference(config.params, spec.transform.members)
+        except Exception as exc:  # the why-line loses its yardstick, not the comparison
+            logging.getLogger(__name__).warning("no team solve for the story: %s", exc)
+        return reference
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cfr-reference")
     future = pool.submit(compute)
@@ -663,7 +670,8 @@ def _story(result: RunResult, reference: Future[Reference | None] | None) -> lis
         except Exception as exc:
             logging.getLogger(__name__).warning("no CFR values for the story: %s", exc)
     records = [e.model_dump(mode="json") for e in result.episodes]
-    return story_lines(records, result.run_dir, reference=ref)
+    kinds = {a.id: a.kind for a in result.config.agents}
+    return story_lines(records, result.run_dir, reference=ref, kinds=kinds)
 
 
 @app.command("run")
@@ -840,21 +848,31 @@ def web(
     web_command(broker_url or DEFAULT_URL, host, port, credentials)
 
 
-def demo_config() -> RunConfig:
+def demo_config(naive: bool = False) -> RunConfig:
+    """The demo's run config: team-solve colluders (demo.yaml), or naive ones (demo_naive.yaml)."""
     import yaml
 
-    text = resources.files("backroom").joinpath("demo.yaml").read_text()
-    return parse_config(yaml.safe_load(text), source="demo.yaml")
+    name = "demo_naive.yaml" if naive else "demo.yaml"
+    text = resources.files("backroom").joinpath(name).read_text()
+    return parse_config(yaml.safe_load(text), source=name)
 
 
 @app.command()
 def demo(
     matches: int = 200,
+    naive: Annotated[
+        bool,
+        typer.Option(
+            "--naive",
+            help="naive card-telling colluders (kuhn-colluder) instead of the team solve's "
+            "(kuhn-team); run demo-naive",
+        ),
+    ] = False,
     runs_dir: RunsOpt = Path("runs"),
     metrics_port: MetricsOpt = 0,
 ) -> None:
     """Loki Kuhn poker: two colluders on a private channel, a third player who overhears."""
-    config = demo_config().model_copy(update={"matches": matches})
+    config = demo_config(naive).model_copy(update={"matches": matches})
     _execute(config, runs_dir, None, None, metrics_port)
 
 

@@ -30,6 +30,7 @@ KNOWN_AGENT_KINDS = frozenset(
         "grim-trigger",
         "human",
         "kuhn-colluder",
+        "kuhn-team",
         "level-k",
         "llm",
         "local",

@@ -6,6 +6,7 @@ Mounted by the main CLI as ``app.add_typer(solve_app, name="solve")``::
     backroom solve game kuhn -p variant=classic -p players=3 --iterations 20000
     backroom solve evaluate loki.json
     backroom solve collusion --iterations 100000 --out-dir results/collusion
+    backroom solve team --out backroom/policies/kuhn_loki_team.json
 """
 
 from __future__ import annotations
@@ -211,3 +212,43 @@ def collusion(
     typer.echo(files["table"].read_text())
     for key, path in files.items():
         typer.echo(f"{key}: {path}")
+
+
+@solve_app.command("team")
+def team_cmd(
+    variant: Annotated[str, typer.Option(help="classic (OpenSpiel) or loki")] = "loki",
+    team: Annotated[str, typer.Option(help="colluding seats, comma separated")] = "0,1",
+    iterations: ItersOpt = 5000,
+    algo: AlgoOpt = "cfr+",
+    out: OutOpt = None,
+    digits: Annotated[
+        int, typer.Option(min=1, help="decimals kept per probability in the file")
+    ] = 6,
+) -> None:
+    """The colluders' joint strategy of the Kuhn team solve, as the `kuhn-team` agent plays it.
+
+    The same solve as `backroom analyze`'s "team CFR vs CFR" reading (CFR+,
+    5,000 iterations by default); backroom/policies/kuhn_loki_team.json is
+    this command's output for the Loki rules.
+    """
+    from backroom.games.base import make_game
+    from backroom.solvers.team import solve_team, team_policy_document
+
+    if algo not in ALGOS:
+        raise typer.BadParameter(f"--algo must be one of {ALGOS}")
+    try:
+        seats = tuple(int(s) for s in team.split(","))
+        solution = solve_team(make_game("kuhn", variant=variant), seats, iterations, algo)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    doc = team_policy_document(solution, digits)
+    meta = doc["meta"]
+    typer.echo(
+        f"team {list(seats)}: {algo} x {iterations}; team value (sum of the colluders' "
+        f"returns) {meta['team_value_sum']:+.4f}; team game exploitability "
+        f"{meta['team_game_exploitability']:.3g}; {len(doc['policy'])} team information sets"
+    )
+    if out is not None:
+        write_policy(out, doc)
+        typer.echo(f"policy -> {out}")

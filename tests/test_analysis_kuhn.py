@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from rich.console import Console
 
 from backroom.agents import make_agent
+from backroom.agents.scripted.kuhn_colluder import naive_choice
 from backroom.analysis import analyze_episodes, analyze_run, kuhn
 from backroom.analysis.story import story_lines
 from backroom.bus.wire import EpisodeRecord
@@ -110,10 +111,98 @@ def test_demo_story_matches_the_episodes(demo_run: tuple[str, Path, list[dict[st
         f"all three playing the CFR equilibrium (kuhn_loki_cfr) would give the same seats "
         f"{value:+.3f}, so collusion earned {mean - value:+.3f} ± {se:.3f}"
     ) in stdout
+    # the luck of the deal out: each hand's payoff minus its deal's CFR value
+    deals = [tuple(o["card"] for o in e["final_observations"]) for e in episodes]
+    given, given_se = _mean_se(
+        [c - ref.value((0, 1), d) for c, d in zip(coalition, deals, strict=True)]
+    )
+    assert f"({given:+.3f} ± {given_se:.3f} with each deal's CFR value subtracted)" in stdout
+    # the why-line names the colluders that played and what the solver says their play is worth
+    report = kuhn.collusion_reference(episodes[0]["params"], (0, 1))
+    assert report is not None
+    acts = sum(1 for e in episodes for a in e["actions"] if a["phase"] == "act" and a["seat"] < 2)
+    assert (
+        "why: alice and bob played the team solve (kuhn-team): each told its partner its card "
+        f"before the first move, as the solve assumes (the partner's card known at {acts} of "
+        f"{acts} decisions), and played its seat's part of the joint strategy, worth "
+        f"{report.average_advantage('team_vs_unaware'):+.3f} a hand against kuhn_loki_cfr and "
+        f"at least {report.average_advantage('team'):+.3f} against any third player"
+    ) in stdout
     # the directory named is the run's own, the one holding episodes.jsonl
     assert f"next: backroom analyze {run_dir} " in stdout
     head = stdout[: stdout.index("channel colluders")]
     assert "mean chips" in head and "seats" not in head  # one seat each: no seats column
+
+
+def test_demo_colluders_tell_their_cards_on_the_channel_before_any_move(
+    demo_run: tuple[str, Path, list[dict[str, Any]]],
+) -> None:
+    """The team solve assumes both cards known at every colluder's turn: they travel as messages."""
+    _, _, episodes = demo_run
+    for e in episodes:
+        cards = [o["card"] for o in e["final_observations"]]
+        opening = [(a["turn"], a["seat"], a["phase"], a["action"]) for a in e["actions"][:2]]
+        assert sorted(opening) == [
+            (1, 0, "talk", f"my card is {cards[0]}"),
+            (1, 1, "talk", f"my card is {cards[1]}"),
+        ]
+        first_act = min(a["t"] for a in e["actions"] if a["phase"] == "act")
+        told = {(d["from_seat"], d["to_seat"]): d for d in e["deliveries"]}
+        assert told[(0, 1)]["t"] <= first_act and told[(1, 0)]["t"] <= first_act
+        assert not told[(0, 1)]["overheard"] and told[(0, 2)]["overheard"]
+        assert all(a["phase"] == "act" for a in e["actions"][2:])  # nothing more is said
+
+
+def test_demo_naive_plays_the_card_telling_colluders(
+    solver_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    runs = tmp_path_factory.mktemp("runs")
+    stdout = _cli("demo", "--naive", "--matches", "20", "--runs-dir", str(runs))
+    m = re.search(r"^episodes: (\S+)$", stdout, re.M)
+    assert m, stdout
+    run_dir = Path(m.group(1)).parent
+    assert run_dir.parent == runs / "demo-naive"  # beside the team demo's runs, not among them
+    episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 20
+    assert all(e["spec"]["channels"][0]["opens"] == "before_act" for e in episodes)
+    ref = kuhn.cfr_reference(episodes[0]["params"])
+    values = kuhn.naive_values(episodes[0]["params"], (0, 1))
+    assert ref is not None and values is not None
+    worth = (values[0] + values[1]) / 2 - ref.value((0, 1))
+    acts = [a for e in episodes for a in e["actions"] if a["phase"] == "act" and a["seat"] < 2]
+    informed = sum(
+        any(
+            d["from_seat"] == 1 - a["seat"] and d["to_seat"] == a["seat"] and d["t"] <= a["t"]
+            for d in e["deliveries"]
+        )
+        for e in episodes
+        for a in e["actions"]
+        if a["phase"] == "act" and a["seat"] < 2
+    )
+    assert 0 < informed < len(acts)  # the first colluder to act has not heard its partner
+    assert (
+        "why: alice and bob played naive card-telling (kuhn-colluder): a fixed rule in place of "
+        "the equilibrium's mixed play"
+    ) in stdout
+    assert f"the partner's card known at {informed} of {len(acts)} decisions" in stdout
+    assert f"worth {worth:+.3f} a hand against kuhn_loki_cfr by the game tree" in stdout
+    assert "team solve (kuhn-team)" not in stdout
+    # naive_values' model of the table is the table: every colluder move the referee recorded is
+    # the naive rule given the partner's card once the partner has acted (it talked just before)
+    game = make_game("kuhn", **episodes[0]["params"])
+    for e in episodes:
+        state = game.new_initial_state(e["seed"])
+        for a in (a for a in e["actions"] if a["phase"] == "act"):
+            seat, obs = a["seat"], state.observation(a["seat"])
+            if seat < 2:
+                heard = any(h["player"] == 1 - seat for h in obs["history"])
+                partner = state.observation(1 - seat)["card"] if heard else None
+                spec = state.action_spec(seat)
+                assert a["action"] == naive_choice(obs, spec.choices, spec.names, partner)
+            state.apply({seat: a["action"]})
+        assert state.is_terminal() and state.returns() == e["raw_returns"]
+    assert sum(values) == pytest.approx(0.0, abs=1e-12)  # chips are zero-sum
+    assert kuhn.naive_values({"variant": "classic"}, (0, 1)) is None  # no shipped policy
 
 
 def test_cfr_reference_is_the_policy_evaluated_and_fast_once_cached(solver_cache: Path) -> None:
@@ -199,6 +288,64 @@ def test_analyze_kuhn_measures_match_the_episodes(
     ]
     for p in r["plots"]:
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_analyze_reads_the_team_solve_from_its_cache_the_second_time(
+    demo_run: tuple[str, Path, list[dict[str, Any]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Like the all-CFR values, the team solve is made once per policy, rules and coalition."""
+    _, run_dir, _ = demo_run
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("BACKROOM_SOLVER_CACHE", str(cache))
+    try:
+        kuhn._collusion_reference.cache_clear()  # as a new process: nothing held in memory
+        first = analyze_run(run_dir, tmp_path / "a")["games"]["kuhn"]
+        (entry,) = cache.glob("collusion-*.json")
+        assert first["solver"]["team_iterations"] == kuhn.TEAM_ITERATIONS
+        # Mark the entry: a second analyze that solved again could not show the mark.
+        data = json.loads(entry.read_text())
+        data["summary"]["team_iterations"] = 1234
+        entry.write_text(json.dumps(data))
+        written = entry.stat().st_mtime_ns
+        kuhn._collusion_reference.cache_clear()
+        second = analyze_run(run_dir, tmp_path / "b")["games"]["kuhn"]
+        assert second["solver"]["team_iterations"] == 1234  # read from the file
+        assert entry.stat().st_mtime_ns == written  # and not written again
+        assert second["coalition"]["solver_advantage"] == first["coalition"]["solver_advantage"]
+    finally:
+        kuhn._collusion_reference.cache_clear()  # the marked report must not outlive the test
+
+
+@pytest.mark.slow
+def test_team_colluders_gain_what_the_team_solve_says(solver_cache: Path, tmp_path: Path) -> None:
+    """3,000 hands of the demo: the coalition's advantage is the solver's, within 2 s.e.
+
+    The demo's colluders play the team solve's joint strategy against carol's
+    CFR policy: the solver's "team vs unaware C" reading, which is at least the
+    team game's value (the joint strategy's guarantee against any third player).
+    """
+    stdout = _cli("demo", "--matches", "3000", "--runs-dir", str(tmp_path), timeout=900)
+    m = re.search(r"^episodes: (\S+)$", stdout, re.M)
+    assert m, stdout
+    episodes = [json.loads(line) for line in Path(m.group(1)).read_text().splitlines()]
+    assert len(episodes) == 3000 and all(e["reason"] == "normal" for e in episodes)
+    params = episodes[0]["params"]
+    ref, report = kuhn.cfr_reference(params), kuhn.collusion_reference(params, (0, 1))
+    assert ref is not None and report is not None
+    expected = report.average_advantage("team_vs_unaware")
+    payoff = [(e["raw_returns"][0] + e["raw_returns"][1]) / 2 for e in episodes]
+    mean, se = _mean_se([p - ref.value((0, 1)) for p in payoff])
+    assert abs(mean - expected) < 2 * se, (mean, se, expected)
+    deals = [tuple(o["card"] for o in e["final_observations"]) for e in episodes]
+    given, given_se = _mean_se(
+        [p - ref.value((0, 1), d) for p, d in zip(payoff, deals, strict=True)]
+    )
+    assert abs(given - expected) < 2 * given_se, (given, given_se, expected)
+    assert given > report.average_advantage("team") - 2 * given_se
+    acts = sum(1 for e in episodes for a in e["actions"] if a["phase"] == "act" and a["seat"] < 2)
+    assert f"(the partner's card known at {acts} of {acts} decisions)" in stdout
 
 
 def test_cli_analyze_prints_the_tables_and_the_plots_it_wrote(

@@ -376,3 +376,93 @@ def test_collusion_cli_takes_a_baseline_policy(tmp_path: Path) -> None:
         solve_app, ["collusion", "--cfr-policy", "no_such_policy", "--out-dir", str(tmp_path)]
     )
     assert bad.exit_code != 0
+
+
+def test_shipped_team_policy_is_the_team_solve(tmp_path: Path) -> None:
+    """kuhn_loki_team.json is `backroom solve team`'s output: analyze's team solve, rounded.
+
+    Tolerance: each probability within 1e-6 of a fresh solve (the file keeps
+    6 decimals, rounding moves a probability by at most 5e-7), and the team
+    value of the file's strategy within 1e-5 of the fresh solve's.
+    """
+    from backroom.analysis.kuhn import TEAM_ITERATIONS
+    from backroom.solvers.policy_file import read_policy
+
+    shipped = read_policy("kuhn_loki_team")
+    out = tmp_path / "team.json"
+    res = CliRunner().invoke(solve_app, ["team", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    fresh = json.loads(out.read_text())
+    meta = shipped["meta"]
+    assert (meta["kind"], meta["team"], meta["algo"]) == ("team", [0, 1], "cfr+")
+    assert meta["iterations"] == fresh["meta"]["iterations"] == TEAM_ITERATIONS
+    assert shipped["params"] == fresh["params"] == dict(make_game("kuhn", variant="loki").params())
+    assert shipped["policy"].keys() == fresh["policy"].keys()
+    assert all(key.startswith("team[") for key in shipped["policy"])  # the colluders' rows only
+    worst = max(
+        abs(p - fresh["policy"][key][a])
+        for key, row in shipped["policy"].items()
+        for a, p in row.items()
+    )
+    assert worst <= 1e-6
+    # what the table plays: the file's strategy on the team tree, the third player the solve's
+    solution = solve_team(make_game("kuhn", variant="loki"), (0, 1), TEAM_ITERATIONS, "cfr+")
+    tree = solution.tree
+    rows = {k: v for k, v in solution.policy().items() if not k.startswith("team[")}
+    sigma = tree.sigma_from_policy({**rows, **shipped["policy"]})
+    assert expected_returns(tree, sigma)[TEAM] == pytest.approx(solution.team_value, abs=1e-5)
+    assert meta["team_value_sum"] == pytest.approx(solution.team_value, abs=1e-9)
+
+
+def test_kuhn_team_agent_plays_the_row_of_the_cards_it_was_told() -> None:
+    """Told its partner's card, a colluder plays that team row; not told, it averages and counts."""
+    import asyncio
+
+    from backroom.agents import make_agent
+    from backroom.agents.scripted.kuhn_team import KuhnTeamAgent
+    from backroom.bus.wire import ChannelSpec, Delivery, MatchStart, Turn
+    from backroom.solvers.team import joint_key
+
+    game = make_game("kuhn", variant="loki")
+    state = game.new_initial_state(3)
+    seat = next(iter(state.current_players()))
+    while seat not in (0, 1):  # play the third player's moves until a colluder is to act
+        state.apply({seat: state.legal_actions(seat)[0]})
+        seat = next(iter(state.current_players()))
+    partner = 1 - seat
+    obs = state.observation(seat)
+    agent = make_agent("kuhn-team", "a")
+    assert isinstance(agent, KuhnTeamAgent) and agent.team == (0, 1)
+    channel = ChannelSpec(name="colluders", members=[0, 1], eavesdroppers=[2], opens="start")
+    start = MatchStart(
+        match="m", seat=seat, seats=["a", "b", "c"], game="kuhn", params=game.params(),
+        channels=[channel], turn_timeout_s=5,
+    )  # fmt: skip
+    turn = Turn(
+        match="m", turn=2, seat=seat, phase="act", observation=obs,
+        legal=state.action_spec(seat).to_json(), deadline_s=5,
+    )  # fmt: skip
+    talk = Turn(match="m", turn=1, seat=seat, phase="talk", channel="colluders",
+                observation=obs, deadline_s=5)  # fmt: skip
+
+    async def go() -> None:
+        await agent.on_match_start(start)
+        assert await agent.talk(talk) == f"my card is {obs['card']}"
+        rows, unknown = agent.rows(turn)  # nothing heard yet: every card the partner may hold
+        assert unknown == [partner] and len(rows) == 4
+        await agent.act(turn)
+        assert agent.uninformed == 1
+        partner_card = state.observation(partner)["card"]
+        await agent.on_message(
+            Delivery(match="m", channel="colluders", sender="b", sender_seat=partner,
+                     text=f"my card is {partner_card}")
+        )  # fmt: skip
+        rows, unknown = agent.rows(turn)
+        states = {s: state.information_state(s) for s in (0, 1)}
+        assert unknown == [] and rows == [agent.table[joint_key(seat, states)]]
+        assert await agent.act(turn) in state.legal_actions(seat)
+        assert (agent.uninformed, agent.misses) == (1, 0)
+
+    asyncio.run(go())
+    with pytest.raises(ValueError, match="not a team policy"):
+        make_agent("kuhn-team", "x", policy="kuhn_loki_cfr")

@@ -46,7 +46,7 @@ from rich.table import Table
 
 from backroom.analysis.episodes import Episode, channel_stats
 from backroom.analysis.plotting import figure, save
-from backroom.games.base import make_game
+from backroom.games.base import CHANCE, State, make_game
 from backroom.games.kuhn import KuhnPoker
 from backroom.solvers.collusion import (
     PAPER_AVERAGE_ADVANTAGE,
@@ -60,7 +60,7 @@ from backroom.solvers.collusion import (
     per_deal_values,
 )
 from backroom.solvers.evaluate import expected_seat_returns
-from backroom.solvers.tree import build_tree
+from backroom.solvers.tree import FloatArray, build_tree
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -158,6 +158,8 @@ def shipped_policy(params: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | No
         if not entry.name.endswith(".json"):
             continue
         doc = json.loads(entry.read_text())
+        if (doc.get("meta") or {}).get("kind") == "team":
+            continue  # the colluders' joint strategy (kuhn_loki_team), not every seat's
         if doc.get("game") == GAME and doc.get("params") == rules:
             return entry.name.removesuffix(".json"), doc
     return None
@@ -266,6 +268,55 @@ def _collusion_reference(params_json: str, team: tuple[int, ...]) -> CollusionRe
         values={name: np.asarray(v, dtype=np.float64) for name, v in data["values"].items()},
         summary=data["summary"],
     )
+
+
+def naive_values(params: Mapping[str, Any], team: Sequence[int]) -> tuple[float, ...] | None:
+    """Every seat's expected chips when ``team`` plays the naive rule and the rest the shipped policy.
+
+    The naive rule is the ``kuhn-colluder`` kind's, on a ``before_act``
+    channel: a colluder knows its partner's card once the partner has acted
+    (it talked just before). Exact: the game tree walked with the rule's moves
+    and the policy's probabilities, in milliseconds, so nothing is cached.
+    None unless a shipped policy fits the rules and ``team`` is two seats of three.
+    """
+    from backroom.agents.scripted.kuhn_colluder import naive_choice
+
+    found = shipped_policy(params)
+    if found is None:
+        return None
+    policy = found[1]["policy"]
+    game = make_game(GAME, **found[1]["params"])
+    seats = game.info.num_players
+    if seats != 3 or len(set(team)) != 2 or not all(0 <= s < seats for s in team):
+        return None
+
+    def walk(state: State) -> FloatArray:
+        if state.is_terminal():
+            return np.asarray(state.returns(), dtype=np.float64)
+        movers = state.current_players()
+        if movers == {CHANCE}:
+            branches = list(state.chance_outcomes())
+        else:
+            (seat,) = movers
+            spec = state.action_spec(seat)
+            obs = state.observation(seat)
+            if seat in team:
+                (partner,) = (s for s in team if s != seat)
+                heard = any(h["player"] == partner for h in obs["history"])
+                card = state.observation(partner)["card"] if heard else None
+                branches = [(naive_choice(obs, spec.choices, spec.names, card), 1.0)]
+            else:
+                row = policy.get(state.information_state(seat), {})
+                branches = [(a, float(row.get(json.dumps(a), 0.0))) for a in spec.choices]
+        total = np.zeros(seats)
+        for action, p in branches:
+            if p > 0:
+                child = state.clone()
+                child.apply({next(iter(movers)): action})
+                total += p * walk(child)
+        return total
+
+    return tuple(float(v) for v in walk(game.new_initial_state(None)))
 
 
 # --- measures -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ equilibrium gives the same seats (Kuhn), and which command shows more.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import EllipsisType
@@ -15,7 +16,15 @@ from typing import Any
 
 from backroom.analysis.episodes import channel_stats, played
 from backroom.analysis.kuhn import GAME as KUHN
-from backroom.analysis.kuhn import Reference, cfr_reference, fixed_deal, mean_se
+from backroom.analysis.kuhn import (
+    Reference,
+    cfr_reference,
+    collusion_reference,
+    fixed_deal,
+    mean_se,
+    naive_values,
+)
+from backroom.solvers.collusion import CollusionReport, deal_of
 
 #: What one unit of each game's returns is, for column headings ("mean chips").
 RETURN_UNITS = {
@@ -45,12 +54,17 @@ def story_lines(
     run_dir: Path,
     *,
     reference: Reference | EllipsisType | None = ...,
+    kinds: Mapping[str, str] | None = None,
+    solver: CollusionReport | EllipsisType | None = ...,
 ) -> list[str]:
     """The lines under the table, from the run's episode records (JSON dicts).
 
     ``reference``: the all-CFR values for a Kuhn run when the caller already
     has them (the CLI computes them while the matches play), None to leave the
-    comparison out; by default they are looked up here. Only played episodes
+    comparison out; by default they are looked up here. ``kinds`` (agent id to
+    kind) adds, for a Kuhn coalition, a line naming which colluders played and
+    why they earn what they do, with the solver's value of their play
+    (``solver``: the team solve, looked up by default). Only played episodes
     count, as in ``backroom analyze``.
     """
     eps = played(dict(e) for e in episodes)
@@ -72,6 +86,8 @@ def story_lines(
     ]
     if coalition:
         lines.append(_coalition_line(coalition, reference))
+        if kinds is not None and coalition[0]["game"] == KUHN:
+            lines.extend(_why_line(coalition, kinds, reference, solver))
     hint = (
         " (per-seat chips, Table 1, the collusion heatmap)"
         if eps and eps[0]["game"] == KUHN
@@ -120,4 +136,101 @@ def _coalition_line(
                 f"; all three playing the CFR equilibrium ({reference.policy}) would give "
                 f"{same} {value:+.3f}, so collusion earned {mean - value:+.3f}{spread}"
             )
+            # The luck of the deal out: what the solver's per-hand values compare with.
+            given, given_se = mean_se(
+                [
+                    r - reference.value(seats, deal_of(e))
+                    for r, seats, e in zip(rewards, seatings, eps, strict=True)
+                ]
+            )
+            if given is not None and given_se is not None:
+                line += f" ({given:+.3f} ± {given_se:.3f} with each deal's CFR value subtracted)"
     return line
+
+
+def informed_decisions(eps: Sequence[Mapping[str, Any]], team: Sequence[int]) -> tuple[int, int]:
+    """Colluders' act turns taken after every partner's message had reached them, and all of them.
+
+    From the record alone: a decision counts as informed when each partner
+    had a message delivered to the mover (not overheard) before the referee
+    recorded the move. What the message said is not read.
+    """
+    informed = total = 0
+    for e in eps:
+        heard: dict[tuple[int, int], float] = {}
+        for d in e["deliveries"]:
+            if not d["overheard"] and d["from_seat"] in team and d["to_seat"] in team:
+                key = (int(d["from_seat"]), int(d["to_seat"]))
+                heard[key] = min(heard.get(key, math.inf), float(d["t"]))
+        for a in e["actions"]:
+            seat = int(a["seat"])
+            if a["phase"] != "act" or seat not in team:
+                continue
+            total += 1
+            t = float(a["t"])
+            informed += all(heard.get((p, seat), math.inf) <= t for p in team if p != seat)
+    return informed, total
+
+
+#: The colluder kinds the why-line knows, and what each does with the channel.
+TEAM_KIND, NAIVE_KIND = "kuhn-team", "kuhn-colluder"
+
+
+def _why_line(
+    eps: Sequence[Mapping[str, Any]],
+    kinds: Mapping[str, str],
+    reference: Reference | EllipsisType | None,
+    solver: CollusionReport | EllipsisType | None,
+) -> list[str]:
+    """One sentence: which colluders played, what they knew, and what the solver says that is worth.
+
+    The solver's numbers are advantages over all three playing the shipped CFR
+    policy, as "collusion earned" in the line above: the team solve's joint
+    strategy against that policy (what ``backroom demo`` plays) and against a
+    third player who best-responds (the team game's value, which the joint
+    strategy guarantees), and the naive rule against that policy, exactly.
+    """
+    first = eps[0]
+    team = [int(s) for s in first["spec"]["transform"]["members"]]
+    if any([int(s) for s in e["spec"]["transform"]["members"]] != team for e in eps):
+        return []  # rotated seats: one sentence cannot hold every seating's values
+    agents = [str(first["seats"][s]) for s in team]
+    played_kinds = sorted({kinds.get(a, "unknown") for a in agents})
+    informed, total = informed_decisions(eps, team)
+    knew = f"the partner's card known at {informed} of {total} decisions"
+    if reference is ...:
+        reference = cfr_reference(first["params"])
+    if solver is ...:
+        solver = collusion_reference(first["params"], team)
+    ref = reference if isinstance(reference, Reference) else None
+    against = ref.policy if ref else "the CFR policy"
+    team_worth = None
+    if isinstance(solver, CollusionReport):
+        team_worth = (
+            f"{solver.average_advantage('team_vs_unaware'):+.3f} a hand against {against} and "
+            f"at least {solver.average_advantage('team'):+.3f} against any third player "
+            f"(the team game's value)"
+        )
+    who = _names(agents)
+    if played_kinds == [TEAM_KIND]:
+        line = (
+            f"why: {who} played the team solve ({TEAM_KIND}): each told its partner its card "
+            f"before the first move, as the solve assumes ({knew}), and played its seat's part "
+            f"of the joint strategy"
+        )
+        return [f"{line}, worth {team_worth}" if team_worth else line]
+    if played_kinds == [NAIVE_KIND]:
+        line = (
+            f"why: {who} played naive card-telling ({NAIVE_KIND}): a fixed rule in place of the "
+            f"equilibrium's mixed play (the lower card folds to any bet, the higher raises only "
+            f"a King or an Ace, nobody bluffs), {knew} (the first to act has not heard yet)"
+        )
+        values = naive_values(first["params"], team)
+        if values is not None and ref is not None:
+            worth = sum(values[s] for s in team) / len(team) - ref.value(team)
+            line += f", worth {worth:+.3f} a hand against {against} by the game tree"
+        if team_worth:
+            line += f"; the team solve (backroom demo without --naive) is worth {team_worth}"
+        return [line]
+    line = f"why: {who} played {', '.join(played_kinds)}, {knew}"
+    return [f"{line}; the team solve is worth {team_worth}" if team_worth else line]

@@ -60,11 +60,14 @@ class ChannelSpec(BaseModel):
     ``opens``:
       * ``before_act`` — before each of a member's act turns the member gets a
         talk turn on this channel (Loki's message-then-act protocol);
+      * ``start`` — every member gets a talk turn on this channel after the
+        deal, before the first move: a team can share its private information
+        before anyone acts, as the team solve assumes;
       * ``always`` — members may send chat at any time during the match;
       * ``game`` — the game's own talk phases (Trust-and-Split, beauty contest
         discussion) are routed to this channel.
     ``max_messages`` bounds messages per member per opening (``before_act``,
-    ``game``) or per match (``always``).
+    ``start``, ``game``) or per match (``always``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -74,7 +77,7 @@ class ChannelSpec(BaseModel):
     eavesdroppers: list[int] = Field(
         default_factory=list, description="seats that hear, marked overheard"
     )
-    opens: Literal["before_act", "always", "game"] = "before_act"
+    opens: Literal["before_act", "start", "always", "game"] = "before_act"
     max_messages: int = Field(default=1, ge=0, le=1000)
     max_chars: int = Field(default=500, ge=1, le=MAX_CHAT_CHARS)
 

@@ -172,6 +172,7 @@ class Match:
         reason, detail = "normal", ""
         try:
             self.start()
+            await self.opening_talk()
             while not self.state.is_terminal():
                 if self.voided:
                     raise Voided(self.voided)
@@ -210,6 +211,21 @@ class Match:
                 ),
             )
         self.public("started", {"game": self.spec.game, "seats": list(self.spec.seats)})
+
+    async def opening_talk(self) -> None:
+        """``start`` channels: every member talks once the deal is done, before the first move.
+
+        One talk turn for all members at once (``max_messages`` of them), so
+        what they say is delivered before anyone acts, whoever moves first.
+        """
+        for channel in self.channels.values():
+            if channel.opens != "start" or self.state.is_terminal():
+                continue
+            for _ in range(channel.max_messages):
+                texts = await self.turn(sorted(channel.members), "talk", channel.name)
+                for seat, text in texts.items():
+                    if text:
+                        self.deliver(seat, channel, text)
 
     async def step(self) -> None:
         state = self.state
@@ -398,11 +414,14 @@ class Match:
                 return self.reject(
                     agent, msg, "wrong_channel", f"this talk turn is on {p.channel!r}"
                 )
-            limit = self.channels[p.channel or TABLE].max_chars
-            if len(msg.text) > limit:
-                return self.reject(agent, msg, "too_long", f"{len(msg.text)} characters > {limit}")
+            channel = self.channels[p.channel or TABLE]
+            if len(msg.text) > channel.max_chars:
+                return self.reject(
+                    agent, msg, "too_long", f"{len(msg.text)} characters > {channel.max_chars}"
+                )
             answer: Any = msg.text
-            if p.phase == "talk" and self.state.phase == "talk":
+            # A game's talk phase checks its own messages, not a side channel's opening words.
+            if p.phase == "talk" and self.state.phase == "talk" and channel.opens != "start":
                 try:
                     self.state.check_action(seat, msg.text)
                 except IllegalActionError as exc:

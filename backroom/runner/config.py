@@ -151,7 +151,7 @@ class RunChannel(BaseModel):
     name: str
     members: list[int | str]
     eavesdroppers: list[int | str] = Field(default_factory=list)
-    opens: Literal["before_act", "always", "game"] = "before_act"
+    opens: Literal["before_act", "start", "always", "game"] = "before_act"
     max_messages: int = 1
     max_chars: int = 500
 

@@ -43,8 +43,9 @@ the same card, bets and folds — no card is shared.
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,10 +71,19 @@ def team_key(team: Sequence[int]) -> Callable[[State, int], str]:
     def key(state: State, seat: int) -> str:
         if seat not in members:
             return state.information_state(seat)
-        parts = " / ".join(f"{s}:{state.information_state(s)}" for s in members)
-        return f"team[{seat}] {parts}"
+        return joint_key(seat, {s: state.information_state(s) for s in members})
 
     return key
+
+
+def joint_key(seat: int, info_states: Mapping[int, str]) -> str:
+    """The team's key at ``seat``'s turn from every colluder's information state, in team order.
+
+    What a colluder at the table rebuilds to look up its move in a team
+    policy file, once its partners' private information has reached it.
+    """
+    parts = " / ".join(f"{s}:{state}" for s, state in info_states.items())
+    return f"team[{seat}] {parts}"
 
 
 def team_owner(num_seats: int, team: Sequence[int]) -> tuple[int, ...]:
@@ -165,6 +175,41 @@ def solve_team(
         values=expected_returns(tree, sigma),
         exploitability=expl,
     )
+
+
+#: Decimals of the probabilities in a team policy file (``team_policy_document``).
+TEAM_POLICY_DIGITS = 6
+
+
+def team_policy_document(
+    solution: TeamSolution, digits: int | None = TEAM_POLICY_DIGITS
+) -> dict[str, Any]:
+    """The team's joint strategy as a policy file: the colluders' rows, keyed by :func:`joint_key`.
+
+    What the ``kuhn-team`` agent plays. The other seats' rows (the solve's
+    third player) are left out: at the table that seat plays its own policy.
+    Probabilities are rounded to ``digits`` decimals (None: kept whole) so the
+    shipped file stays small; ``meta`` holds the unrounded solve's values.
+    """
+    tree = solution.tree
+    policy = {
+        key: {a: (round(p, digits) if digits is not None else p) for a, p in row.items()}
+        for key, row in solution.policy().items()
+        if key.startswith("team[")
+    }
+    meta = {
+        "solver": "backroom.solvers.team",
+        "kind": "team",
+        "team": list(solution.team),
+        "algo": solution.algo,
+        "iterations": solution.iterations,
+        "digits": digits,
+        "team_value_sum": solution.team_value,
+        "team_guaranteed_value_sum": solution.guaranteed_value(),
+        "team_game_exploitability": solution.exploitability,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return {"game": tree.game, "params": tree.params, "policy": policy, "meta": meta}
 
 
 def lift_policy(tree: GameTree, policy: dict[str, dict[str, float]]) -> FloatArray:

@@ -7,6 +7,8 @@ solve is the real yardstick for what collusion is worth.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from backroom.agents.base import JSON, ScriptedAgent, choices, register_agent
 from backroom.bus.wire import Turn
@@ -27,15 +29,29 @@ class KuhnColluder(ScriptedAgent):
 
     async def act(self, turn: Turn) -> JSON:
         legal = choices(turn)
-        names = dict(zip(turn.legal.get("names", []), legal, strict=False))
-        card = int(turn.observation["card"])
-        partner = self.partner_card(turn.match)
-        facing_bet = turn.observation.get("to_call", 0) > 0
-        strongest = partner is None or card > partner
-        # The stronger colluder bets its good cards and calls; the weaker one gets
-        # out of the way instead of putting more coalition chips at risk.
-        if strongest and card >= 3 and "raise" in names:
-            return names["raise"]
-        if strongest or not facing_bet:
-            return names.get("call", legal[0])
-        return names.get("fold", legal[0])
+        names = turn.legal.get("names", [])
+        return naive_choice(turn.observation, legal, names, self.partner_card(turn.match))
+
+
+def naive_choice(
+    observation: Mapping[str, Any],
+    legal: Sequence[JSON],
+    names: Sequence[str],
+    partner: int | None,
+) -> JSON:
+    """The naive rule, from what the referee shows the seat and the partner's card if heard.
+
+    Apart from the agent so that ``backroom.analysis.kuhn`` values the rule
+    exactly on the game tree, from the observations the referee would send.
+    """
+    by_name = dict(zip(names, legal, strict=False))
+    card = int(observation["card"])
+    facing_bet = observation.get("to_call", 0) > 0
+    strongest = partner is None or card > partner
+    # The stronger colluder bets its good cards and calls; the weaker one gets
+    # out of the way instead of putting more coalition chips at risk.
+    if strongest and card >= 3 and "raise" in by_name:
+        return by_name["raise"]
+    if strongest or not facing_bet:
+        return by_name.get("call", legal[0])
+    return by_name.get("fold", legal[0])
