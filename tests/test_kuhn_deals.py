@@ -204,7 +204,10 @@ def test_a_bad_schedule_is_refused_at_its_field(extra: dict[str, Any], message: 
 def test_the_schedule_on_another_game_is_refused() -> None:
     ipd = {
         "game": "ipd",
-        "agents": [{"id": "a", "kind": "always"}, {"id": "b", "kind": "always"}],
+        "agents": [
+            {"id": "a", "kind": "always", "options": {"action": "A"}},
+            {"id": "b", "kind": "always", "options": {"action": "B"}},
+        ],
         "deals": {"each": 2},
     }
     with pytest.raises(
