@@ -87,6 +87,11 @@ INPUTS_DROPPED = Counter(
     "backroom_inputs_dropped_total",
     "Outbox payloads the referee dropped unread: the sender's input budget was spent",
 )
+STATUSES_DROPPED = Counter(
+    "backroom_statuses_dropped_total",
+    "Statuses the referee dropped: over the sender's input budget, oversized, or not a status",
+    ["reason"],
+)
 TRACES_REJECTED = Counter(
     "backroom_traces_rejected_total",
     "Traces the runner did not record, by reason (forged, not_seated)",
