@@ -87,38 +87,6 @@ async def test_a_64kb_array_of_ones_is_one_refusal_and_does_not_stall_the_loop(
     assert worst < 0.5 * load(), f"the loop was held {worst:.2f} s at once"
 
 
-async def test_what_a_flood_costs_is_charged_and_past_the_budget_dropped(
-    broker: Broker, tmp_path: Path
-) -> None:
-    """With next to no time left (and no refill), the first payload is judged and
-    charged what it took; the other nine are dropped unread, counted, answered by
-    ``rate_limited``. Under the byte budget all ten 63 KB payloads were judged. Another
-    identity's budget is its own."""
-    dropped = sample("backroom_inputs_dropped_total")
-    async with (
-        Referee(
-            identity(broker, "referee", "referee"),
-            runs_dir=tmp_path / "runs",
-            input_burst_s=1.0,
-            input_share=1e-9,
-        ) as ref,
-        RawAgent(identity(broker, "mallory")) as mal,
-        RawAgent(identity(broker, "trent")) as trent,
-    ):
-        await drained(ref)  # their statuses are in
-        ref._inputs["mallory"].tokens = 1e-9  # enough to open one more payload, whatever it costs
-        for _ in range(10):
-            await mal.send(ONES)
-        await trent.send(b"{nope")
-        await mal.barrier(ref)
-        await trent.barrier(ref)
-    reasons = [e.reason for e in mal.of(Error)]
-    assert reasons.count("unknown_type") == 1
-    assert reasons.count("rate_limited") == 9
-    assert sample("backroom_inputs_dropped_total") - dropped == 9
-    assert [e.reason for e in trent.of(Error)] == ["malformed"]
-
-
 async def test_statuses_share_the_outbox_budget_and_big_ones_are_dropped_unread(
     broker: Broker, tmp_path: Path
 ) -> None:
