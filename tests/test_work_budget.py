@@ -26,7 +26,7 @@ from backroom.bus.client import Bus
 from backroom.bus.wire import MAX_STATUS_BYTES, Error, Status, dump
 from backroom.referee.service import Referee, WorkBudget
 
-from .conftest import RawAgent, drained, eventually, identity
+from .conftest import RawAgent, drained, identity
 
 ONES = b"[" + b",".join([b"1"] * 31_500) + b"]"  # 63 KB: under MAX_PAYLOAD_BYTES
 
@@ -95,7 +95,9 @@ async def test_statuses_share_the_outbox_budget_and_big_ones_are_dropped_unread(
     is dropped before it is parsed; another identity's status still counts."""
     over = sample("backroom_statuses_dropped_total", reason="over_budget")
     big = sample("backroom_statuses_dropped_total", reason="oversized")
-    huge = dump(Status(state="online", kind="x")).replace(b'"kind"', b'"pad":"' + b"x" * 60_000 + b'","kind"')
+    huge = dump(Status(state="online", kind="x")).replace(
+        b'"kind"', b'"pad":"' + b"x" * 60_000 + b'","kind"'
+    )
     assert len(huge) > MAX_STATUS_BYTES
     async with (
         Referee(
