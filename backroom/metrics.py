@@ -92,6 +92,11 @@ UNPROVEN_REFEREES = Counter(
     "backroom_unproven_referee_statuses_total",
     "Statuses saying online as a referee from identities no referee roster record names",
 )
+STATUSES_DROPPED = Counter(
+    "backroom_statuses_dropped_total",
+    "Statuses the referee dropped: over the sender's input budget, oversized, or not a status",
+    ["reason"],
+)
 TRACES_REJECTED = Counter(
     "backroom_traces_rejected_total",
     "Traces the runner did not record, by reason (forged, not_seated)",

@@ -83,7 +83,8 @@ async def referee(broker: Broker, runs: Path, **options: Any) -> AsyncIterator[R
 async def test_a_batch_of_21000_bad_messages_gets_one_error_back(
     broker: Broker, tmp_path: Path
 ) -> None:
-    """Ten 63 KB arrays of ``{}``: ten errors back (not 210,000), every refusal still counted."""
+    """Ten 63 KB arrays of ``{}``: ten errors back (not 210,000), each array one refusal,
+    counted once: a batch is refused whole at its first bad message (issue 22)."""
     bad = b"[" + b",".join([b"{}"] * 21_000) + b"]"
     assert 60_000 < len(bad) < 64 * 1024
     before = sample("backroom_invalid_inputs_total", reason="unknown_type")
@@ -97,8 +98,8 @@ async def test_a_batch_of_21000_bad_messages_gets_one_error_back(
         errors = mal.of(Error)
     assert len(errors) == 10
     assert {e.reason for e in errors} == {"unknown_type"}
-    assert all("20999 more refused in the same payload" in e.detail for e in errors)
-    assert sample("backroom_invalid_inputs_total", reason="unknown_type") - before == 210_000
+    assert all("message 0 of the batch" in e.detail for e in errors)
+    assert sample("backroom_invalid_inputs_total", reason="unknown_type") - before == 10
 
 
 async def test_errors_to_one_identity_are_rate_limited_and_the_excess_counted(

@@ -1,10 +1,12 @@
 """What one identity may send the referee is budgeted: a flood is dropped unread, others play on.
 
 (Issue finding: a 20,000-message burst from one agent cut everyone's
-throughput by ~60% for seconds.) Past ``input_burst_bytes`` (then
-``input_bytes_per_s``) a payload is dropped before it is parsed, counted in
-``backroom_inputs_dropped_total``, and answered by one ``rate_limited`` error
-out of the sender's error budget; another identity's budget is its own.
+throughput by ~60% for seconds.) Each payload is charged the loop time it
+took (``WorkBudget``, issue 22: bytes were the wrong price); past
+``input_burst_s`` (then ``input_share`` of each second) a payload is dropped
+before it is parsed, counted in ``backroom_inputs_dropped_total``, and
+answered by one ``rate_limited`` error out of the sender's error budget;
+another identity's budget is its own.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from backroom.bus.broker import Broker
 from backroom.bus.wire import Error
 from backroom.referee.service import Referee
 
-from .conftest import RawAgent, identity
+from .conftest import RawAgent, drained, identity
 
 
 def dropped() -> float:
@@ -30,12 +32,12 @@ async def test_a_flood_is_dropped_unread_and_counted_and_others_are_served(
     before = dropped()
     config = identity(broker, "referee", "referee")
     async with (
-        Referee(
-            config, runs_dir=tmp_path / "runs", input_burst_bytes=3000, input_bytes_per_s=1.0
-        ) as ref,
+        Referee(config, runs_dir=tmp_path / "runs", input_burst_s=1.0, input_share=1e-9) as ref,
         RawAgent(identity(broker, "mallory")) as mal,
         RawAgent(identity(broker, "trent")) as trent,
     ):
+        await drained(ref)  # their statuses are in
+        ref._inputs["mallory"].tokens = 1e-9  # a flood's end: one more payload, whatever it costs
         junk = b"{nope" + b" " * 995  # 1,000 bytes, malformed
         for _ in range(10):
             await mal.send(junk)
@@ -43,8 +45,8 @@ async def test_a_flood_is_dropped_unread_and_counted_and_others_are_served(
         await mal.barrier(ref)
         await trent.barrier(ref)
     reasons = [e.reason for e in mal.of(Error)]
-    # three payloads fit the budget and were judged; seven were dropped unread
-    assert reasons.count("malformed") == 3
-    assert reasons.count("rate_limited") == 7
-    assert dropped() - before == 7
+    # one payload was judged and charged what it took; nine were dropped unread
+    assert reasons.count("malformed") == 1
+    assert reasons.count("rate_limited") == 9
+    assert dropped() - before == 9
     assert [e.reason for e in trent.of(Error)] == ["malformed"]  # its own budget

@@ -80,6 +80,7 @@ from backroom.bus.wire import (
     dump,
     parse,
     parse_all,
+    parse_status,
 )
 from backroom.human.gate import ORIGINS_ENV, LockedOut, LoginGuard, origin_allowed, parse_origins
 from backroom.human.parse import offered
@@ -354,7 +355,7 @@ class WebHub:
     def _on_status(self, topic: str, payload: bytes) -> None:
         agent = topics.agent_of(topic)
         try:
-            msg = parse(payload)
+            msg = parse_status(payload)
         except WireError:
             return
         if agent is not None and isinstance(msg, Status):

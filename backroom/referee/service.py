@@ -16,8 +16,9 @@ the referee, nor make it send more than it received: one payload (a batch of
 any length) gets at most one ``Error`` back, and each identity's errors come
 out of a token bucket (``ERROR_BURST``, refilled at ``ERROR_RATE_PER_S``);
 errors past it are dropped and counted in ``backroom_errors_dropped_total``.
-What each identity may send is budgeted too (``INPUT_BURST_BYTES``, then
-``INPUT_BYTES_PER_S``): past it, payloads are dropped unread.
+What each identity sends is budgeted too, in seconds of the referee's loop
+its outbox and status payloads cost (``WorkBudget``): past it, payloads are
+dropped unread.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ from backroom.bus.wire import (
     WireError,
     dump,
     dump_episode,
-    parse,
     parse_all,
+    parse_status,
 )
 from backroom.games.base import registered_games
 from backroom.referee.episodes import EpisodeLog
@@ -71,13 +72,20 @@ FINISHED_MEMORY = 10_000
 #: flood from one identity must not become a flood back.
 ERROR_BURST = 100
 ERROR_RATE_PER_S = 20.0
-#: What one identity may send the referee, in outbox bytes: a burst, then a rate.
-#: A busy agent (hundreds of matches in flight) sends some 200 KB/s; past the
-#: budget a payload is dropped before it is parsed (``backroom_inputs_dropped_total``)
-#: and its moves are lost, so that agent's seats time out to their defaults,
-#: while every other agent's matches go on at full speed.
-INPUT_BURST_BYTES = 1 << 20
-INPUT_BYTES_PER_S = 512 * 1024.0
+#: What one identity's outbox and status payloads may cost the referee's loop, in
+#: seconds: a burst, then this share of every second (``WorkBudget``). What is
+#: charged is the work of judging them (parsing, refusals, statuses), not the
+#: matches' own work on the moves they carry: a busy agent in hundreds of
+#: matches spends some 1% of the loop on it. Past the budget a payload is
+#: dropped before it is parsed (``backroom_inputs_dropped_total``) and its moves
+#: are lost, so that agent's seats time out to their defaults, while every other
+#: agent's matches go on at full speed.
+INPUT_BURST_S = 0.25
+INPUT_SHARE = 0.1
+#: What a payload costs before its handler runs (the socket, paho, the dispatch),
+#: which the handler cannot time: charged on top, so that a flood of tiny
+#: payloads is priced too. Some 30 µs on a 2020s core.
+PAYLOAD_OVERHEAD_S = 30e-6
 #: Error budgets kept at once (identities are bounded by the broker's password
 #: file, but the referee does not trust that to bound its memory).
 ERROR_BUDGETS = 10_000
@@ -127,6 +135,39 @@ class TokenBucket:
         return False
 
 
+class WorkBudget:
+    """Seconds of the loop one identity may use: ``burst`` at once, then ``share`` of each second.
+
+    A payload is charged after it was handled, with the seconds it held the
+    loop: a payload cheap in bytes and dear to judge pays what it cost (a byte
+    budget let 64 KB that took 2.6 s through as 64 KB). The balance may go
+    below zero; nothing more is read from that identity until the clock has
+    paid the debt back. The clock refills only the time between one
+    payload's end and the next one's start: the seconds a payload held the
+    loop earn it nothing (a byte budget refilled by the wall clock paid a
+    stalled referee's sender for the stall).
+    """
+
+    __slots__ = ("at", "burst", "share", "tokens")
+
+    def __init__(self, burst: float, share: float, now: float) -> None:
+        self.burst = burst
+        self.share = share
+        self.tokens = burst
+        self.at = now
+
+    def open(self, now: float) -> bool:
+        """Whether a payload arriving ``now`` may be handled (the balance is above zero)."""
+        self.tokens = min(self.burst, self.tokens + max(0.0, now - self.at) * self.share)
+        self.at = now
+        return self.tokens > 0
+
+    def charge(self, seconds: float, now: float) -> None:
+        """The payload opened last cost ``seconds`` and ended ``now``."""
+        self.tokens -= seconds
+        self.at = max(self.at, now)
+
+
 class Referee:
     def __init__(
         self,
@@ -137,8 +178,8 @@ class Referee:
         public_interval_s: float = 0.25,
         error_burst: int = ERROR_BURST,
         error_rate_per_s: float = ERROR_RATE_PER_S,
-        input_burst_bytes: int = INPUT_BURST_BYTES,
-        input_bytes_per_s: float = INPUT_BYTES_PER_S,
+        input_burst_s: float = INPUT_BURST_S,
+        input_share: float = INPUT_SHARE,
         contested: bool = False,
     ) -> None:
         """``contested``: other processes may try this name at the same moment (a name
@@ -166,9 +207,11 @@ class Referee:
         self.error_burst = error_burst
         self.error_rate_per_s = error_rate_per_s
         self._budgets: OrderedDict[str, TokenBucket] = OrderedDict()
-        self.input_burst_bytes = input_burst_bytes
-        self.input_bytes_per_s = input_bytes_per_s
-        self._inputs: OrderedDict[str, TokenBucket] = OrderedDict()
+        self.input_burst_s = input_burst_s
+        self.input_share = input_share
+        self._inputs: OrderedDict[str, WorkBudget] = OrderedDict()
+        #: Seconds the payload being judged spent in its matches' own work (not charged).
+        self._match_s = 0.0
         # While an outbox payload is judged: its sender, its first refusal, how many more.
         self._judging: str | None = None
         self._held: Error | None = None
@@ -485,27 +528,33 @@ class Referee:
         agent = topics.agent_of(topic)
         if agent is None:
             return
-        if not self._input_allowed(agent, len(payload)):
+        budget = self._input_budget(agent)
+        start = time.monotonic()
+        if not budget.open(start):
             metrics.INPUTS_DROPPED.inc()
             self._send_error(
                 agent,
                 Error(
                     reason="rate_limited",
-                    detail=f"over {self.input_bytes_per_s / 1024:.0f} KiB/s: payload dropped unread",
+                    detail=f"over {self.input_share:.0%} of the referee's time: "
+                    "payload dropped unread",
                 ),
             )
+            budget.charge(PAYLOAD_OVERHEAD_S, time.monotonic())
             return
-        self._judging = agent
+        self._judging, self._match_s = agent, 0.0
         try:
             for msg in parse_all(payload, MAX_PAYLOAD_BYTES):
                 self._from_agent(agent, msg)
-        finally:
             held, more = self._held, self._held_more
+            if held is not None:
+                if more:
+                    held.detail = f"{held.detail} (and {more} more refused in the same payload)"
+                self._send_error(agent, held)
+        finally:
             self._judging, self._held, self._held_more = None, None, 0
-        if held is not None:
-            if more:
-                held.detail = f"{held.detail} (and {more} more refused in the same payload)"
-            self._send_error(agent, held)
+            end = time.monotonic()
+            budget.charge(end - start - self._match_s + PAYLOAD_OVERHEAD_S, end)
 
     def _from_agent(self, agent: str, msg: Any) -> None:
         if isinstance(msg, WireError):
@@ -536,7 +585,9 @@ class Referee:
                 msg.match,
                 msg.seq,
             )
+        start = time.monotonic()
         match.on_message(agent, msg)
+        self._match_s += time.monotonic() - start  # the match's work, not the sender's
 
     def has_peers(self) -> bool:
         """Whether another referee is online (then it may run a match unknown here).
@@ -550,12 +601,33 @@ class Referee:
         return any(r != me and r in self.groups for r in self.referees_online)
 
     def _on_status(self, topic: str, payload: bytes) -> None:
+        """Follow an identity's status, out of the same budget as its outbox.
+
+        A status costs the loop too (an ``offline`` visits every match), so a
+        flood of online/offline flips or of big statuses is dropped past the
+        budget and counted (``backroom_statuses_dropped_total``); what is lost
+        is the sender's own presence, renewed by its next status.
+        """
         agent = topics.agent_of(topic)
-        try:
-            msg = parse(payload)
-        except WireError:
+        if agent is None:
             return
-        if agent is None or not isinstance(msg, Status):
+        budget = self._input_budget(agent)
+        start = time.monotonic()
+        if not budget.open(start):
+            metrics.STATUSES_DROPPED.labels(reason="over_budget").inc()
+            budget.charge(PAYLOAD_OVERHEAD_S, time.monotonic())
+            return
+        try:
+            self._follow_status(agent, payload)
+        finally:
+            end = time.monotonic()
+            budget.charge(end - start + PAYLOAD_OVERHEAD_S, end)
+
+    def _follow_status(self, agent: str, payload: bytes) -> None:
+        try:
+            msg = parse_status(payload)
+        except WireError as exc:
+            metrics.STATUSES_DROPPED.labels(reason=exc.reason).inc()
             return
         if self._starting and agent == (self.config.username or "referee"):
             self._used_before = True
@@ -672,19 +744,18 @@ class Referee:
             return
         self._send_error(agent, error)
 
-    def _input_allowed(self, agent: str, size: int) -> bool:
-        """Spend ``size`` bytes of ``agent``'s input budget; False when it is spent."""
-        now = time.monotonic()
-        bucket = self._inputs.get(agent)
-        if bucket is None:
-            bucket = self._inputs[agent] = TokenBucket(
-                self.input_burst_bytes, self.input_bytes_per_s, now
+    def _input_budget(self, agent: str) -> WorkBudget:
+        """``agent``'s one budget over its outbox and its status (``WorkBudget``)."""
+        budget = self._inputs.get(agent)
+        if budget is None:
+            budget = self._inputs[agent] = WorkBudget(
+                self.input_burst_s, self.input_share, time.monotonic()
             )
             while len(self._inputs) > ERROR_BUDGETS:
                 self._inputs.popitem(last=False)
         else:
             self._inputs.move_to_end(agent)
-        return bucket.take(now, size)
+        return budget
 
     def _send_error(self, agent: str, error: Error) -> None:
         """Send ``error`` if ``agent``'s token bucket has a token; else drop it and count it."""

@@ -46,6 +46,7 @@ from backroom.bus.wire import (
     WireError,
     parse,
     parse_all,
+    parse_status,
 )
 from backroom.referee.episodes import new_run_dir
 from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
@@ -493,7 +494,7 @@ async def run_matches(
     def on_status(topic: str, payload: bytes) -> None:
         name = topics.agent_of(topic)
         try:
-            msg = parse(payload)
+            msg = parse_status(payload)
         except WireError:
             return
         if name is None or not isinstance(msg, Status):
@@ -854,7 +855,7 @@ async def already_online(bus_config: BusConfig, names: Iterable[str]) -> list[st
     def on_status(topic: str, payload: bytes) -> None:
         name = topics.agent_of(topic)
         try:
-            msg = parse(payload)
+            msg = parse_status(payload)
         except WireError:
             return
         if name in wanted and isinstance(msg, Status):
