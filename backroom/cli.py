@@ -986,7 +986,7 @@ def _train_memory_one(config: TrainConfig, target: Path, resume: bool) -> None:
             soft_wrap=True,
         )
         raise typer.Exit(2)
-    title = f"{config.run} {config.algorithm} on ipd, memory-one policy"
+    title = f"{config.run} {config.algorithm}, memory-one"
     # a line every 5% of the run when piped: a few seconds of hundreds of steps
     progress = StepProgress(console, title, config.steps, every=max(1, config.steps // 20))
 
