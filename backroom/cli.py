@@ -43,6 +43,7 @@ from backroom.solve_cli import solve_app
 if TYPE_CHECKING:
     from backroom.analysis.kuhn import Reference
     from backroom.runner.local import RunResult
+    from backroom.trainer.config import TrainConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 credentials_app = typer.Typer(
@@ -887,7 +888,7 @@ if __name__ == "__main__":
 @app.command("train")
 def train_cmd(
     config_path: Annotated[
-        Path, typer.Argument(help="training config (YAML), e.g. examples/ipd_adalign.yaml")
+        Path, typer.Argument(help="training config (YAML), e.g. examples/ipd_quick.yaml")
     ],
     run_dir: Annotated[
         Path | None, typer.Option(help="where the store, adapters and logs go (default runs/<run>)")
@@ -895,6 +896,23 @@ def train_cmd(
     resume: Annotated[
         bool, typer.Option(help="continue a stopped run from its last checkpoint and store")
     ] = False,
+    steps: Annotated[int | None, typer.Option(help="training steps (the config's steps)")] = None,
+    batch: Annotated[
+        int | None, typer.Option(help="matches per step (the config's hyper.batch_size)")
+    ] = None,
+    rounds: Annotated[
+        int | None, typer.Option(help="rounds per match (the config's params.rounds)")
+    ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            help="override any config field, validated as the file is: hyper.lr=3e-5, "
+            "lr=3e-5 (a bare hyperparameter), evaluation.every=5, memory_one.tied_features=256; "
+            "repeatable",
+        ),
+    ] = None,
     broker_url: BrokerOpt = None,
     credentials: CredsOpt = None,
     spawn: Annotated[
@@ -918,16 +936,25 @@ def train_cmd(
     from backroom.trainer.config import load_train_config
 
     _setup_logging(verbose)
+    edits = [f"steps={steps}"] if steps is not None else []
+    edits += [f"hyper.batch_size={batch}"] if batch is not None else []
+    edits += [f"params.rounds={rounds}"] if rounds is not None else []
     try:
-        config = load_train_config(config_path)
+        config = load_train_config(config_path, [*edits, *(overrides or [])])
     except ConfigError as exc:
-        console.print(f"[red]bad config:[/red] {exc}")
+        console.print(f"[red]bad config:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
     target = run_dir or Path("runs") / config.run
+    if config.memory_one is not None:
+        _train_memory_one(config, target, resume)
+        return
     require_extra("backroom train", "train", ("torch", "transformers", "peft", "trl"))
     require_model("backroom train", config.model.path)
     from backroom.agents.model.loading import THREADS_ENV, torch_threads_for, usable_cores
+    from backroom.trainer.progress import train_logging
 
+    if not sys.stderr.isatty():  # transformers' download/load bars: carriage returns in a file
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # Every torch process of the run computes at once: the trainer ranks and, when
     # spawned, the agent host. Children inherit the variable.
     if threads or config.threads:
@@ -938,13 +965,36 @@ def train_cmd(
     else:
         why = f"default: {usable_cores()} cores shared"
         os.environ[THREADS_ENV] = str(torch_threads_for(nproc + (1 if spawn else 0)))
-    if os.environ.get("RANK", "0") == "0":  # torchrun's ranks say it once
+    rank_name = os.environ.get("RANK", "0")
+    if rank_name == "0":  # torchrun's ranks say it once
         console.print(
             f"torch threads: {os.environ[THREADS_ENV]} in each of {nproc} trainer process(es)"
             + (" and the agent host" if spawn else "")
             + f" ({why})",
             soft_wrap=True,
         )
+    log_file = target / "logs" / ("trainer.log" if rank_name == "0" else f"trainer-{rank_name}.log")
+    with train_logging(log_file) as noise:
+        _train(config, target, resume, broker_url, credentials, spawn, metrics_port, nproc)
+    if noise.held:
+        console.print(
+            f"{noise.held} library warning(s) (deprecations and the like) are in {log_file}",
+            soft_wrap=True,
+            markup=False,
+        )
+
+
+def _train(
+    config: TrainConfig,
+    target: Path,
+    resume: bool,
+    broker_url: str | None,
+    credentials: Path | None,
+    spawn: bool,
+    metrics_port: int,
+    nproc: int,
+) -> None:
+    """``backroom train`` past its config and threads: DPO, or the loop with its processes."""
     if config.algorithm == "dpo":
         from backroom.trainer.dpo import run_dpo
 
@@ -957,6 +1007,7 @@ def train_cmd(
     from backroom.trainer.launch import start_stack, trainer_identity
     from backroom.trainer.loop import TrainError, follower, train
     from backroom.trainer.parallel import init_from_env
+    from backroom.trainer.progress import StepProgress
 
     if (
         nproc > 1 and "WORLD_SIZE" not in os.environ
@@ -980,26 +1031,18 @@ def train_cmd(
         return
 
     metrics.serve(metrics_port)
-    progress = Progress(
-        TextColumn(f"[bold]{config.run}[/bold] {config.algorithm} on {config.game}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=console,
+    progress = StepProgress(
+        console, f"{config.run} {config.algorithm} on {config.game}", config.steps
     )
-    task = progress.add_task("", total=config.steps)
 
     def on_step(step: int, row: dict[str, Any]) -> None:
         rewards = " ".join(f"{row[k]:+.2f}" for k in row if k.startswith("reward_seat"))
         coop = row["cooperation_rate"]
-        progress.update(
-            task,
-            completed=step + 1,
-            description=(
-                f"loss {row['loss']:+.4f} reward {rewards}"
-                + (f" coop {coop:.2f}" if coop == coop else "")
-            ),
+        progress.step(
+            step,
+            f"loss {row['loss']:+.4f} reward {rewards}"
+            + (f" coop {coop:.2f}" if coop == coop else "")
+            + f" (rollouts {row['rollout_seconds']:.0f} s, update {row['step_seconds']:.0f} s)",
         )
 
     stack = None
@@ -1030,6 +1073,55 @@ def train_cmd(
         if stack is not None:
             stack.stop()
     console.print(
-        f"{result.steps} steps; adapter {result.version}: {target / 'adapters' / result.version}"
+        f"{result.steps} steps; adapter {result.version}: {target / 'adapters' / result.version}",
+        soft_wrap=True,
     )
-    console.print(f"log: {target / 'train_log.csv'}; plots: backroom analyze {target}")
+    if result.evaluations:
+        last = result.evaluations[-1]
+        returns = ", ".join(f"{k} {v['learner']:.2f}" for k, v in last["against"].items())
+        console.print(
+            f"evaluation after step {last['step']} (learner's mean return per match): {returns}",
+            soft_wrap=True,
+            markup=False,
+        )
+    console.print(
+        f"log: {target / 'train_log.csv'}; plots: backroom analyze {target}", soft_wrap=True
+    )
+
+
+def _train_memory_one(config: TrainConfig, target: Path, resume: bool) -> None:
+    """A config with a ``memory_one:`` block: the five-logit policy, in this process, in seconds."""
+    from backroom.trainer import memory_one
+    from backroom.trainer.progress import StepProgress
+
+    if resume or memory_one.holds_run(target):
+        console.print(
+            f"[red]error:[/red] {target} already holds a run; pass another --run-dir"
+            if not resume
+            else "[red]error:[/red] a memory-one run takes seconds and is not resumed: start "
+            "it again (another --run-dir)",
+            soft_wrap=True,
+        )
+        raise typer.Exit(2)
+    title = f"{config.run} {config.algorithm}, memory-one"
+    # a line every 5% of the run when piped: a few seconds of hundreds of steps
+    progress = StepProgress(console, title, config.steps, every=max(1, config.steps // 20))
+
+    def on_step(step: int, row: dict[str, float]) -> None:
+        p_a = " ".join(
+            f"{k.removeprefix('p_')} {v:.2f}" for k, v in row.items() if k.startswith("p_")
+        )
+        progress.step(step, f"coop {row['cooperation_rate']:.2f} P(A): {p_a}")
+
+    with progress:
+        result = memory_one.run(config, target, on_step)
+    states = ", ".join(f"{k} {v:.2f}" for k, v in result.p_a.items())
+    returns = ", ".join(f"{k} {v:.1f}" for k, v in result.returns.items())
+    lines = [
+        f"{config.steps} steps: {result.verdict} (P(A) by state: {states})",
+        f"learner's mean return per {memory_one.settings_for(config).rounds}-round match "
+        f"against: {returns}",
+        f"log: {target / 'train_log.csv'}, {target / 'memory_one.json'}; plots: backroom analyze {target}",
+    ]
+    for line in lines:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)

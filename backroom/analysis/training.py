@@ -12,9 +12,12 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backroom.analysis.plotting import figure, save
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 def _num(x: str) -> float | None:
@@ -44,6 +47,13 @@ def read_training(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
     return rows, evals
 
 
+def step_ticks(ax: Axes) -> None:
+    """Steps are whole numbers: a two-step run's axis reads 0, 1, not 0.0, 0.2, ... 1.0."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def analyze_training(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     rows, evals = read_training(run_dir)
     steps = [r["step"] for r in rows]
@@ -66,6 +76,7 @@ def analyze_training(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
             label=f"mean return, seat {key.removeprefix('reward_seat')}",
         )
     ax.set_xlabel("training step")
+    step_ticks(ax)
     ax.set_ylabel("mean return per match")
     coop = [
         (r["step"], r["cooperation_rate"]) for r in rows if r.get("cooperation_rate") is not None
@@ -95,6 +106,7 @@ def analyze_training(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
         ax.plot(steps, values, label=key)
         ax.set_title(key)
         ax.set_xlabel("step")
+        step_ticks(ax)
     result["plots"].append(save(fig, out_dir, "training_optimiser"))
 
     if evals:
@@ -105,6 +117,7 @@ def analyze_training(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
             pts = [(e["step"], e["against"][opp]["learner"]) for e in evals if opp in e["against"]]
             ax.plot(*zip(*pts, strict=True), marker="o", label=f"learner vs {opp}")
         ax.set_xlabel("training step")
+        step_ticks(ax)
         ax.set_ylabel("learner's mean return per match")
         ax.legend(loc="best")
         ax.set_title(f"{run_dir.name}: evaluation against fixed opponents")

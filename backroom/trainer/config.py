@@ -4,13 +4,21 @@
 "Learning Robust Social Strategies with LLMs"); any field of ``hyper`` given
 in the file overrides it. Validated by pydantic, so an error names the field
 (``hyper.lr: Input should be greater than 0``).
+
+``backroom train --steps/--batch/--rounds/--set KEY=VALUE`` edits the file's
+data before that one validation (``apply_overrides``), so an override is
+refused with the same words as the same value in the file.
 """
 
 from __future__ import annotations
 
+import copy
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backroom.runner.config import AgentEntry, ConfigError, read_yaml, validate
@@ -119,6 +127,27 @@ class BufferSpec(BaseModel):
     size: int = Field(default=16, ge=1, description="adapters kept; the oldest leaves first")
 
 
+class MemoryOneSpec(BaseModel):
+    """Train the five-logit memory-one IPD policy (``memory_one.py``) instead of a LoRA.
+
+    The rest of the config (algorithm, preset, ``hyper``, ``buffer``, ``steps``,
+    ``seed``, ``params.rounds``) means what it means for a LoRA run; the model,
+    LoRA, players and evaluation fields are not used.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    init_coop: float = Field(
+        default=0.97, gt=0, lt=1, description="P(A) in every state at the start (SmolLM2's)"
+    )
+    tied_features: int = Field(
+        default=0, ge=0, description="0: a free logit per state; M: M weights shared by the states"
+    )
+    tied_spread: float = Field(
+        default=0.3, ge=0, description="how far apart the tied states' features are"
+    )
+
+
 class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -172,6 +201,11 @@ class TrainConfig(BaseModel):
         description="OpenAI-compatible servers told to load each version (/v1/load_lora_adapter)",
     )
 
+    memory_one: MemoryOneSpec | None = Field(
+        default=None,
+        description="train the memory-one IPD policy through the same credit, in seconds",
+    )
+
     hp: Hyperparameters | None = None  # filled from preset + hyper
 
     @model_validator(mode="after")
@@ -201,7 +235,26 @@ class TrainConfig(BaseModel):
             )
         if len(set(self.players)) != len(self.players):
             raise ValueError(f"players must be distinct agent ids: {self.players}")
+        if self.memory_one is not None:
+            self._check_memory_one(self.hp)
         return self
+
+    def _check_memory_one(self, hp: Hyperparameters) -> None:
+        """Refuse what the memory-one policy would silently not do (it has no KL, no
+        sampling temperature, a fixed clip, and a baseline over the whole batch)."""
+        if hp.group_size != 1:
+            raise ValueError(
+                f"memory_one: hyper.group_size must be 1 (the baseline runs over the batch), got {hp.group_size}"
+            )
+        for name, value, default in (
+            ("kl_coef", hp.kl_coef, 0.0),
+            ("temperature", hp.temperature, 1.0),
+            ("grad_clip", hp.grad_clip, 1.0),
+        ):
+            if value != default:
+                raise ValueError(
+                    f"memory_one: hyper.{name} must be {default:g} (the memory-one policy has no other), got {value:g}"
+                )
 
 
 def parse_train_config(data: Any, source: str = "config") -> TrainConfig:
@@ -216,8 +269,68 @@ def parse_train_config(data: Any, source: str = "config") -> TrainConfig:
         raise ConfigError(
             f"{source}: players: the game has {game.new_initial_state(0).num_players} seats"
         )
+    if config.memory_one is not None:
+        paper = {"reward": 3.0, "temptation": 5.0, "sucker": 0.0, "punishment": 1.0}
+        if config.game != "ipd":
+            raise ConfigError(f"{source}: memory_one: plays the ipd, not {config.game}")
+        got = {k: getattr(game, k) for k in paper}
+        if got != paper or getattr(game, "continuation", None) is not None:
+            raise ConfigError(
+                f"{source}: memory_one: plays the paper's payoffs (R 3, T 5, S 0, P 1) over a "
+                "fixed number of rounds; leave params.reward/temptation/sucker/punishment/"
+                "continuation out"
+            )
     return config
 
 
-def load_train_config(path: str | Path) -> TrainConfig:
-    return parse_train_config(read_yaml(path), source=str(path))
+def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """The config file with ``--set``-style ``KEY=VALUE`` overrides applied, validated once."""
+    source = str(path) + (f" with {', '.join(overrides)}" if overrides else "")
+    data = apply_overrides(read_yaml(path), [parse_override(o) for o in overrides])
+    return parse_train_config(data, source=source)
+
+
+#: A number as people type it; YAML 1.1 (PyYAML) reads ``1e-4`` as a string.
+_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``KEY=VALUE`` as a path into the config's data and a YAML value.
+
+    KEY is dotted (``hyper.lr``, ``params.rounds``, ``evaluation.every``); a bare
+    hyperparameter name (``lr``) means ``hyper.<name>``. VALUE is read as YAML
+    (``true``, ``[a, b]``, ``{k: 1}``), a number in any spelling as a number.
+    """
+    key, sep, raw = text.partition("=")
+    path = key.strip().split(".")
+    if not sep or not all(path):
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. hyper.lr=1e-4")
+    if len(path) == 1 and path[0] in Hyperparameters.model_fields:
+        path = ["hyper", path[0]]
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError as exc:
+        problem = str(exc).splitlines()[0]
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML ({problem})") from None
+    if isinstance(value, str) and _NUMBER.match(value.strip()):
+        value = float(value)
+    return path, value
+
+
+def apply_overrides(data: Any, overrides: Sequence[tuple[list[str], Any]]) -> Any:
+    """A copy of the config's data with each value set at its path (mappings made as needed)."""
+    if not overrides or not isinstance(data, dict):
+        return data  # not a mapping: validation says so, naming the file
+    out = copy.deepcopy(data)
+    for path, value in overrides:
+        node = out
+        for i, part in enumerate(path[:-1]):
+            child = node.setdefault(part, {})
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(path[: i + 1])
+                raise ConfigError(f"--set {'.'.join(path)}: {where} is {child!r}, not a mapping")
+            node = child
+        node[path[-1]] = value
+    return out

@@ -68,6 +68,8 @@ def start_stack(
         env = {
             **_env(stack.identity(entries[0]["id"])),
             "BACKROOM_PASSWORDS": json.dumps(passwords),
+            # its output is a log file: no carriage-return progress bars of model loading
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         }
         stack.spawn("agents", ["agent-host", "--spec-json", json.dumps(entries)], env)
         return stack, stack.identity(trainer_identity(config), role="trainer")

@@ -23,11 +23,22 @@ An LLM's states are not five free logits: a LoRA step that teaches one IPD
 state moves the others 90-100% as far (``bench/ipd_state_transfer.py``).
 ``Settings.tied_features`` ties the states that way, to ask how many steps
 the credit then needs (hundreds; docs/training.md).
+
+``backroom train`` runs it from a training config with a ``memory_one:``
+block (``examples/ipd_memory_one.yaml``): ``settings_for`` reads the same
+fields a LoRA run reads, and ``run`` writes a run directory that ``backroom
+analyze`` reads like a LoRA run's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import csv
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,6 +52,12 @@ from backroom.trainer.advantages import (
     loo_advantages,
     sum_of_rewards,
 )
+
+if TYPE_CHECKING:
+    from backroom.trainer.config import TrainConfig
+
+#: Called after every step with the step and its log row (``train_log.csv``'s columns).
+StepHook = Callable[[int, dict[str, float]], None]
 
 #: The row player's payoff, index 0 = A (cooperate), 1 = B: the paper's R 3, T 5, S 0, P 1.
 PAYOFF = np.array([[3.0, 0.0], [5.0, 1.0]])
@@ -105,6 +122,12 @@ class Result:
     def is_always_b(self) -> bool:
         return all(v < 0.2 for v in self.p_a.values())
 
+    @property
+    def verdict(self) -> str:
+        if self.is_tit_for_tat:
+            return "tit-for-tat"
+        return "always-A" if self.is_always_a else "always-B" if self.is_always_b else "other"
+
 
 def play(
     seat0: np.ndarray, seat1: np.ndarray, n: int, rounds: int, rng: np.random.Generator
@@ -164,8 +187,12 @@ def evaluate(
     }
 
 
-def train(s: Settings, seed: int) -> Result:
-    """One run: every random choice from ``seed``, like a match's from its seed and seat."""
+def train(s: Settings, seed: int, on_step: StepHook | None = None) -> Result:
+    """One run: every random choice from ``seed``, like a match's from its seed and seat.
+
+    ``on_step`` sees each step's row: the behaviour policy's P(A) per state, the
+    share of A, mean returns per seat, loss and entropy; it draws no random number.
+    """
     if s.algorithm not in ("grpo", "grpo_sum", "adalign"):
         raise ValueError(f"algorithm must be 'grpo', 'grpo_sum' or 'adalign', got {s.algorithm!r}")
     rng = np.random.default_rng(seed)
@@ -211,6 +238,106 @@ def train(s: Settings, seed: int) -> Result:
         torch.nn.utils.clip_grad_norm_([theta], 1.0)
         opt.step()
         coop.append(float((actions[:, 0] == 0).mean()))
+        if on_step is not None:
+            on_step(step, _row(now, coop[-1], rewards, loss, entropy, trained))
     final = logits().detach().numpy()
     p_a = {k: float(1 / (1 + np.exp(-v))) for k, v in zip(STATES, final, strict=True)}
     return Result(p_a=p_a, returns=evaluate(final, s.rounds, rng), coop_by_step=coop)
+
+
+def _row(
+    now: np.ndarray,
+    coop: float,
+    rewards: np.ndarray,
+    loss: torch.Tensor,
+    entropy: torch.Tensor,
+    trained: torch.Tensor,
+) -> dict[str, float]:
+    return {
+        "cooperation_rate": coop,
+        "reward_seat0": float(rewards[:, 0].sum(axis=1).mean()),
+        "reward_seat1": float(rewards[:, 1].sum(axis=1).mean()),
+        "loss": float(loss.detach()),
+        "entropy": float((entropy.detach() * trained).sum() / trained.sum()),
+        **{f"p_{k}": float(1 / (1 + np.exp(-v))) for k, v in zip(STATES, now, strict=True)},
+    }
+
+
+def settings_for(config: TrainConfig) -> Settings:
+    """The run a training config with a ``memory_one:`` block asks for (validated there)."""
+    from backroom.games import make_game
+
+    assert config.memory_one is not None and config.hp is not None
+    hp, spec = config.hp, config.memory_one
+    return Settings(
+        algorithm=config.algorithm,
+        rounds=int(make_game(config.game, **config.params).rounds),  # type: ignore[attr-defined]
+        batch=hp.batch_size,
+        steps=config.steps,
+        lr=hp.lr,
+        beta=hp.beta,
+        aa_gamma=hp.aa_gamma,
+        discount=hp.discount,
+        reward_norm=hp.reward_norm,
+        entropy=hp.entropy_coef,
+        rho=hp.rho,
+        buffer_every=config.buffer.every,
+        buffer_size=config.buffer.size,
+        init_coop=spec.init_coop,
+        tied_features=spec.tied_features,
+        tied_spread=spec.tied_spread,
+        baseline=hp.baseline,
+    )
+
+
+def holds_run(run_dir: Path) -> bool:
+    return (run_dir / "train_log.csv").exists() or (run_dir / "memory_one.json").exists()
+
+
+def run(config: TrainConfig, run_dir: Path, on_step: StepHook | None = None) -> Result:
+    """``backroom train`` for a memory-one config: the run, and its directory.
+
+    ``train_log.csv`` (a row per step), ``evaluations.jsonl`` (the final policy
+    against the fixed opponents and itself, as the LoRA run's evaluations
+    record them) and ``memory_one.json`` (settings, the final P(A) per state,
+    the returns, the verdict). A directory that holds a run is refused: the
+    run takes seconds, so there is nothing to resume.
+    """
+    settings = settings_for(config)
+    log_path, summary_path = run_dir / "train_log.csv", run_dir / "memory_one.json"
+    if holds_run(run_dir):
+        raise FileExistsError(f"{run_dir} already holds a run; pass another --run-dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with log_path.open("w", newline="") as f:
+        writer: csv.DictWriter[str] | None = None
+
+        def logged(step: int, row: dict[str, float]) -> None:
+            nonlocal writer
+            line: dict[str, Any] = {"step": step, **row}
+            if writer is None:
+                writer = csv.DictWriter(f, fieldnames=list(line))
+                writer.writeheader()
+            writer.writerow(line)
+            if on_step is not None:
+                on_step(step, row)
+
+        result = train(settings, config.seed, logged)
+    seconds = time.perf_counter() - t0
+    evaluation = {
+        "step": config.steps - 1,
+        "version": "final",
+        "missing": 0,
+        "against": {name: {"learner": ret} for name, ret in result.returns.items()},
+    }
+    (run_dir / "evaluations.jsonl").write_text(json.dumps(evaluation) + "\n")
+    summary = {
+        "settings": asdict(settings),
+        "seed": config.seed,
+        "seconds": seconds,
+        "policy": result.verdict,
+        "p_a": result.p_a,
+        "returns": result.returns,
+    }
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    return result
