@@ -278,9 +278,15 @@ async def test_a_dropped_seat_is_held_for_its_holder_through_the_reconnect_windo
     After the window the seat is free again (its connection closed)."""
     from backroom.human.web import web_app
 
+    from prometheus_client import REGISTRY
+
+    def held() -> float:
+        return REGISTRY.get_sample_value("backroom_web_refused_total", {"reason": "seat_held"}) or 0
+
     bob = identity(broker, "bob")
     app = web_app(url_of(bob), broker.dir, token="room", linger_s=1.0)
     hub = app.state.hub
+    before = held()
     async with serving(app) as url:
         async with Socket(url) as holder:
             await holder.send(op="join", agent="bob", token="room")
@@ -291,6 +297,7 @@ async def test_a_dropped_seat_is_held_for_its_holder_through_the_reconnect_windo
             assert "another browser" in (await other.recv("joined", "error"))["detail"]
             await other.send(op="join", agent="bob", password=bob.password)
             assert "another browser" in (await other.recv("joined", "error"))["detail"]
+        assert held() == before + 2  # counted, as every refusal of backroom web is
         await eventually(lambda: "bob" not in hub.seats, 30)  # the window ran out
         async with Socket(url) as other:
             await other.send(op="join", agent="bob", token="room", key=key)  # a stale key: no hold

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from backroom import metrics
 from backroom.bus import presence, topics
 from backroom.bus.auth import ID_PATTERN, CredentialStore
 from backroom.bus.broker import reload_broker
@@ -431,6 +432,7 @@ class WebHub:
         try:
             self.guard.check(client.address)
         except LockedOut as exc:
+            metrics.WEB_REFUSED.labels(reason="locked_out").inc()
             raise JoinError(str(exc)) from None
         try:
             return await self._join(client, agent, password, token, key)
@@ -453,6 +455,7 @@ class WebHub:
                 if session.key is not None and not (
                     key and hmac.compare_digest(key.encode(), session.key.encode())
                 ):
+                    metrics.WEB_REFUSED.labels(reason="seat_held").inc()
                     raise JoinError(
                         f"{agent!r} is being played from another browser; the seat is free "
                         f"again once that browser leaves it, or {self.linger_s:g} s after it "
@@ -648,6 +651,7 @@ def web_app(
         if not origin_allowed(origin, ws.headers.get("host"), origins):
             # Another site's page, in a person's browser: it could play, spectate and
             # guess passwords with that browser's network position. Refused unaccepted.
+            metrics.WEB_REFUSED.labels(reason="origin").inc()
             log.warning(
                 "refused a WebSocket from origin %r (host %r)", origin, ws.headers.get("host")
             )
@@ -710,6 +714,7 @@ def web_app(
             if scope["type"] in ("http", "websocket"):
                 host = Headers(scope=scope).get("host")
                 if not host_allowed(host, served):
+                    metrics.WEB_REFUSED.labels(reason="host").inc()
                     log.warning("refused a request for host %r (%s)", host, scope["path"])
                     detail = f"this server does not serve host {host!r}; list it in {HOSTS_ENV}"
                     await PlainTextResponse(detail, status_code=400)(scope, receive, send)
