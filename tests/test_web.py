@@ -276,9 +276,9 @@ async def test_a_dropped_seat_is_held_for_its_holder_through_the_reconnect_windo
     """Would have caught: the hold ended with the holder's last socket, so the token link took
     the seat at once during the linger and was replayed the private cards the holder was dealt.
     After the window the seat is free again (its connection closed)."""
-    from backroom.human.web import web_app
-
     from prometheus_client import REGISTRY
+
+    from backroom.human.web import web_app
 
     def held() -> float:
         return REGISTRY.get_sample_value("backroom_web_refused_total", {"reason": "seat_held"}) or 0
