@@ -144,8 +144,6 @@ async def seat_takeover(url: str, creds_dir: Path, seconds: float) -> dict[str, 
         await asyncio.sleep(0.5)
         thief, taken = await _join(port, "abuse-seat", TOKEN)
         await thief.close()
-        back, again = await _join(port, "abuse-seat", TOKEN)
-        await back.close()
     return {"taken": taken["op"] == "joined", "ok": taken["op"] == "error"}
 
 
