@@ -841,12 +841,38 @@ def web(
     host: str = "127.0.0.1",
     port: int = 8765,
     credentials: CredsOpt = None,
+    hosts: Annotated[
+        str | None,
+        typer.Option(
+            help="Host names requests may name besides the loopback ones and --host, "
+            "comma separated (default $BACKROOM_WEB_HOSTS)"
+        ),
+    ] = None,
+    trusted_proxies: Annotated[
+        str | None,
+        typer.Option(
+            help="Proxy addresses whose X-Forwarded-For is believed, comma separated "
+            "(default $BACKROOM_WEB_TRUSTED_PROXIES; none)"
+        ),
+    ] = None,
 ) -> None:
     """Play and watch matches in a browser, bridged to the bus with each seat's own identity."""
     require_extra("backroom web", "web", WEB_MODULES)
+    from backroom.human.gate import HOSTS_ENV, parse_hosts
     from backroom.human.web import web_command
 
-    web_command(broker_url or DEFAULT_URL, host, port, credentials)
+    try:  # checked where typed, before anything is served
+        parse_hosts(hosts if hosts is not None else os.environ.get(HOSTS_ENV))
+    except ValueError as exc:
+        _fail(str(exc))
+    web_command(
+        broker_url or DEFAULT_URL,
+        host,
+        port,
+        credentials,
+        hosts=hosts,
+        trusted_proxies=trusted_proxies,
+    )
 
 
 def demo_config(naive: bool = False) -> RunConfig:

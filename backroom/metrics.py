@@ -124,6 +124,11 @@ AGENT_ERRORS = Counter(
 ADAPTER_REJECTED = Counter(
     "backroom_adapter_rejected_total", "Adapters an agent refused to load, by reason", ["reason"]
 )  # reason in backroom.agents.adapters.REJECT_REASONS
+WEB_REFUSED = Counter(
+    "backroom_web_refused_total",
+    "Requests backroom web refused, by reason",
+    ["reason"],
+)  # reason: host (not a served name), origin, locked_out, seat_held
 LOCAL_BATCH_ROWS = Histogram(
     "backroom_local_batch_rows",
     "Prompts in one batch of the local model (the local agent and serve-model)",

@@ -7,9 +7,15 @@ with real peft adapters; downloads come from a real HTTP server on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,14 @@ def write_adapter(folder: Path, config: bytes, weights: bytes) -> Path:
     (folder / "adapter_config.json").write_bytes(config)
     (folder / "adapter_model.safetensors").write_bytes(weights)
     return folder
+
+
+def tensors(data: bytes) -> bytes:
+    """A well-formed safetensors file holding ``data`` as one U8 tensor (what ``check_format`` takes)."""
+    header = json.dumps(
+        {"w": {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}}
+    )
+    return len(header).to_bytes(8, "little") + header.encode() + data
 
 
 def ref_for(folder: Path, uri: str | None = None, version: str = "v1") -> AdapterRef:
@@ -69,7 +83,7 @@ def test_digest_refuses_a_folder_without_the_adapter_files(tmp_path: Path, missi
 
 
 def test_fetch_checks_a_local_folder_in_place(tmp_path: Path) -> None:
-    folder = write_adapter(tmp_path / "a", b"{}", b"weights")
+    folder = write_adapter(tmp_path / "a", b"{}", tensors(b"weights"))
     ref = ref_for(folder)
     cache = tmp_path / "cache"
     assert fetch_adapter(ref, cache) == folder
@@ -93,7 +107,7 @@ def test_fetch_checks_a_local_folder_in_place(tmp_path: Path) -> None:
 
 
 def test_fetch_downloads_checks_and_caches_over_http(tmp_path: Path) -> None:
-    folder = write_adapter(tmp_path / "a", json.dumps({"r": 4}).encode(), b"w" * 100_000)
+    folder = write_adapter(tmp_path / "a", json.dumps({"r": 4}).encode(), tensors(b"w" * 100_000))
     cache = tmp_path / "cache"
     with serve_folder(folder) as url:
         ref = ref_for(folder, url)
@@ -111,9 +125,9 @@ def test_fetch_downloads_checks_and_caches_over_http(tmp_path: Path) -> None:
 
 
 def test_fetch_refuses_what_a_server_gets_wrong(tmp_path: Path) -> None:
-    good = write_adapter(tmp_path / "good", b"{}", b"w" * 50_000)
-    tampered = write_adapter(tmp_path / "tampered", b"{}", b"v" * 50_000)
-    longer = write_adapter(tmp_path / "longer", b"{}", b"w" * 500_000)
+    good = write_adapter(tmp_path / "good", b"{}", tensors(b"w" * 50_000))
+    tampered = write_adapter(tmp_path / "tampered", b"{}", tensors(b"v" * 50_000))
+    longer = write_adapter(tmp_path / "longer", b"{}", tensors(b"w" * 500_000))
     partial = tmp_path / "partial"
     partial.mkdir()
     shutil.copy(good / "adapter_config.json", partial)
@@ -255,3 +269,176 @@ async def test_cache_keeps_the_old_pin_when_a_load_fails(
     assert cache.pins == {"current": b} and cache.loaded == [a, b]
     await cache.close()
     assert cache.loaded == [] and all(backend.adapter_users.get(n, 0) == 0 for n in versions)
+
+
+# --- hostile servers (issue 22, item 12) ---------------------------------------------------
+
+
+@contextmanager
+def hostile(handle: Callable[[BaseHTTPRequestHandler, threading.Event], None]) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 whose GETs ``handle`` answers; a handler still stalling when the
+    test ends is let go (the event is set), so no thread outlives the test."""
+    done = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            with contextlib.suppress(OSError):  # the client hung up: what these servers expect
+                handle(self, done)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        done.set()
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def headers(h: BaseHTTPRequestHandler, status: int, length: int, **extra: str) -> None:
+    h.send_response(status)
+    h.send_header("Content-Length", str(length))
+    for k, v in extra.items():
+        h.send_header(k, v)
+    h.end_headers()
+
+
+def in_thread(fn: Callable[[], Path], within_s: float) -> AdapterRejected:
+    """The rejection ``fn`` ends with, which must come within ``within_s`` (else the test fails;
+    the thread, a daemon, ends when the test's server lets go of it)."""
+    out: list[BaseException | Path] = []
+    thread = threading.Thread(target=lambda: out.append(_outcome(fn)), daemon=True)
+    thread.start()
+    thread.join(within_s)
+    if not out:
+        raise AssertionError(f"the fetch still ran after {within_s} s")
+    if not isinstance(out[0], AdapterRejected):
+        raise AssertionError(f"the fetch ended with {out[0]!r}")
+    return out[0]
+
+
+def _outcome(fn: Callable[[], Path]) -> BaseException | Path:
+    try:
+        return fn()
+    except Exception as exc:
+        return exc
+
+
+def test_a_dripping_server_is_cut_off_at_the_fetch_deadline(tmp_path: Path) -> None:
+    """Would have caught: httpx's timeout is per read, so a byte every 0.2 s kept a fetch
+    alive for as long as the server liked, and the agent's later checkpoints waited behind it."""
+    good = write_adapter(tmp_path / "good", b"{}", tensors(b"w" * 50_000))
+    ref = ref_for(good)
+    config = (good / "adapter_config.json").read_bytes()
+
+    def drip(h: BaseHTTPRequestHandler, done: threading.Event) -> None:
+        if h.path.endswith("adapter_config.json"):
+            headers(h, 200, len(config))
+            h.wfile.write(config)
+            return
+        headers(h, 200, ref.size - len(config))
+        while not done.wait(0.2):
+            h.wfile.write(b"w")
+            h.wfile.flush()
+
+    with hostile(drip) as url:
+        t0 = time.monotonic()
+        err = in_thread(
+            lambda: fetch_adapter(ref.model_copy(update={"uri": url}), tmp_path / "c", timeout_s=1),
+            within_s=60,
+        )
+        took = time.monotonic() - t0
+    assert err.reason == "fetch_failed" and ("within" in err.detail or "slower" in err.detail), err
+    assert took < 30  # about timeout_s; the bound is loose for a loaded machine
+
+
+def test_a_redirect_is_not_followed(tmp_path: Path) -> None:
+    """Would have caught: redirects were followed, so the announced URL did not bound where the
+    agent fetched from (another host, a file:// proxy, an internal address)."""
+    good = write_adapter(tmp_path / "good", b"{}", tensors(b"w" * 50_000))
+    with serve_folder(good) as elsewhere:
+
+        def redirect(h: BaseHTTPRequestHandler, _done: threading.Event) -> None:
+            headers(h, 302, 0, Location=elsewhere + h.path.rsplit("/", 1)[1])
+
+        with hostile(redirect) as url:
+            with pytest.raises(AdapterRejected) as err:
+                fetch_adapter(ref_for(good, url), tmp_path / "c")
+    assert err.value.reason == "fetch_failed" and "not followed" in err.value.detail
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """Would have caught: the whole announced size was read (up to 2 GiB) before anything was
+    checked; a Content-Length the announcement rules out is now refused from the headers, so
+    this server, which never sends its body, gets a prompt hash_mismatch, not a read timeout."""
+    good = write_adapter(tmp_path / "good", b"{}", tensors(b"w" * 50_000))
+    ref = ref_for(good)
+    config = (good / "adapter_config.json").read_bytes()
+
+    def liar(h: BaseHTTPRequestHandler, done: threading.Event) -> None:
+        if h.path.endswith("adapter_config.json"):
+            headers(h, 200, len(config))
+            h.wfile.write(config)
+            return
+        headers(h, 200, 2 * 1024**3)
+        h.wfile.flush()
+        done.wait()  # no body: only the headers can have been judged
+
+    with hostile(liar) as url:
+        err = in_thread(
+            lambda: fetch_adapter(ref_for(good, url), tmp_path / "c", timeout_s=30), within_s=20
+        )
+    assert err.reason == "hash_mismatch" and "offered" in err.detail, err
+    assert ref.size < 100_000
+
+
+def test_a_malformed_adapter_with_the_right_digest_is_rejected_as_invalid(tmp_path: Path) -> None:
+    """Would have caught: the digest proved the bytes were the announced ones, and garbage signed
+    by the announcer was handed to the backend (a load error, not counted as a rejection)."""
+    cases = {
+        "short": b"abc",
+        "header past the end": (10_000).to_bytes(8, "little") + b"{}",
+        "not json": (3).to_bytes(8, "little") + b"{{{",
+        "gap": tensors(b"x" * 10) + b"trailing",
+        "bad dtype": tensors(b"x" * 4).replace(b'"U8"', b'"Q8"'),
+    }
+    for why, weights in cases.items():
+        folder = write_adapter(tmp_path / why, b'{"r": 4}', weights)
+        with pytest.raises(AdapterRejected) as err:
+            fetch_adapter(ref_for(folder), tmp_path / "c")
+        assert err.value.reason == "invalid", why
+        with serve_folder(folder) as url, pytest.raises(AdapterRejected) as err:
+            fetch_adapter(ref_for(folder, url), tmp_path / "c")
+        assert err.value.reason == "invalid", why
+    config_list = write_adapter(tmp_path / "config", b"[1]", tensors(b"x"))
+    with pytest.raises(AdapterRejected) as err:
+        fetch_adapter(ref_for(config_list), tmp_path / "c")
+    assert err.value.reason == "invalid"
+
+
+async def test_an_adapter_the_backend_cannot_load_is_rejected_as_invalid(
+    backend: Backend, versions: dict[str, Path], tmp_path: Path
+) -> None:
+    """Would have caught: well-formed safetensors whose tensors do not fit the model made the
+    backend raise, and the local agent logged it without counting a rejection."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    a, *_ = versions
+    odd = tmp_path / "odd"
+    shutil.copytree(versions[a], odd)
+    weights = odd / "adapter_model.safetensors"
+    loaded = load_file(str(weights))
+    save_file({k: torch.zeros(3) for k in loaded}, str(weights))  # well formed, wrong shapes
+    cache = AdapterCache(backend, max_loaded=2)
+    with pytest.raises(AdapterRejected) as err:
+        await cache.acquire("m1", f"{tmp_path.name}-odd", lambda: odd)
+    assert err.value.reason == "invalid"
+    assert cache.loaded == [] and cache.pins == {}
+    await cache.close()

@@ -260,11 +260,49 @@ async def test_a_seat_one_browser_holds_is_refused_to_another(broker: Broker) ->
             assert new_key and new_key != key
             await first.send(op="join", agent="bob", token="room")
             assert "another browser" in (await first.recv("joined", "error"))["detail"]
-        # the holder's socket closed: the seat is free again (its connection lingers for a reload)
+        # the holder's socket dropped: through the reconnect window only its key takes the seat
+        # back (the link alone would be replayed bob's private cards)
         async with Socket(url) as third:
             await third.send(op="join", agent="bob", token="room")
+            assert "another browser" in (await third.recv("joined", "error"))["detail"]
+            await third.send(op="join", agent="bob", token="room", key=new_key)
             assert (await third.recv("joined", "error"))["op"] == "joined"
             assert sorted(app.state.hub.seats) == ["bob"]
+
+
+async def test_a_dropped_seat_is_held_for_its_holder_through_the_reconnect_window(
+    broker: Broker,
+) -> None:
+    """Would have caught: the hold ended with the holder's last socket, so the token link took
+    the seat at once during the linger and was replayed the private cards the holder was dealt.
+    After the window the seat is free again (its connection closed)."""
+    from prometheus_client import REGISTRY
+
+    from backroom.human.web import web_app
+
+    def held() -> float:
+        return REGISTRY.get_sample_value("backroom_web_refused_total", {"reason": "seat_held"}) or 0
+
+    bob = identity(broker, "bob")
+    app = web_app(url_of(bob), broker.dir, token="room", linger_s=1.0)
+    hub = app.state.hub
+    before = held()
+    async with serving(app) as url:
+        async with Socket(url) as holder:
+            await holder.send(op="join", agent="bob", token="room")
+            key = (await holder.recv("joined"))["key"]
+        await eventually(lambda: not hub.seats["bob"].clients, 10)  # the socket is gone
+        async with Socket(url) as other:
+            await other.send(op="join", agent="bob", token="room")
+            assert "another browser" in (await other.recv("joined", "error"))["detail"]
+            await other.send(op="join", agent="bob", password=bob.password)
+            assert "another browser" in (await other.recv("joined", "error"))["detail"]
+        assert held() == before + 2  # counted, as every refusal of backroom web is
+        await eventually(lambda: "bob" not in hub.seats, 30)  # the window ran out
+        async with Socket(url) as other:
+            await other.send(op="join", agent="bob", token="room", key=key)  # a stale key: no hold
+            joined = await other.recv("joined", "error")
+            assert joined["op"] == "joined" and joined["key"] != key
 
 
 async def test_an_online_status_left_by_a_vanished_process_stops_blocking_its_seat(
@@ -609,6 +647,88 @@ async def test_web_command_serves_with_a_token_and_an_observer(
         assert health["spectate"] is True
         assert page.status_code == 200 and "<title>backroom</title>" in page.text
         assert "default-src 'self'" in page.headers["content-security-policy"]
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 10)
+
+
+async def test_web_command_believes_no_forwarded_header_and_answers_only_its_own_names(
+    broker: Broker,
+) -> None:
+    """Would have caught: uvicorn believed ``X-Forwarded-For`` from loopback, so a guesser on
+    this machine naming a new address per guess was never locked out; and pages, /healthz,
+    /api/matches and the socket answered any ``Host``, so a rebound DNS name with its own
+    matching ``Origin`` passed the Origin check."""
+    import sys
+
+    import httpx
+    import websockets
+    from websockets.exceptions import InvalidStatus
+    from websockets.typing import Origin
+
+    port = free_port()
+    code = (
+        "from pathlib import Path; from backroom.human.web import web_command; "
+        f"web_command({broker.url!r}, '127.0.0.1', {port}, Path({str(broker.dir)!r}))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BACKROOM_WEB_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-u",
+        "-c",
+        code,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={**env, "BACKROOM_WEB_TOKEN": "tok-123"},
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as http:
+            for _ in range(300):
+                try:
+                    assert (await http.get(f"{base}/healthz")).status_code == 200
+                    break
+                except httpx.TransportError:
+                    assert proc.returncode is None
+                    await asyncio.sleep(0.1)
+            for path in ("/", "/healthz", "/api/matches"):
+                for name in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example"):
+                    resp = await http.get(f"{base}{path}", headers={"Host": name})
+                    assert resp.status_code == 400, (path, name, resp.text)
+                    assert "BACKROOM_WEB_HOSTS" in resp.text
+            assert (await http.get(f"http://localhost:{port}/healthz")).status_code == 200
+        # the rebound pair: the browser sends the attacker's name as Host and as Origin
+        rebound = f"evil.example:{port}"
+        try:
+            async with websockets.connect(
+                f"ws://{rebound}/ws",
+                host="127.0.0.1",
+                port=port,
+                origin=Origin(f"http://{rebound}"),
+            ) as ws:
+                raise AssertionError(f"a rebound host was let in: {await ws.recv()}")
+        except InvalidStatus as exc:
+            assert exc.response.status_code == 400
+        ws_url = f"ws://127.0.0.1:{port}/ws"
+        async with websockets.connect(ws_url, origin=Origin(base)) as ws:
+            assert json.loads(await ws.recv())["op"] == "hello"
+
+        async def join(forwarded: str, token: str) -> dict[str, Any]:
+            async with websockets.connect(
+                ws_url, additional_headers={"X-Forwarded-For": forwarded}
+            ) as ws:
+                await ws.recv()  # hello
+                await ws.send(json.dumps({"op": "join", "agent": "bob", "token": token}))
+                while True:
+                    msg: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), 20))
+                    if msg["op"] in ("joined", "error"):
+                        return msg
+
+        identity(broker, "bob")
+        for i in range(5):  # a new "address" per guess: all of them are this one peer
+            assert "not valid" in (await join(f"10.0.0.{i}", f"guess-{i}"))["detail"]
+        locked = await join("10.0.0.99", "tok-123")
+        assert locked["op"] == "error" and "too many failed sign-ins" in locked["detail"]
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 10)

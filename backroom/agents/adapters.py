@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
+import math
 import os
 import shutil
 import tempfile
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import unquote, urlparse
@@ -44,6 +47,31 @@ REJECT_REASONS = (
 )
 #: Largest adapter an agent downloads or loads unless told otherwise.
 DEFAULT_MAX_BYTES = 2 * 1024**3
+#: Slowest download kept going after its first ``timeout_s`` (bytes per second): a server
+#: dripping bytes is cut off instead of holding the agent's checkpoint queue for hours.
+DEFAULT_MIN_RATE = 1024**2
+#: Largest ``adapter_config.json`` taken: peft writes about 1 KB; it is held in memory.
+MAX_CONFIG_BYTES = 1024**2
+#: Largest safetensors header read when checking the weights file's format.
+MAX_HEADER_BYTES = 16 * 1024**2
+#: Bytes per element of each safetensors dtype.
+_DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 
 _CHUNK = 1 << 20
 
@@ -112,8 +140,79 @@ def verify_adapter(folder: Path, ref: AdapterRef) -> Path:
     return folder
 
 
+def check_format(folder: Path) -> Path:
+    """``folder`` if its files are what peft reads; ``AdapterRejected("invalid")`` otherwise.
+
+    The digest proves the files are the announced ones, not that they are an
+    adapter: a trainer's bug or a hostile announcer can sign garbage. Checked
+    here, before a slot is taken and the backend is locked: the config is a
+    JSON object, and the weights file is a well-formed safetensors file (an
+    8-byte little-endian header length, a JSON header whose tensors each have
+    a known dtype, a shape, and offsets that tile the data exactly).
+    """
+    config, weights = (folder / n for n in ADAPTER_FILES)
+    try:
+        with config.open("rb") as f:
+            text = f.read(MAX_CONFIG_BYTES + 1)
+        if len(text) > MAX_CONFIG_BYTES:
+            raise ValueError(f"{config.name} is over {MAX_CONFIG_BYTES} B")
+        if not isinstance(json.loads(text), dict):
+            raise ValueError(f"{config.name} is not a JSON object")
+        _check_safetensors(weights)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise AdapterRejected("invalid", f"{folder}: {exc}") from None
+    return folder
+
+
+def _check_safetensors(path: Path) -> None:
+    """Raise ``ValueError`` unless ``path`` is a well-formed safetensors file (header only read)."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path.name} is too short for a safetensors file")
+        n = int.from_bytes(head, "little")
+        if n > min(MAX_HEADER_BYTES, size - 8):
+            raise ValueError(f"{path.name}: a header of {n} B in a file of {size} B")
+        header = json.loads(f.read(n))
+    if not isinstance(header, dict):
+        raise ValueError(f"{path.name}: the header is not a JSON object")
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict):
+            raise ValueError(f"{path.name}: tensor {name!r} is not described")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in _DTYPE_BYTES:
+            raise ValueError(f"{path.name}: tensor {name!r} has unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise ValueError(f"{path.name}: tensor {name!r} has shape {shape!r}")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]
+        ):
+            raise ValueError(f"{path.name}: tensor {name!r} has offsets {offsets!r}")
+        if offsets[1] - offsets[0] != math.prod(shape) * _DTYPE_BYTES[dtype]:
+            raise ValueError(f"{path.name}: tensor {name!r} has offsets that do not fit its shape")
+        spans.append((offsets[0], offsets[1]))
+    end = 0
+    for start, stop in sorted(spans):  # the tensors tile the data: no gap, no overlap
+        if start != end:
+            raise ValueError(f"{path.name}: tensor data overlaps or leaves a gap at byte {end}")
+        end = stop
+    if end != size - 8 - n:
+        raise ValueError(f"{path.name}: the tensors cover {end} B of {size - 8 - n} B of data")
+
+
 def fetch_adapter(
-    ref: AdapterRef, cache_dir: Path, max_bytes: int = DEFAULT_MAX_BYTES, timeout_s: float = 60.0
+    ref: AdapterRef,
+    cache_dir: Path,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    timeout_s: float = 60.0,
+    min_rate: float = DEFAULT_MIN_RATE,
 ) -> Path:
     """A local folder holding exactly the adapter ``ref`` announces (blocking: run it in a thread).
 
@@ -121,8 +220,11 @@ def fetch_adapter(
     ``http(s)://`` URI names a folder URL: its two files are downloaded into
     ``cache_dir/{policy}/{version}-{sha256[:12]}`` through a temporary folder
     renamed only once checked, so the cache never holds an unchecked copy and a
-    second fetch of the same version is a local check. Downloads stop past the
-    announced size, and adapters larger than ``max_bytes`` are refused unread.
+    second fetch of the same version is a local check. Adapters larger than
+    ``max_bytes`` are refused unread; a download takes at most ``timeout_s``
+    plus the announced size at ``min_rate``, and must keep up ``min_rate``
+    after its first ``timeout_s`` (see ``_download``). Either way the files'
+    format is checked last (``check_format``).
     """
     if ref.size > max_bytes:
         raise AdapterRejected(
@@ -131,19 +233,19 @@ def fetch_adapter(
     url = urlparse(ref.uri)
     try:
         if url.scheme in ("http", "https"):
-            return _fetch_http(ref, Path(cache_dir), timeout_s)
+            return check_format(_fetch_http(ref, Path(cache_dir), timeout_s, min_rate))
         if url.scheme == "file":
-            return verify_adapter(Path(unquote(url.path)), ref)
+            return check_format(verify_adapter(Path(unquote(url.path)), ref))
         if url.scheme and len(url.scheme) > 1:  # one letter: a Windows drive, a path after all
             raise AdapterRejected(
                 "fetch_failed", f"unsupported URI scheme {url.scheme!r} in {ref.uri}"
             )
-        return verify_adapter(Path(ref.uri), ref)
+        return check_format(verify_adapter(Path(ref.uri), ref))
     except OSError as exc:  # unreadable files, a full disk: nothing checked to load
         raise AdapterRejected("fetch_failed", f"{ref.uri}: {exc}") from None
 
 
-def _fetch_http(ref: AdapterRef, cache_dir: Path, timeout_s: float) -> Path:
+def _fetch_http(ref: AdapterRef, cache_dir: Path, timeout_s: float, min_rate: float) -> Path:
     target = cache_dir / ref.policy / f"{ref.version}-{ref.sha256[:12]}"
     if target.exists():
         try:
@@ -152,10 +254,16 @@ def _fetch_http(ref: AdapterRef, cache_dir: Path, timeout_s: float) -> Path:
             log.warning("discarding cached adapter %s: %s", target, exc)
             shutil.rmtree(target, ignore_errors=True)
     target.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(target.parent).free
+    if free < ref.size:
+        raise AdapterRejected(
+            "fetch_failed", f"{ref.version} is {ref.size} B, {target.parent} has {free} B free"
+        )
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        _download(ref, tmp, timeout_s)
-        verify_adapter(tmp, ref)
+        # Its own event loop in this worker thread: asyncio.timeout is a deadline on
+        # the whole download, which httpx's per-read timeouts are not.
+        asyncio.run(_download(ref, tmp, timeout_s, min_rate))
         try:
             tmp.rename(target)
         except OSError:  # another fetcher renamed its copy first
@@ -168,34 +276,111 @@ def _fetch_http(ref: AdapterRef, cache_dir: Path, timeout_s: float) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _download(ref: AdapterRef, folder: Path, timeout_s: float) -> None:
-    """Both files into ``folder``, never more bytes in all than ``ref.size``."""
+async def _download(ref: AdapterRef, folder: Path, timeout_s: float, min_rate: float) -> None:
+    """Both files into ``folder``, hashed as they arrive; ``AdapterRejected`` unless they are ``ref``.
+
+    Never more bytes than announced: the config (first in digest order, at
+    most ``MAX_CONFIG_BYTES``) comes first, which fixes the weights' length
+    (``ref.size`` minus the config's); a ``Content-Length`` that disagrees is
+    refused before the body, and a body that runs past it is cut off. No
+    redirect is followed: the announced URL is the one the trainer chose. The
+    whole fetch ends within ``timeout_s + ref.size / min_rate``, and one that
+    falls behind ``min_rate`` after its first ``timeout_s`` is abandoned, so a
+    server dripping a byte at a time holds an agent for about ``timeout_s``.
+    """
     import httpx
 
     base = ref.uri.rstrip("/")
-    left = ref.size
+    config_name, weights_name = sorted(ADAPTER_FILES)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    got = 0  # bytes of both files so far
+
+    def slow() -> bool:
+        late = loop.time() - start - timeout_s
+        return late > 0 and got < min_rate * late
+
+    async def fetch(
+        client: httpx.AsyncClient, name: str, limit: int, exact: int | None
+    ) -> AsyncGenerator[bytes]:
+        nonlocal got
+        url = f"{base}/{name}"
+        # identity: the bytes counted and hashed are the bytes sent (no gzip bomb)
+        async with client.stream("GET", url, headers={"Accept-Encoding": "identity"}) as resp:
+            if resp.status_code == 404:
+                raise AdapterRejected("missing_files", f"{url}: 404")
+            if resp.is_redirect:
+                raise AdapterRejected(
+                    "fetch_failed",
+                    f"{url}: redirected to {resp.headers.get('location')!r}; not followed",
+                )
+            if resp.status_code != 200:
+                raise AdapterRejected("fetch_failed", f"{url}: HTTP {resp.status_code}")
+            length = resp.headers.get("content-length")
+            offered = int(length) if length is not None and length.isdigit() else None
+            if offered is not None and (offered > limit or exact not in (None, offered)):
+                raise AdapterRejected(
+                    "hash_mismatch",
+                    f"{url}: {offered} B offered, the announcement leaves {exact or limit} B",
+                )
+            async for chunk in resp.aiter_raw():
+                got += len(chunk)
+                yield chunk
+                if slow():
+                    raise AdapterRejected(
+                        "fetch_failed",
+                        f"{base}: {got} B in {loop.time() - start:.0f} s, slower than "
+                        f"{min_rate:.0f} B/s after the first {timeout_s:g} s",
+                    )
+
+    h = hashlib.sha256()
+    deadline = timeout_s + ref.size / min_rate
     try:
-        with httpx.Client(timeout=timeout_s, follow_redirects=True) as client:
-            for name in ADAPTER_FILES:
-                with (
-                    client.stream("GET", f"{base}/{name}") as resp,
-                    (folder / name).open("wb") as out,
-                ):
-                    if resp.status_code == 404:
-                        raise AdapterRejected("missing_files", f"{base}/{name}: 404")
-                    if resp.status_code != 200:
+        async with (
+            asyncio.timeout(deadline),
+            httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as client,
+        ):
+            config = bytearray()
+            cap = min(ref.size, MAX_CONFIG_BYTES)
+            async with aclosing(fetch(client, config_name, cap, None)) as chunks:
+                async for chunk in chunks:
+                    config += chunk
+                    if len(config) > cap:
                         raise AdapterRejected(
-                            "fetch_failed", f"{base}/{name}: HTTP {resp.status_code}"
+                            "hash_mismatch" if cap == ref.size else "too_large",
+                            f"{base}/{config_name}: over {cap} B",
                         )
-                    for chunk in resp.iter_bytes(_CHUNK):
-                        left -= len(chunk)
-                        if left < 0:
+            (folder / config_name).write_bytes(config)
+            h.update(config_name.encode() + b"\0" + len(config).to_bytes(8, "big") + config)
+            exact = ref.size - len(config)
+            h.update(weights_name.encode() + b"\0" + exact.to_bytes(8, "big"))
+            seen = 0
+            with (folder / weights_name).open("wb") as out:
+                async with aclosing(fetch(client, weights_name, exact, exact)) as chunks:
+                    async for chunk in chunks:
+                        seen += len(chunk)
+                        if seen > exact:
                             raise AdapterRejected(
                                 "hash_mismatch", f"{base}: more than the announced {ref.size} B"
                             )
+                        h.update(chunk)
                         out.write(chunk)
-    except httpx.HTTPError as exc:
+            if seen != exact:
+                raise AdapterRejected(
+                    "hash_mismatch", f"{base}: {len(config) + seen} B, announced {ref.size} B"
+                )
+    except TimeoutError:
+        raise AdapterRejected(
+            "fetch_failed", f"{base}: not fetched within {deadline:.0f} s ({got} B arrived)"
+        ) from None
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise AdapterRejected("fetch_failed", f"{base}: {type(exc).__name__}: {exc}") from None
+    if h.hexdigest() != ref.sha256:
+        raise AdapterRejected(
+            "hash_mismatch",
+            f"{ref.policy} {ref.version} at {ref.uri}: sha256 {h.hexdigest()[:12]}..., "
+            f"announced {ref.sha256[:12]}...",
+        )
 
 
 class AdapterCache:
@@ -314,6 +499,14 @@ class AdapterCache:
             await self._reserve()
             try:
                 await asyncio.to_thread(self.backend.load_adapter, name, str(folder))
+            except (MemoryError, AdapterRejected):
+                raise
+            except Exception as exc:  # checked files the model cannot take: refused, and counted
+                if "OutOfMemory" in type(exc).__name__:  # a full GPU says nothing of the files
+                    raise
+                raise AdapterRejected(
+                    "invalid", f"{name}: the backend could not load it: {type(exc).__name__}: {exc}"
+                ) from exc
             finally:
                 self._reserved -= 1
             self._loaded[name] = None

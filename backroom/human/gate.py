@@ -10,6 +10,13 @@ can be read (and tested) on its own:
   cannot play, spectate or guess passwords through the person's browser.
   A client that sends no ``Origin`` is not a browser, hence not a vehicle for
   that attack; it is let through (scripts, the tests).
+* ``host_allowed``: a page of another site can make the person's browser
+  resolve its own name to this machine (DNS rebinding); it then sends that
+  name as ``Host`` and its own origin, a pair the ``Origin`` check alone
+  would take for this server's page. Every request (pages, ``/api``,
+  ``/healthz``, the socket) must name a host this server serves
+  (``served_hosts``: by default the loopback names; more with
+  ``BACKROOM_WEB_HOSTS``).
 * ``LoginGuard``: the join form takes a password or the room's token. After
   ``limit`` failed attempts from one client address, each further failure
   locks that address out for twice as long as the one before (``base_s``,
@@ -32,6 +39,59 @@ from urllib.parse import urlsplit
 #: public address, e.g. ``https://play.example.org``).
 ORIGINS_ENV = "BACKROOM_WEB_ORIGINS"
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+#: Environment variable with more host names the server answers to, comma separated
+#: (``play.example.org``, ``192.168.1.5:8765``; a name without a port takes any port).
+HOSTS_ENV = "BACKROOM_WEB_HOSTS"
+#: Names every server answers to: this machine's loopback (a proxy or tunnel on it too).
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def _split_host(text: str) -> tuple[str, int | None] | None:
+    """(lower-case name, port or None) of ``name``, ``name:port`` or ``[v6]:port``; None if malformed."""
+    text = text.strip()
+    if text.count(":") > 1 and not text.startswith("["):  # a bare IPv6 address
+        text = f"[{text}]"
+    try:
+        parts = urlsplit(f"//{text}")
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname or parts.username is not None or parts.path or parts.query:
+        return None
+    return parts.hostname.lower().rstrip("."), port
+
+
+def parse_hosts(text: str | None) -> list[str]:
+    """Served names of a comma-separated list (``name`` or ``name:port``); a bad entry is an error."""
+    out = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        split = _split_host(item)
+        if split is None:
+            raise ValueError(f"{item.strip()!r} is not a host name such as play.example.org:443")
+        name, port = split
+        spelled = f"[{name}]" if ":" in name else name
+        out.append(name if port is None else f"{spelled}:{port}")
+    return out
+
+
+def host_allowed(host: str | None, served: Iterable[str]) -> bool:
+    """Whether a request whose ``Host`` header is ``host`` is for this server.
+
+    ``served`` holds names from ``parse_hosts``: a bare name matches it on any
+    port, ``name:port`` on that port only (a ``Host`` without a port is port 80).
+    A request without ``Host``, or with a malformed one, is refused.
+    """
+    split = _split_host(host) if host else None
+    if split is None:
+        return False
+    name, port = split
+    for entry in served:
+        want = _split_host(entry)
+        if want is not None and want[0] == name and want[1] in (None, port or 80):
+            return True
+    return False
 
 
 def normalize_origin(origin: str) -> str | None:

@@ -31,9 +31,11 @@ One browser per seat: the first to join an identity holds it, and gets a seat
 key (the page keeps it in ``localStorage``). Another browser is refused, even
 with the token or the password, so a link passed around a room cannot take a
 seat someone is playing (and see its card); tabs of the holding browser
-present the key and share the one connection. The hold ends when the holder
-leaves or its last socket closes; the connection lingers a few seconds
-(``linger_s``) so that a reload gets the current match replayed. An identity
+present the key and share the one connection. The hold ends at once when the
+holder leaves; when its last socket drops (a reload, a network blip) the seat
+and its connection stay held for ``linger_s``, so that only the holder's key
+gets it back, with the current match replayed (the link alone would replay
+that seat's private cards to whoever used it first); after that the seat is free. An identity
 already online from another process (a scripted agent, say) is refused, since
 two connections with one identity would throw each other off the broker. An
 ``online`` status counts only while renewed (``backroom.bus.presence``): one
@@ -62,7 +64,9 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+from backroom import metrics
 from backroom.bus import presence, topics
 from backroom.bus.auth import ID_PATTERN, CredentialStore
 from backroom.bus.broker import reload_broker
@@ -82,7 +86,17 @@ from backroom.bus.wire import (
     parse_all,
     parse_status,
 )
-from backroom.human.gate import ORIGINS_ENV, LockedOut, LoginGuard, origin_allowed, parse_origins
+from backroom.human.gate import (
+    HOSTS_ENV,
+    LOOPBACK_HOSTS,
+    ORIGINS_ENV,
+    LockedOut,
+    LoginGuard,
+    host_allowed,
+    origin_allowed,
+    parse_hosts,
+    parse_origins,
+)
 from backroom.human.parse import offered
 from backroom.human.render import rules_for
 
@@ -419,6 +433,7 @@ class WebHub:
         try:
             self.guard.check(client.address)
         except LockedOut as exc:
+            metrics.WEB_REFUSED.labels(reason="locked_out").inc()
             raise JoinError(str(exc)) from None
         try:
             return await self._join(client, agent, password, token, key)
@@ -441,9 +456,11 @@ class WebHub:
                 if session.key is not None and not (
                     key and hmac.compare_digest(key.encode(), session.key.encode())
                 ):
+                    metrics.WEB_REFUSED.labels(reason="seat_held").inc()
                     raise JoinError(
                         f"{agent!r} is being played from another browser; the seat is free "
-                        "again once that browser leaves it or closes its page"
+                        f"again once that browser leaves it, or {self.linger_s:g} s after it "
+                        "closes its page"
                     )
             else:
                 kind, until = self.status.get(agent, ("", 0.0))
@@ -472,13 +489,18 @@ class WebHub:
             client.seat = session
             return session
 
-    def leave(self, client: Client) -> None:
+    def leave(self, client: Client, release: bool = True) -> None:
+        """Detach ``client`` from its seat; ``release=False`` (its socket dropped) keeps the hold.
+
+        A seat whose last tab is gone lingers ``linger_s``: released, anyone may
+        take it meanwhile; held, only the holder's seat key may (a reload).
+        """
         session, client.seat = client.seat, None
         if session is None:
             return
         session.clients.discard(client)
-        if not session.clients:
-            session.key = None  # the hold ends with its last socket: the seat is free
+        if not session.clients and release:
+            session.key = None  # the holder let go: the seat is free
         if not session.clients and session.linger is None:
             # Keep the seat a little: a page reload should not drop the person out of a match.
             loop = asyncio.get_running_loop()
@@ -553,6 +575,7 @@ def web_app(
     allowed_origins: Iterable[str] = (),
     login_limit: int = 5,
     login_backoff_s: float = 2.0,
+    served_hosts: Iterable[str] | None = None,
 ) -> Starlette:
     """The Starlette app: ``/`` the page, ``/ws`` the bridge, ``/api/matches`` the lobby as JSON.
 
@@ -565,13 +588,22 @@ def web_app(
     server's own that may open the WebSocket, such as the public address of a
     reverse proxy that rewrites ``Host``. ``login_limit`` failed sign-ins from
     one address are free; each one after locks the address out for
-    ``login_backoff_s``, doubling (``gate.LoginGuard``).
+    ``login_backoff_s``, doubling (``gate.LoginGuard``). The address is the
+    socket's peer as the ASGI server reports it: ``web_command`` lets uvicorn
+    read ``X-Forwarded-For`` only from the proxies it is told to trust.
+
+    ``served_hosts`` (``gate.parse_hosts`` entries; default: the loopback
+    names) and the hosts of ``allowed_origins``: the ``Host`` every request
+    must name, else it gets 400 (a rebound DNS name, ``gate.host_allowed``).
     """
     from pydantic import ValidationError
     from starlette.applications import Starlette
+    from starlette.datastructures import Headers
+    from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route, WebSocketRoute
+    from starlette.types import ASGIApp, Receive, Scope, Send
     from starlette.websockets import WebSocketDisconnect
 
     store = CredentialStore(credentials_dir) if credentials_dir is not None else None
@@ -585,6 +617,10 @@ def web_app(
                 broker_url, username=pick.username, password=pick.password
             )
     origins = parse_origins(",".join(allowed_origins))
+    served = [
+        *parse_hosts(",".join(LOOPBACK_HOSTS if served_hosts is None else served_hosts)),
+        *(urlsplit(o).hostname or "" for o in origins),  # a listed proxy's name, on any port
+    ]
     guard = LoginGuard(limit=login_limit, base_s=login_backoff_s)
     hub = WebHub(
         broker_url, store=store, token=token, observer=observer, linger_s=linger_s, guard=guard
@@ -616,6 +652,7 @@ def web_app(
         if not origin_allowed(origin, ws.headers.get("host"), origins):
             # Another site's page, in a person's browser: it could play, spectate and
             # guess passwords with that browser's network position. Refused unaccepted.
+            metrics.WEB_REFUSED.labels(reason="origin").inc()
             log.warning(
                 "refused a WebSocket from origin %r (host %r)", origin, ws.headers.get("host")
             )
@@ -665,8 +702,25 @@ def web_app(
             pass
         finally:
             hub.clients.discard(client)
-            hub.leave(client)
+            hub.leave(client, release=False)  # a dropped socket: the holder may come back
             writer.cancel()
+
+    class OnlyServedHosts:
+        """Refuse (400) any request, socket or page, whose ``Host`` this server does not serve."""
+
+        def __init__(self, app: ASGIApp) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] in ("http", "websocket"):
+                host = Headers(scope=scope).get("host")
+                if not host_allowed(host, served):
+                    metrics.WEB_REFUSED.labels(reason="host").inc()
+                    log.warning("refused a request for host %r (%s)", host, scope["path"])
+                    detail = f"this server does not serve host {host!r}; list it in {HOSTS_ENV}"
+                    await PlainTextResponse(detail, status_code=400)(scope, receive, send)
+                    return
+            await self.app(scope, receive, send)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> Any:
@@ -683,14 +737,59 @@ def web_app(
             Route("/healthz", health),
             WebSocketRoute("/ws", ws_endpoint),
         ],
+        middleware=[Middleware(OnlyServedHosts)],
         lifespan=lifespan,
     )
     app.state.hub = hub
     return app
 
 
+#: Environment variable: addresses of reverse proxies whose ``X-Forwarded-For`` is believed
+#: (comma separated, as uvicorn's ``forwarded_allow_ips``); unset, no forwarded header is.
+TRUSTED_PROXIES_ENV = "BACKROOM_WEB_TRUSTED_PROXIES"
+_ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
+
+
+def served_names(host: str, hosts: str | None) -> list[str]:
+    """What ``backroom web`` answers to: the loopback names, the bind host and ``hosts``.
+
+    Names match on any port: a published port may differ from the bound one
+    (compose maps it), and the DNS-rebinding attack is told apart by its name.
+    """
+    bind = [] if host in _ANY_ADDRESS else [host]
+    return parse_hosts(",".join([*LOOPBACK_HOSTS, *bind, hosts or ""]))
+
+
+def server_config(app: Starlette, host: str, port: int, trusted_proxies: str | None = None) -> Any:
+    """uvicorn's settings for ``app``: proxy headers believed only from ``trusted_proxies``.
+
+    uvicorn's default trusts ``X-Forwarded-For`` from 127.0.0.1, so any local
+    process (or a proxy that passes the header through) could name a new
+    client address per guess and never be locked out (``gate.LoginGuard``).
+    """
+    import uvicorn
+
+    trusted = [a.strip() for a in (trusted_proxies or "").split(",") if a.strip()]
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        ws_max_size=MAX_WS_BYTES,
+        lifespan="on",
+        proxy_headers=bool(trusted),
+        forwarded_allow_ips=trusted or None,
+    )
+
+
 def web_command(
-    broker: str, host: str, port: int, credentials: Path | None, origins: str | None = None
+    broker: str,
+    host: str,
+    port: int,
+    credentials: Path | None,
+    origins: str | None = None,
+    hosts: str | None = None,
+    trusted_proxies: str | None = None,
 ) -> None:
     """Serve the page until Ctrl-C (what ``backroom web`` runs).
 
@@ -701,6 +800,10 @@ def web_command(
     role observer), and players type their agent's password. ``origins``
     (default ``BACKROOM_WEB_ORIGINS``): comma-separated origins, besides the
     server's own, whose pages may connect (a reverse proxy's public address).
+    ``hosts`` (default ``BACKROOM_WEB_HOSTS``): names besides the loopback ones
+    and ``host`` that requests may be addressed to (``served_names``).
+    ``trusted_proxies`` (default ``BACKROOM_WEB_TRUSTED_PROXIES``): proxy
+    addresses whose ``X-Forwarded-For`` names the client; none by default.
     """
     import uvicorn
 
@@ -722,7 +825,18 @@ def web_command(
             password=os.environ["BACKROOM_PASSWORD"],
         )
     allowed = parse_origins(origins if origins is not None else os.environ.get(ORIGINS_ENV))
-    app = web_app(broker, credentials, token=token, observer=observer, allowed_origins=allowed)
+    served = served_names(host, hosts if hosts is not None else os.environ.get(HOSTS_ENV))
+    proxies = (
+        trusted_proxies if trusted_proxies is not None else os.environ.get(TRUSTED_PROXIES_ENV)
+    )
+    app = web_app(
+        broker,
+        credentials,
+        token=token,
+        observer=observer,
+        allowed_origins=allowed,
+        served_hosts=served,
+    )
     url = f"http://{host}:{port}/"
     print(f"backroom web: {url}  (broker {broker})")
     if token:
@@ -734,7 +848,8 @@ def web_command(
         print(
             "  spectating is off: no observer identity (pass --credentials, or BACKROOM_USERNAME/PASSWORD)"
         )
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", ws_max_size=MAX_WS_BYTES, lifespan="on"
-    )
-    run(uvicorn.Server(config).serve())
+    if host in _ANY_ADDRESS:
+        print(f"  answers to {', '.join(served)} only: other names go in {HOSTS_ENV}")
+    if proxies:
+        print(f"  X-Forwarded-For believed from {proxies} ({TRUSTED_PROXIES_ENV})")
+    run(uvicorn.Server(server_config(app, host, port, proxies)).serve())
