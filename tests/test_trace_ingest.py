@@ -91,7 +91,9 @@ async def test_junk_and_squatted_traces_cost_the_trainer_no_write_and_no_stall(
                     "trace_oversized": 1,
                     "trace_not_seated": 1,
                 }
-                await eventually(lambda: store.counters() == expect, 30 * load(), store.counters)
+                await eventually(
+                    lambda: store.counters() == expect, 30 * load(), lambda: str(store.counters())
+                )
                 async with Bus(alice_config) as alice:
                     await alice.publish(topics.traces("alice"), genuine)
                     await eventually(

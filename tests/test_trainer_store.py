@@ -271,7 +271,10 @@ def test_refusals_cost_no_write_and_are_committed_with_the_step(tmp_path: Path) 
         store._db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
         junk = [trace("eve", "m1", t, 0) for t in range(2000)] + [trace("alice", "m9", 0, 0)]
         assert store.add_traces("eve", junk[:1000]) == {"trace_not_seated": 1000}
-        assert store.add_traces("alice", junk[1000:]) == {"trace_forged": 1000, "trace_unrequested": 1}
+        assert store.add_traces("alice", junk[1000:]) == {
+            "trace_forged": 1000,
+            "trace_unrequested": 1,
+        }
         for _ in range(100):
             store.count("trace_malformed")
             assert not store.add_episode(record("stray"))
