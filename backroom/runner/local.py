@@ -756,11 +756,11 @@ async def run_matches(
             metrics.TRACES_REJECTED.labels(reason="run_bound").inc()
             if not bound_told:
                 bound_told = True
-                top, top_bytes = max(trace_bytes.items(), key=lambda kv: kv[1], default=("", 0))
+                most = [f"{a} wrote the most ({n:,} bytes)" for a, n in trace_bytes.most_common(1)]
                 notice(
                     f"traces.jsonl reached this run's bound of {traces_max_bytes:,} bytes: "
                     f"later traces are not recorded (backroom_traces_rejected_total"
-                    f'{{reason="run_bound"}}); {top} wrote the most ({top_bytes:,} bytes)'
+                    f'{{reason="run_bound"}})' + "".join(f"; {m}" for m in most)
                 )
         else:
             last_turn[key] = msg.turn
