@@ -99,7 +99,7 @@ STATUSES_DROPPED = Counter(
 )
 TRACES_REJECTED = Counter(
     "backroom_traces_rejected_total",
-    "Traces the runner did not record, by reason (forged, not_seated)",
+    "Traces the runner did not record, by reason (forged, not_seated, oversized, duplicate, run_bound)",
     ["reason"],
 )
 TIMEOUTS = Counter("backroom_turn_timeouts_total", "Turns that timed out", ["game", "phase"])

@@ -232,12 +232,22 @@ async def test_trainer_killed_mid_run_resumes_without_loss_or_double_count(
         with Store(run_dir / "store.sqlite") as s:
             return {r.match for r in s.requests(step=step, kind="train")}
 
-    async with stack(broker, runs, learners):
+    async with stack(broker, runs, learners) as (referee, _):
+
+        def with_referee(step: int) -> bool:
+            """The step's 4 requests stored *and sent*: the referee has them. Stored alone
+            is not enough: a kill between the commit and the sends (a wider window on a
+            loaded machine: it failed once at load 11) left matches no referee ever saw,
+            and the wait below for all of them to be refereed ran out."""
+            matches = step_requests(step)
+            seen = referee.matches.keys() | referee.finished_ids.keys()
+            return len(matches) == 4 and matches <= seen
+
         log = (tmp_path / "first.log").open("wb")
         first = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             # step 0 logged and step 1's rollouts sent: kill the trainer in the middle of them
-            await eventually(lambda: len(step_requests(1)) == 4, 240)
+            await eventually(lambda: with_referee(1), 240)
         finally:
             first.send_signal(signal.SIGKILL)
             first.wait()

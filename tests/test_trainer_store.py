@@ -238,16 +238,68 @@ def test_trace_unrequested_no_seat_and_duplicate(store: Store) -> None:
     assert first[0].trace.logprobs == [-0.5, -0.25]  # the stored row is unchanged
 
 
-def test_trace_from_an_agent_not_seated_there_is_dropped_at_join(store: Store) -> None:
+def test_a_trace_for_another_seat_cannot_squat_the_genuine_one(store: Store) -> None:
+    """Issue 22, item 7: traces were stored first-come under (match, turn, seat) and the seat
+    checked only at join, so eve (unseated, honestly signing her own traces on traces/eve)
+    publishing alice's decision first made alice's genuine trace a "duplicate": the decision
+    was lost to training. Now the request's seats are checked on arrival."""
     store.add_requests([req("m1")])
-    assert store.add_episode(record("m1"))
-    # bob (honestly, from traces/bob) claims seat 0, where the episode seats alice
-    assert store.add_trace("bob", trace("bob", "m1", 0, 0))
+    # before the episode is in (match ids are predictable): eve, then bob, claim alice's seat 0
+    assert not store.add_trace("eve", trace("eve", "m1", 0, 0))
+    assert not store.add_trace("bob", trace("bob", "m1", 0, 0))
+    assert not store.add_trace("eve", trace("eve", "m1", 0, 7))  # no such seat
+    assert store.add_trace("alice", trace("alice", "m1", 0, 0))  # the genuine one is stored
     assert store.add_trace("bob", trace("bob", "m1", 1, 1))
+    assert store.counters() == {"trace_not_seated": 3}
+    assert store.add_episode(record("m1"))
     joined, counts = store.join(["m1"])
-    assert counts == {"trace_not_seated": 1, "decision_missing_trace": 2}
-    assert [(d.turn, d.seat) for d in joined[0].decisions] == [(1, 1)]
-    assert joined[0].decisions[0].trace.agent == "bob"
+    assert counts == {"decision_missing_trace": 2}
+    assert [(d.turn, d.seat, d.trace.agent) for d in joined[0].decisions] == [
+        (0, 0, "alice"),
+        (1, 1, "bob"),
+    ]
+
+
+def test_refusals_cost_no_write_and_are_committed_with_the_step(tmp_path: Path) -> None:
+    """Issue 22, item 2: each refused trace was its own fsync'd transaction (a counter row),
+    inside the MQTT callback; an array of 31,500 junk elements blocked the trainer for minutes.
+    Refusals are now counted in memory and written with the next step's row."""
+    path = tmp_path / "store.sqlite"
+    with Store(path) as store:
+        store.add_requests([req("m1")])
+        commits: list[str] = []
+        store._db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+        junk = [trace("eve", "m1", t, 0) for t in range(2000)] + [trace("alice", "m9", 0, 0)]
+        assert store.add_traces("eve", junk[:1000]) == {"trace_not_seated": 1000}
+        assert store.add_traces("alice", junk[1000:]) == {
+            "trace_forged": 1000,
+            "trace_unrequested": 1,
+        }
+        for _ in range(100):
+            store.count("trace_malformed")
+            assert not store.add_episode(record("stray"))
+        assert commits == []  # not one transaction for any of it
+        both = [trace("alice", "m1", 0, 0), trace("alice", "m1", 2, 0), trace("alice", "m1", 2, 0)]
+        assert store.add_traces("alice", both) == {"stored": 2, "trace_duplicate": 1}
+        assert commits == ["COMMIT"]  # the stored ones share one
+        expect = {
+            "episode_unrequested": 100,
+            "trace_duplicate": 1,
+            "trace_forged": 1000,
+            "trace_malformed": 100,
+            "trace_not_seated": 1000,
+            "trace_unrequested": 1,
+        }
+        assert store.counters() == expect  # in memory, seen by a reader of this store
+        with Store(path) as other:
+            assert other.counters() == {}  # not yet on disk
+            assert store.add_episode(record("m1"))
+            store.log_step(0, "v1", {}, ["m1"])
+            assert other.counters() == expect  # written with the step
+        assert store.counters() == expect  # and not counted twice
+        store.count("trace_malformed")
+    with Store(path) as reopened:  # close writes what is left
+        assert reopened.counters() == {**expect, "trace_malformed": 101}
 
 
 def test_trace_of_another_phase_is_not_joined(store: Store) -> None:
@@ -395,9 +447,9 @@ def test_counters(store: Store) -> None:
 def _everything(store: Store) -> None:
     full(store, "a")
     store.add_requests([req("b", step=1, kind="eval", trainable=(0,))])
-    store.log_step(0, "v1", {"loss": 1.0}, ["a"])
-    store.count("trace_malformed", 3)
+    store.count("trace_malformed", 3)  # refusals are written with the next step
     assert not store.add_episode(record("stray"))
+    store.log_step(0, "v1", {"loss": 1.0}, ["a"])
 
 
 def _check_everything(store: Store) -> None:

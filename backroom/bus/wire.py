@@ -334,6 +334,12 @@ class Episode(Envelope):
     record: EpisodeRecord
 
 
+#: Largest trace the trainer stores or the runner records (its JSON, one message). A
+#: trace is one decision: its prompt and completion tokens, their log-probs, the raw
+#: request and reply of an API model; a 32k-token prompt with its text is under 1 MiB.
+MAX_TRACE_BYTES = 1024 * 1024
+
+
 class Trace(Envelope):
     """One decision of a trainable agent, joined with episodes by (match, turn, seat).
 

@@ -38,6 +38,7 @@ from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import Broker, die_with_parent, read_pid, reload_broker
 from backroom.bus.client import Bus, BusConfig
 from backroom.bus.wire import (
+    MAX_TRACE_BYTES,
     EpisodeRecord,
     Event,
     MatchRequest,
@@ -64,6 +65,8 @@ SLOW_START_S = 10.0
 REFEREE_GRACE_S = 5.0
 #: Times a match voided because its referee stopped is asked for again; then the void stands.
 RERUNS = 3
+#: Bytes of traces one run records in its traces.jsonl; past it, traces are counted, not written.
+TRACES_MAX_BYTES = 1024**3
 
 
 class RunError(RuntimeError):
@@ -419,12 +422,14 @@ async def run_matches(
     faults: Faults | None = None,
     referee_grace_s: float = REFEREE_GRACE_S,
     stop: asyncio.Event | None = None,
+    traces_max_bytes: int = TRACES_MAX_BYTES,
 ) -> list[EpisodeRecord]:
     """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
 
     With ``traces_path``, every trace a trainable agent publishes for one of
     these matches (prompt and completion tokens, log-probs, the raw request and
-    reply of an API model) is appended there as JSON lines. With ``run_stamp``,
+    reply of an API model) is appended there as JSON lines, each decision once, up to
+    ``traces_max_bytes`` for the run (``on_notice`` hears when it is reached). With ``run_stamp``,
     every request names it, so referees write ``runs/<run>/<run_stamp>/``: this
     run's own directory, never an earlier run's file.
 
@@ -723,6 +728,9 @@ async def run_matches(
     trace_file = traces_path.open("ab") if traces_path is not None else None
 
     seated = {m: spec.seats for m, spec in zip(match_ids, specs, strict=True)}
+    last_turn: dict[tuple[str, str, int | None], int] = {}  # (attempt, agent, seat) -> turn
+    trace_bytes: Counter[str] = Counter()  # agent -> bytes of its traces written
+    bound_told = False
 
     def on_trace(topic: str, payload: bytes) -> None:
         """Record a trace of this run, only as the agent its topic names and only from its seat.
@@ -733,22 +741,50 @@ async def run_matches(
         topic's agent, the trace must say the same, and the match must seat
         that agent (at ``trace.seat``, when given); anything else is dropped
         and counted in ``backroom_traces_rejected_total``.
+
+        A seated agent's word is bounded too (it could write gigabytes of
+        valid traces): a trace over ``MAX_TRACE_BYTES`` is dropped unread;
+        each decision is written once: a seat decides its turns in order and
+        its traces come in order on one connection, so a turn not after the
+        last one written for that seat is a repeat (a redelivery, a replay);
+        and the run writes at most ``traces_max_bytes``, then says so once.
         """
+        nonlocal bound_told
+        if trace_file is None:
+            return
+        if len(payload) > MAX_TRACE_BYTES:
+            metrics.TRACES_REJECTED.labels(reason="oversized").inc()
+            return
         try:
-            msg = parse(payload)
+            msg = parse(payload, MAX_TRACE_BYTES)
         except WireError:
             return
-        if trace_file is None or not isinstance(msg, Trace) or msg.match not in slot_of:
+        if not isinstance(msg, Trace) or msg.match not in slot_of:
             return  # not a trace of this run
         sender = topic.rsplit("/", 1)[-1]
         seats = seated[slot_of[msg.match]]
+        key = (msg.match, sender, msg.seat)
         if msg.agent != sender:
             metrics.TRACES_REJECTED.labels(reason="forged").inc()
         elif sender not in seats or (
             msg.seat is not None and not (0 <= msg.seat < len(seats) and seats[msg.seat] == sender)
         ):
             metrics.TRACES_REJECTED.labels(reason="not_seated").inc()
+        elif key in last_turn and msg.turn <= last_turn[key]:
+            metrics.TRACES_REJECTED.labels(reason="duplicate").inc()
+        elif trace_bytes.total() + len(payload) + 1 > traces_max_bytes:
+            metrics.TRACES_REJECTED.labels(reason="run_bound").inc()
+            if not bound_told:
+                bound_told = True
+                most = [f"{a} wrote the most ({n:,} bytes)" for a, n in trace_bytes.most_common(1)]
+                notice(
+                    f"traces.jsonl reached this run's bound of {traces_max_bytes:,} bytes: "
+                    f"later traces are not recorded (backroom_traces_rejected_total"
+                    f'{{reason="run_bound"}})' + "".join(f"; {m}" for m in most)
+                )
         else:
+            last_turn[key] = msg.turn
+            trace_bytes[sender] += len(payload) + 1
             trace_file.write(payload.rstrip(b"\n") + b"\n")
 
     async with Bus(bus_config, role="runner", on_connect=[reconnected]) as bus:

@@ -10,6 +10,13 @@ deduplicated by the store's keys.
 
 A trace counts only for the agent its topic names (``traces/{agent}``; the
 broker's ACL lets only that agent write there), whatever its payload claims.
+
+Any agent may publish anything on its own traces topic, so what one message
+costs here is bounded: at most ``MAX_TRACE_BYTES``, one trace or an array of
+at most ``MAX_TRACES_PER_MESSAGE``, refused whole on its first bad element
+(never validated element by element), refusals counted in memory and the
+stored traces written in one transaction: one fsync per message at most, so a
+flood cannot hold the loop (and the keepalive) for more than a message's parse.
 """
 
 from __future__ import annotations
@@ -20,11 +27,15 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import Annotated
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 from backroom import metrics
 from backroom.bus import topics
 from backroom.bus.client import Bus, BusConfig
 from backroom.bus.wire import (
+    MAX_TRACE_BYTES,
     AdapterRef,
     Checkpoint,
     Episode,
@@ -35,12 +46,35 @@ from backroom.bus.wire import (
     parse,
     parse_all,
 )
-from backroom.trainer.store import Request, Store
+from backroom.trainer.store import STORED, Request, Store
 
 log = logging.getLogger("backroom.trainer")
 
 #: Long enough to outlive a trainer restart (or a step on a slow machine).
 SESSION_EXPIRY_S = 24 * 3600
+
+#: Traces in one message at most. Agents send one trace per message; an array is
+#: only what ``Bus.publish(batch=True)`` joins (at most ``BATCH_MAX_BYTES``).
+MAX_TRACES_PER_MESSAGE = 64
+
+_TRACES: TypeAdapter[Trace | list[Trace]] = TypeAdapter(
+    Trace | Annotated[list[Trace], Field(max_length=MAX_TRACES_PER_MESSAGE)]
+)
+
+
+def parse_traces(payload: bytes) -> list[Trace] | str:
+    """The traces of one message, or why it is refused whole (``trace_oversized``, ``trace_malformed``).
+
+    The length of an array is checked before any element is validated, and
+    one bad element refuses the message: its cost is one bounded parse.
+    """
+    if len(payload) > MAX_TRACE_BYTES:
+        return "trace_oversized"
+    try:
+        parsed = _TRACES.validate_json(payload)
+    except ValidationError:
+        return "trace_malformed"
+    return parsed if isinstance(parsed, list) else [parsed]
 
 
 class TrainerBus:
@@ -79,14 +113,16 @@ class TrainerBus:
 
     def _on_trace(self, topic: str, payload: bytes) -> None:
         agent = topic.rsplit("/", 1)[-1]
-        for msg in parse_all(payload):
-            if isinstance(msg, Trace):
-                if self.store.add_trace(agent, msg):
-                    self._arrived.set()
-                else:
-                    metrics.TRAIN_DROPPED.labels(reason="trace_rejected").inc()
-            elif isinstance(msg, WireError):
-                self.store.count("trace_malformed")
+        traces = parse_traces(payload)
+        if isinstance(traces, str):
+            self.store.count(traces)
+            metrics.TRAIN_DROPPED.labels(reason=traces).inc()
+            return
+        counts = self.store.add_traces(agent, traces)
+        if counts.pop(STORED, 0):
+            self._arrived.set()
+        for reason, n in counts.items():
+            metrics.TRAIN_DROPPED.labels(reason=reason).inc(n)
 
     def _on_status(self, topic: str, payload: bytes) -> None:
         agent = topics.agent_of(topic)

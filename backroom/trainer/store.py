@@ -17,8 +17,17 @@ fsyncs the WAL at every commit so that "committed" means "on disk". The price
 is one fsync per message, small beside the match that produced it.
 
 Nothing here trusts a payload: a trace counts only for the agent its topic
-names, and only if the episode seats that agent where the trace says; what is
-missing is dropped and counted, never guessed.
+names, and only if the match the trainer requested seats that agent where the
+trace says; what is missing is dropped and counted, never guessed.
+
+What is refused costs no write. An agent may publish anything on its own
+``traces/{agent}``, as fast as it likes: if each refusal were a committed
+counter row, each would be an fsync inside the receive callback, and one
+array of junk would block the trainer's loop for minutes (its keepalive
+lapses, the broker redelivers, the junk is counted twice). So refusals are
+counted in memory and written with the next step's row (``log_step``) or at
+``close``; a SIGKILL loses at most the refusals counted since the last step,
+never a stored row.
 """
 
 from __future__ import annotations
@@ -34,6 +43,9 @@ from types import TracebackType
 from typing import Any
 
 from backroom.bus.wire import EpisodeRecord, MatchSpec, Trace
+
+#: What ``add_traces`` returns for each trace it stored (the other keys are reasons it refused).
+STORED = "stored"
 
 #: ``PRAGMA user_version`` of the schema below; a newer file is refused, not guessed at.
 SCHEMA_VERSION = 1
@@ -135,6 +147,8 @@ class Store:
         self.path = Path(path)
         # isolation_level=None: no implicit transactions; ``_tx`` says where each one begins and ends.
         self._db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        #: Counted since the last commit of the counters (see the module docstring).
+        self._pending: dict[str, int] = {}
         try:
             self._open()
         except BaseException:
@@ -163,7 +177,14 @@ class Store:
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
-        self._db.close()
+        try:
+            pending = dict(self._pending)
+            if pending:
+                with self._tx():
+                    self._write_counts(pending)
+                self._forget(pending)
+        finally:
+            self._db.close()
 
     def __enter__(self) -> Store:
         return self
@@ -285,40 +306,61 @@ class Store:
 
     def add_episode(self, record: EpisodeRecord) -> bool:
         """True if stored; an unrequested or repeated episode is refused and counted, the stored row kept."""
+        if not self._requested(record.match):
+            self.count("episode_unrequested")
+            return False
         with self._tx() as db:
-            if not self._requested(record.match):
-                self._count("episode_unrequested", 1)
-                return False
             cur = db.execute(
                 "INSERT INTO episodes (match, record, received) VALUES (?, ?, ?)"
                 " ON CONFLICT (match) DO NOTHING",
                 (record.match, record.model_dump_json(), time.time()),
             )
-            if cur.rowcount == 0:
-                self._count("episode_duplicate", 1)
-                return False
-            return True
+        if cur.rowcount == 0:
+            self.count("episode_duplicate")
+            return False
+        return True
 
     def add_trace(self, topic_agent: str, trace: Trace) -> bool:
-        """True if stored under ``topic_agent`` (the sender, by the broker's ACL), whatever the payload says.
+        """True if stored (``add_traces`` of one trace)."""
+        return self.add_traces(topic_agent, [trace]).get(STORED, 0) == 1
 
-        A payload naming another agent is a forgery and is dropped. Whether
-        the agent really sits at ``trace.seat`` is only known once the
-        episode is in, so ``join`` checks it.
+    def add_traces(self, topic_agent: str, traces: Sequence[Trace]) -> dict[str, int]:
+        """Store what ``topic_agent`` (the sender, by the broker's ACL) traced for its own seat.
+
+        Returns how many were stored (``STORED``) and how many refused, by
+        reason. A trace counts only if it names its sender, a requested match,
+        and a seat where that match's request seats the sender: the request
+        is the trainer's own word on who plays where (the referee seats
+        ``spec.seats`` as asked), so it is known before the episode, and an
+        agent that is not seated there is refused at once. First-come per
+        (match, turn, seat) is then safe: only the seated agent can come
+        first. Refusals are counted in memory; the stored ones share one
+        transaction (one fsync per message, however many traces it holds).
         """
-        with self._tx() as db:
+        counts: dict[str, int] = {}
+        rows: list[tuple[Any, ...]] = []
+        seats: dict[str, list[str] | None] = {}
+        now = time.time()
+        for trace in traces:
+            reason = None
             if trace.agent != topic_agent:
-                self._count("trace_forged", 1)
-                return False
-            if trace.match is None or not self._requested(trace.match):
-                self._count("trace_unrequested", 1)
-                return False
-            if trace.seat is None:
-                self._count("trace_no_seat", 1)
-                return False
-            cur = db.execute(
-                "INSERT INTO traces VALUES (?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (match, turn, seat) DO NOTHING",
+                reason = "trace_forged"
+            elif trace.match is None:
+                reason = "trace_unrequested"
+            elif trace.seat is None:
+                reason = "trace_no_seat"
+            else:
+                if trace.match not in seats:
+                    seats[trace.match] = self._seats(trace.match)
+                seated = seats[trace.match]
+                if seated is None:
+                    reason = "trace_unrequested"
+                elif not 0 <= trace.seat < len(seated) or seated[trace.seat] != topic_agent:
+                    reason = "trace_not_seated"
+            if reason is not None:
+                counts[reason] = counts.get(reason, 0) + 1
+                continue
+            rows.append(
                 (
                     trace.match,
                     trace.turn,
@@ -326,13 +368,31 @@ class Store:
                     topic_agent,
                     trace.phase,
                     trace.model_dump_json(),
-                    time.time(),
-                ),
+                    now,
+                )
             )
-            if cur.rowcount == 0:
-                self._count("trace_duplicate", 1)
-                return False
-            return True
+        stored = 0
+        if rows:
+            with self._tx() as db:
+                for row in rows:
+                    cur = db.execute(
+                        "INSERT INTO traces VALUES (?, ?, ?, ?, ?, ?, ?)"
+                        " ON CONFLICT (match, turn, seat) DO NOTHING",
+                        row,
+                    )
+                    stored += cur.rowcount
+        if len(rows) > stored:
+            counts["trace_duplicate"] = len(rows) - stored
+        for reason, n in counts.items():
+            self.count(reason, n)
+        if stored:
+            counts[STORED] = stored
+        return counts
+
+    def _seats(self, match: str) -> list[str] | None:
+        """The agents a requested match seats, by seat; None if the trainer never requested it."""
+        row = self._db.execute("SELECT spec FROM requests WHERE match = ?", (match,)).fetchone()
+        return None if row is None else MatchSpec.model_validate_json(row[0]).seats
 
     def _requested(self, match: str) -> bool:
         return (
@@ -446,7 +506,9 @@ class Store:
         self, step: int, version: str, metrics: Mapping[str, float], matches: Sequence[str]
     ) -> None:
         """The step and the episodes it consumed in ONE transaction: a crash leaves both or neither,
-        so a resumed run neither repeats a logged step nor reuses its episodes."""
+        so a resumed run neither repeats a logged step nor reuses its episodes. The counts made
+        in memory since the last step are written with it."""
+        pending = dict(self._pending)
         with self._tx() as db:
             try:
                 db.execute(
@@ -461,6 +523,8 @@ class Store:
             except sqlite3.IntegrityError:
                 raise ValueError(f"step {step} is already logged") from None
             self._mark_used(matches, step)
+            self._write_counts(pending)
+        self._forget(pending)
 
     def last_step(self) -> tuple[int, str] | None:
         row = self._db.execute(
@@ -475,8 +539,21 @@ class Store:
     # --- counters (persisted; survive restarts) -----------------------------------------
 
     def count(self, name: str, n: int = 1) -> None:
-        with self._tx():
+        """In memory until the next step (or ``close``) writes it: a count never costs an fsync."""
+        self._pending[name] = self._pending.get(name, 0) + n
+
+    def _write_counts(self, counts: Mapping[str, int]) -> None:
+        for name, n in counts.items():
             self._count(name, n)
+
+    def _forget(self, counts: Mapping[str, int]) -> None:
+        """Once ``counts`` are committed: a rolled-back step leaves them in memory."""
+        for name, n in counts.items():
+            left = self._pending.get(name, 0) - n
+            if left:
+                self._pending[name] = left
+            else:
+                self._pending.pop(name, None)
 
     def _count(self, name: str, n: int) -> None:
         self._db.execute(
@@ -485,7 +562,11 @@ class Store:
         )
 
     def counters(self) -> dict[str, int]:
-        return dict(self._db.execute("SELECT name, n FROM counters ORDER BY name").fetchall())
+        """The written counts plus those still in memory."""
+        out = dict(self._db.execute("SELECT name, n FROM counters ORDER BY name").fetchall())
+        for name, n in self._pending.items():
+            out[name] = out.get(name, 0) + n
+        return dict(sorted(out.items()))
 
 
 def _request(row: Sequence[Any]) -> Request:

@@ -1,0 +1,183 @@
+"""Traces from agents who want to hurt: the trainer's and the runner's intake (issue 22, 2, 7, 9).
+
+Any agent may publish anything on its own ``traces/{agent}`` topic, as fast
+as it likes, and a seated agent may publish valid traces without end. These
+tests play those agents against a real broker and check what the trainer and
+the runner keep, what they count, and that the trainer's loop keeps turning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+from prometheus_client import REGISTRY
+
+from backroom.agents.base import Agent
+from backroom.bus import topics
+from backroom.bus.broker import Broker
+from backroom.bus.client import Bus
+from backroom.bus.wire import MAX_TRACE_BYTES, MatchSpec, Trace, Turn
+from backroom.trainer.bus import MAX_TRACES_PER_MESSAGE, TrainerBus
+from backroom.trainer.store import Request, Store
+from tests.conftest import eventually, identity, stack
+
+
+def sample(name: str, **labels: str) -> float:
+    """A metric's current value in this process (0 when it has no such series yet)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def load() -> float:
+    """How oversubscribed this machine is (1 when idle): what a fixed time limit is scaled by."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+async def test_junk_and_squatted_traces_cost_the_trainer_no_write_and_no_stall(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Issue 22, items 2 and 7, as the attacker played them.
+
+    Eve (an agent, seated nowhere) sends on her own traces topic the 63 KB
+    array of 31,500 ``1`` that held the trainer's loop for two minutes (one
+    fsync'd counter row per bad element, inside the MQTT callback: the
+    keepalive lapsed and the broker redelivered it, counted twice), a stream
+    of small junk arrays, an array over the element cap, an oversized trace,
+    and then her own trace for alice's seat before alice sends hers (match
+    ids are predictable): first-come, it made alice's genuine trace a
+    "duplicate". Now: no write for any of it (one COMMIT in all, alice's),
+    each message counted exactly once, the loop never held 1 s (scaled by
+    load), and alice's trace stored.
+    """
+    store = Store(tmp_path / "store.sqlite")
+    spec = MatchSpec(game="ipd", params={"rounds": 2}, seats=["alice", "bob"], seed=1)
+    store.add_requests([Request("m1", 0, "g0", "train", spec, (0, 1))])
+    commits: list[str] = []
+    store._db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    trainer = identity(broker, "trainer", "trainer")
+    eve_config, alice_config = identity(broker, "eve"), identity(broker, "alice")
+    loop = asyncio.get_running_loop()
+    lags: list[float] = []
+
+    async def ticker() -> None:
+        while True:
+            t = loop.time()
+            await asyncio.sleep(0.01)
+            lags.append(loop.time() - t - 0.01)
+
+    squat = Trace(match="m1", agent="eve", turn=0, seat=0, phase="act")
+    genuine = Trace(match="m1", agent="alice", turn=0, seat=0, phase="act")
+    too_many = "[" + ",".join([genuine.model_dump_json()] * (MAX_TRACES_PER_MESSAGE + 1)) + "]"
+    oversized = Trace(
+        match="m1", agent="eve", turn=1, seat=0, phase="act", reply="x" * MAX_TRACE_BYTES
+    )
+    small_junk = 200
+    with store:
+        async with TrainerBus(trainer, store, "ipd"), Bus(eve_config) as eve:
+            tick = asyncio.create_task(ticker())
+            try:
+                mine = topics.traces("eve")
+                await eve.publish(mine, b"[" + b",".join([b"1"] * 31_500) + b"]")
+                sent = [eve.publish(mine, b'[1,{"type":"trace"}]') for _ in range(small_junk)]
+                await asyncio.gather(*sent)
+                await eve.publish(mine, too_many.encode())
+                await eve.publish(mine, oversized)
+                await eve.publish(mine, squat)
+                expect = {
+                    "trace_malformed": 1 + small_junk + 1,
+                    "trace_oversized": 1,
+                    "trace_not_seated": 1,
+                }
+                await eventually(
+                    lambda: store.counters() == expect, 30 * load(), lambda: str(store.counters())
+                )
+                async with Bus(alice_config) as alice:
+                    await alice.publish(topics.traces("alice"), genuine)
+                    await eventually(
+                        lambda: commits == ["COMMIT"], 30 * load(), lambda: str(commits)
+                    )
+            finally:
+                tick.cancel()
+        rows = store._db.execute("SELECT agent, turn, seat FROM traces").fetchall()
+        assert rows == [("alice", 0, 0)]
+        assert store.counters() == expect  # nothing counted twice
+    assert lags and max(lags) < 1.0 * load(), f"the loop was held {max(lags):.2f}s"
+
+
+class Flooder(Agent):
+    """A seated agent that traces each decision, then repeats it, sends one over the size cap,
+    and writes valid traces (no seat named) for turns that never happen."""
+
+    extra = 40  # bogus traces per decision
+    pad = 2000  # bytes of padding in each
+
+    async def act(self, turn: Turn) -> object:
+        mine = Trace(match=turn.match, agent=self.id, turn=turn.turn, seat=turn.seat, phase="act")
+        await self.publish_trace(mine)
+        for _ in range(3):
+            await self.publish_trace(mine)  # a replay of the same decision
+        await self.publish_trace(
+            mine.model_copy(update={"turn": 10**6, "reply": "x" * MAX_TRACE_BYTES})
+        )
+        for k in range(self.extra):
+            bogus = mine.model_copy(
+                update={"turn": 1000 + turn.turn * 100 + k, "seat": None, "reply": "x" * self.pad}
+            )
+            await self.publish_trace(bogus)
+        names = turn.legal["names"]
+        return "call" if "call" in names else names[0]
+
+
+async def test_the_runner_writes_each_decision_once_and_no_more_than_its_bound(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Issue 22, item 9: a seated agent wrote 245 MB of valid traces in 14 s into the runner's
+    traces.jsonl. Now a trace over ``MAX_TRACE_BYTES`` is dropped, a decision is written once
+    however often it is sent, and the run writes at most ``traces_max_bytes``, saying so once."""
+    from backroom.runner.config import RunConfig
+    from backroom.runner.local import run_matches
+
+    reasons = ("duplicate", "oversized", "run_bound")
+    before = {r: sample("backroom_traces_rejected_total", reason=r) for r in reasons}
+    players: list[Agent] = [Flooder("t0"), Flooder("t1"), Flooder("t2")]
+    config = RunConfig.model_validate(
+        {
+            "run": "flooded",
+            "game": "kuhn",
+            "params": {"variant": "loki"},
+            "matches": 3,
+            "agents": [{"id": p.id, "kind": "external"} for p in players],
+        }
+    )
+    bound = 100_000  # less than the bogus traces (~3 x 3 x 40 x 2 KB), more than the genuine ones
+    notices: list[str] = []
+    path = tmp_path / "traces.jsonl"
+    async with stack(broker, tmp_path / "runs", players):
+        t0 = time.monotonic()
+        eps = await run_matches(
+            config,
+            identity(broker, "runner", "runner"),
+            [],
+            traces_path=path,
+            on_notice=notices.append,
+            traces_max_bytes=bound,
+        )
+    assert time.monotonic() - t0 < 120 * load()
+    written = path.read_bytes()
+    assert 0 < len(written) <= bound
+    traces = [json.loads(line) for line in written.splitlines()]
+    keys = [(t["match"], t["turn"], t["seat"]) for t in traces]
+    assert len(keys) == len(set(keys))  # each decision once
+    acts = {(e.match, a.turn, a.seat) for e in eps for a in e.actions if a.phase == "act"}
+    genuine = [k for k in keys if k in acts]
+    assert genuine  # the first decisions came before the bound was reached
+    assert all(t["turn"] != 10**6 for t in traces)  # the oversized one never
+    got = {r: sample("backroom_traces_rejected_total", reason=r) - before[r] for r in reasons}
+    assert got["oversized"] == len(acts)
+    assert got["duplicate"] == 3 * len(genuine)  # each replay of a decision written
+    assert got["run_bound"] > 0
+    said = [n for n in notices if "traces.jsonl reached" in n]
+    assert len(said) == 1 and f"{bound:,} bytes" in said[0], notices
