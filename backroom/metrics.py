@@ -92,6 +92,18 @@ UNPROVEN_REFEREES = Counter(
     "backroom_unproven_referee_statuses_total",
     "Statuses saying online as a referee from identities no referee roster record names",
 )
+EPISODES_NOT_WRITTEN = Counter(
+    "backroom_episodes_not_written_total",
+    "Episodes the referee could not write to its run's file (published as error episodes)",
+)
+EPISODES_REPUBLISHED = Counter(
+    "backroom_episodes_republished_total",
+    "Episodes a referee published again: a runner asked again for a match it had finished",
+)
+RUN_DIRS_REFUSED = Counter(
+    "backroom_run_dirs_refused_total",
+    "Match requests refused: they named a run directory bound to another run's key",
+)
 TRACES_REJECTED = Counter(
     "backroom_traces_rejected_total",
     "Traces the runner did not record, by reason (forged, not_seated)",

@@ -130,10 +130,23 @@ class EpisodeLog:
                     point_latest(path.parent.parent, path.parent.name)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                os.write(fd, b"".join(lines))
+                write_all(fd, b"".join(lines))
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``: ``os.write`` may write less than asked (a full disk, a signal).
+
+    A short write ignored left a torn record, fsync'd and reported written.
+    """
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:  # no progress and no error: never loop for ever on it
+            raise OSError(f"write made no progress with {len(view)} bytes left")
+        view = view[n:]
 
 
 def read_episodes(

@@ -103,6 +103,10 @@ RECONNECT_GRACE_S = 5.0
 #: Why a stopping referee voids the matches it runs: not the match's doing, so the
 #: runner asks for them again (``backroom.runner.local``).
 SHUTTING_DOWN = "referee shutting down"
+#: How the detail of an ``error`` episode whose record the referee could not write
+#: begins (a full disk, a read-only or broken run directory): the runner fails the
+#: run with it (``backroom.runner.local``), rather than wait for a record on disk.
+NOT_WRITTEN = "episode not written"
 
 T = TypeVar("T")
 
@@ -705,7 +709,9 @@ class Referee:
 
     async def finished(self, match: Match, record: EpisodeRecord) -> None:
         record_json = record.model_dump_json().encode()  # the longest message: serialised once
-        await self.episodes.append(record.run, record_json, record.spec.run_stamp)
+        written = await self._write(record, record_json)
+        if written is not record:
+            record, record_json = written, written.model_dump_json().encode()
         metrics.MATCHES_FINISHED.labels(game=record.game, outcome=record.reason).inc()
         for action in record.actions:
             if action.fallback is not None:  # a closed set of reasons, a closed set of kinds
@@ -717,6 +723,25 @@ class Referee:
         self.bus.publish(
             topics.episodes(record.game), dump_episode(record.match, record_json), batch=True
         )
+
+    async def _write(self, record: EpisodeRecord, record_json: bytes) -> EpisodeRecord:
+        """Append ``record`` to its run's file; the ``error`` record to publish when that fails.
+
+        A full disk or a broken run directory used to be logged per match and
+        the episode never published, so the runner waited for ever. The episode
+        still goes out, as an ``error`` naming the ``OSError`` (its play kept,
+        for the record), and the runner fails the run with that reason.
+        """
+        try:
+            await self.episodes.append(record.run, record_json, record.spec.run_stamp)
+        except OSError as exc:
+            metrics.EPISODES_NOT_WRITTEN.inc()
+            where = self.episodes.path(record.run, record.spec.run_stamp)
+            self.log.error("match %s: episode not written to %s: %r", record.match, where, exc)
+            was = f"{record.reason}: {record.detail}" if record.detail else record.reason
+            detail = f"{NOT_WRITTEN} to {where}: {exc!r} (the match ended {was})"
+            return record.model_copy(update={"reason": "error", "detail": detail})
+        return record
 
     def _publish_refusal(self, msg: MatchRequest, why: str) -> None:
         """A request the referee cannot run still gets an episode, so the runner never waits forever."""
@@ -743,16 +768,14 @@ class Referee:
         self.finished_ids[msg.match] = None
 
         async def publish() -> None:
-            await self.episodes.append(
-                record.run, record.model_dump_json().encode(), record.spec.run_stamp
-            )
+            written = await self._write(record, record.model_dump_json().encode())
             # A refused request may name any game: the label takes registered ones only.
             game = record.game if record.game in registered_games() else metrics.OTHER
             metrics.MATCHES_FINISHED.labels(game=game, outcome="error").inc()
             assert self.bus is not None
             self._counter("out", "episode").inc()
             await self.bus.publish(
-                topics.episodes(record.game), Episode(match=record.match, record=record)
+                topics.episodes(record.game), Episode(match=record.match, record=written)
             )
 
         self._spawn(publish())

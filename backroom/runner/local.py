@@ -49,7 +49,7 @@ from backroom.bus.wire import (
 )
 from backroom.referee.episodes import new_run_dir
 from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
-from backroom.referee.service import SHUTTING_DOWN
+from backroom.referee.service import NOT_WRITTEN, SHUTTING_DOWN
 from backroom.runner.config import EXTERNAL, RunConfig
 
 #: Seconds into the wait for processes to come online before the runner says who is missing.
@@ -476,6 +476,7 @@ async def run_matches(
     away: dict[str, Departure] = {}  # agents offline now
     playing = False
     me = bus_config.username or "runner"
+    unwritten: list[str] = []  # why a referee could not write an episode (fails the run)
 
     def check_ready() -> None:
         if referees_up and all(w in online for w in wait_for):
@@ -589,6 +590,12 @@ async def run_matches(
             if record.match == current[match_id]:  # not asked for again already
                 ask_again(match_id, "voided")  # its referee stopped: not the match's doing
             return
+        if record.reason == "error" and record.detail.startswith(NOT_WRITTEN):
+            # The referee cannot write the run's file (a full disk, a broken run
+            # directory): every later match would go the same way. Fail now, saying why.
+            unwritten.append(f"referee {record.referee} could not write match {match_id}: ")
+            unwritten[-1] += record.detail
+            all_done.set()
         episodes[match_id] = record
         sent.pop(record.match, None)
         sent.pop(current[match_id], None)
@@ -805,6 +812,8 @@ async def run_matches(
             submitter.cancel()
             resubmitter.cancel()
             relay.cancel()
+        if unwritten:
+            raise RunError(f"{unwritten[0]}; the run stops here")
         faults.interrupted = stop is not None and stop.is_set() and len(episodes) < len(wanted)
         await asyncio.sleep(0.2)  # traces of the last decisions are still on their way
     if trace_file is not None:

