@@ -11,17 +11,20 @@ import asyncio
 import json
 import os
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from backroom.agents.base import Agent
+from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.cli import demo_config
 from backroom.referee import episodes as episodes_mod
-from backroom.referee.episodes import EpisodeLog, write_all
+from backroom.referee.episodes import EpisodeLog, read_episodes, write_all
 from backroom.runner.config import RunConfig, parse_config
-from backroom.runner.local import RunError, run_matches
+from backroom.runner.local import Faults, RunError, run_matches
 from tests.conftest import agents, identity, stack
 
 SEATED = ["alice", "bob", "carol"]
@@ -84,3 +87,44 @@ async def test_a_run_directory_the_referee_cannot_write_fails_the_run_with_the_r
                 60,
             )
         assert time.monotonic() - t0 < 45
+
+
+async def test_an_episode_that_reached_nobody_is_asked_again_and_published_again(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Item 6: an episode published while the runner's session was lost (a broker SIGKILLed
+    early in a run) reaches nobody, and a referee dropped a request for a match it had
+    finished in silence: the run waited for ever (4 of 4 runs killed after 20-140 episodes
+    hung). The loss is made certain here: the referee's first episode message is not sent
+    (what a broker without the runner's session does with it). Now the runner asks again
+    for an accepted match with no episode, and the referee publishes it again: every match
+    arrives, none is played twice."""
+    faults = Faults()
+    async with stack(broker, tmp_path / "runs", _players()) as (ref, _):
+        assert ref.bus is not None
+        publish = ref.bus.publish
+        dropped: list[str] = []
+
+        def lossy(topic: str, payload: Any, **kw: Any) -> Any:
+            if topic.startswith(topics.episodes("")) and not dropped:
+                dropped.append(topic)
+                return None
+            return publish(topic, payload, **kw)
+
+        ref.bus.publish = lossy  # type: ignore[method-assign]
+        t0 = time.monotonic()
+        got = await asyncio.wait_for(
+            run_matches(
+                _config("lost-episode", 8, 4),
+                identity(broker, "runner", "runner"),
+                SEATED,
+                faults=faults,
+                episode_wait_s=1.0,
+            ),
+            60,
+        )
+    assert dropped and len(got) == 8 and len({e.match for e in got}) == 8
+    assert faults.asked_again >= 1 and faults.rerequested == 0  # published again, not replayed
+    assert time.monotonic() - t0 < 30
+    played = Counter(e["match"] for e in read_episodes(tmp_path / "runs" / "lost-episode"))
+    assert sorted(played.values()) == [1] * 8

@@ -157,6 +157,12 @@ class MatchRequest(Envelope):
     reply_batches: bool = Field(
         default=False, description="reply_to reads batched payloads (JSON arrays)"
     )
+    again: bool = Field(
+        default=False,
+        description="asked again for an acknowledged match with no episode: a referee that "
+        "finished it publishes its episode again, one running it says 'running', any other "
+        "referee ignores it (never plays it)",
+    )
 
 
 class MatchStart(Envelope):

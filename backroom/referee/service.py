@@ -66,6 +66,9 @@ from backroom.referee.match import Match
 
 #: How many finished match ids a referee remembers, to answer late messages and drop duplicate requests.
 FINISHED_MEMORY = 10_000
+#: Bytes of finished matches' episodes a referee keeps, newest first, to publish again
+#: when a runner asks again (its session was lost while they went out: ``_request``).
+REPUBLISH_MEMORY_BYTES = 64 << 20
 #: Error replies an identity may get at once, and how fast its budget refills
 #: (per second). A well-behaved agent gets a handful of errors per match; a
 #: flood from one identity must not become a flood back.
@@ -161,6 +164,9 @@ class Referee:
         self.matches: dict[str, Match] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.finished_ids: OrderedDict[str, None] = OrderedDict()
+        #: Finished match -> (game, record JSON) as published, within ``REPUBLISH_MEMORY_BYTES``.
+        self.published: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+        self._published_bytes = 0
         self.offline: set[str] = set()
         self.offline_since: dict[str, float] = {}  # agent -> monotonic time its status said offline
         self.kinds: dict[str, str] = {}
@@ -450,7 +456,12 @@ class Referee:
             return
         self._counter("in", msg.type).inc()
         if msg.match in self.matches or msg.match in self.finished_ids:
-            return  # a redelivered request (QoS 1 is at least once): the match runs once
+            # Asked again (QoS 1 redelivers, a runner that lost its session asks
+            # again): the match runs once, and what it has to say goes out again.
+            self._answer_again(msg)
+            return
+        if msg.again:
+            return  # another referee's match (or one long forgotten): never played here
         try:
             match = Match(self, msg.match, msg.spec)
         except ValueError as exc:
@@ -466,6 +477,37 @@ class Referee:
             self.send(topics.inbox(msg.reply_to), ack, batch=msg.reply_batches)
         self.idle.clear()
         self._spawn(self._run_match(match))
+
+    def _answer_again(self, msg: MatchRequest) -> None:
+        """A request for a match this referee runs or ran: say ``running``, or publish again.
+
+        Episodes published while the runner's session was lost (a broker
+        killed) reach nobody, and a request asked again used to be dropped in
+        silence: the runner waited for ever. Its episode goes out again now
+        (counted in ``backroom_episodes_republished_total``); one past
+        ``REPUBLISH_MEMORY_BYTES`` is not kept, and the runner then asks for the
+        match under a new id.
+        """
+        assert self.bus is not None
+        if msg.match in self.matches:
+            if msg.again and msg.reply_to:
+                running = Event(match=msg.match, kind="running", data={"referee": self.id})
+                self.send(topics.inbox(msg.reply_to), running, batch=msg.reply_batches)
+            return
+        kept = self.published.get(msg.match)
+        if kept is None:
+            return
+        game, record_json = kept
+        metrics.EPISODES_REPUBLISHED.inc()
+        self._counter("out", "episode").inc()
+        self.bus.publish(topics.episodes(game), dump_episode(msg.match, record_json), batch=True)
+
+    def _keep_published(self, match: str, game: str, record_json: bytes) -> None:
+        self.published[match] = (game, record_json)
+        self._published_bytes += len(record_json)
+        while self._published_bytes > REPUBLISH_MEMORY_BYTES and self.published:
+            _, (_, old) = self.published.popitem(last=False)
+            self._published_bytes -= len(old)
 
     async def _run_match(self, match: Match) -> None:
         try:
@@ -720,6 +762,7 @@ class Referee:
                 ).inc()
         assert self.bus is not None
         self._counter("out", "episode").inc()
+        self._keep_published(record.match, record.game, record_json)
         self.bus.publish(
             topics.episodes(record.game), dump_episode(record.match, record_json), batch=True
         )
@@ -774,9 +817,9 @@ class Referee:
             metrics.MATCHES_FINISHED.labels(game=game, outcome="error").inc()
             assert self.bus is not None
             self._counter("out", "episode").inc()
-            await self.bus.publish(
-                topics.episodes(record.game), Episode(match=record.match, record=written)
-            )
+            episode = Episode(match=record.match, record=written)
+            self._keep_published(record.match, record.game, written.model_dump_json().encode())
+            await self.bus.publish(topics.episodes(record.game), episode)
 
         self._spawn(publish())
 

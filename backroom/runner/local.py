@@ -63,6 +63,14 @@ SLOW_START_S = 10.0
 REFEREE_GRACE_S = 5.0
 #: Times a match voided because its referee stopped is asked for again; then the void stands.
 RERUNS = 3
+#: Seconds an acknowledged match may go without its episode, or word from its referee,
+#: before the runner asks again (``MatchRequest.again``): an episode published while the
+#: runner's session was lost (a broker killed) reaches nobody. Its referee publishes the
+#: episode again, or says it is still running the match.
+EPISODE_WAIT_S = 10.0
+#: Times such a match is asked again with no answer before it is asked for under a new
+#: id (its referee no longer keeps the episode, or the asks reached other referees).
+AGAIN_TRIES = 3
 
 
 class RunError(RuntimeError):
@@ -101,6 +109,9 @@ class Faults:
     rerequest_reasons: Counter[str] = field(default_factory=Counter)
     #: Requests sent again because no referee acknowledged them in time.
     resubmitted: int = 0
+    #: Accepted matches asked again because neither their episode nor their referee was
+    #: heard of for ``EPISODE_WAIT_S`` (``MatchRequest.again``).
+    asked_again: int = 0
     #: Episodes of a match past its first (dropped; a match asked for again ran twice).
     duplicates: int = 0
     #: Lines of such episodes taken out of the run's ``episodes.jsonl`` (``dedupe_episodes``).
@@ -418,6 +429,7 @@ async def run_matches(
     faults: Faults | None = None,
     referee_grace_s: float = REFEREE_GRACE_S,
     stop: asyncio.Event | None = None,
+    episode_wait_s: float = EPISODE_WAIT_S,
 ) -> list[EpisodeRecord]:
     """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
 
@@ -445,7 +457,10 @@ async def run_matches(
     ``ready_timeout_s`` when others may come back. ``on_notice`` hears of each
     referee lost and each agent gone offline; ``faults`` gets the counts. Once
     ``stop`` is set (Ctrl-C), the run returns the matches finished by then and
-    ``faults.interrupted`` says that it stopped short.
+    ``faults.interrupted`` says that it stopped short. An accepted match with
+    no episode and no word of its referee for ``episode_wait_s`` is asked
+    again (``Faults.asked_again``); after ``AGAIN_TRIES`` unanswered asks,
+    under a new id.
     """
     faults = faults if faults is not None else Faults()
     notice = on_notice or (lambda _msg: None)
@@ -464,6 +479,8 @@ async def run_matches(
     requests: dict[str, MatchRequest] = {}  # by attempt id
     sent: dict[str, float] = {}  # attempt id -> when submitted (or again), not acknowledged
     owner: dict[str, str] = {}  # attempt id -> the referee that accepted it (no episode yet)
+    heard: dict[str, float] = {}  # accepted attempt -> monotonic time of its referee's last word
+    unanswered: Counter[str] = Counter()  # accepted attempt -> asks again with no answer
     tries: Counter[str] = Counter()  # match id -> attempts asked for after the first
     voids: Counter[str] = Counter()  # match id -> times voided because its referee stopped
     referees_up: set[str] = set()  # referees whose status says online
@@ -543,6 +560,9 @@ async def run_matches(
                 continue
             sent.pop(msg.match, None)
             match_id = slot_of.get(msg.match, "")
+            if isinstance(msg, Event) and msg.kind == "running" and msg.match in owner:
+                heard[msg.match] = time.monotonic()  # asked again: its referee still plays it
+                unanswered.pop(msg.match, None)
             if isinstance(msg, Event) and msg.kind == "accepted" and match_id in current:
                 if match_id in episodes or current[match_id] != msg.match:
                     continue
@@ -553,6 +573,7 @@ async def run_matches(
                     ask_again(match_id, "accepted by a lost referee")
                 else:
                     owner[msg.match] = referee
+                    heard[msg.match] = time.monotonic()
 
     def revive(referee: str, match: str) -> None:
         """``referee``, given up, took a request sent after that: it is alive, count on it.
@@ -581,6 +602,7 @@ async def run_matches(
             return  # someone else's run
         match_id = slot_of[record.match]
         owner.pop(record.match, None)
+        heard.pop(record.match, None)
         if match_id in episodes:
             faults.duplicates += 1  # a redelivery, or a match asked for again that ran twice
             return
@@ -625,6 +647,7 @@ async def run_matches(
         faults.reruns[attempt] = match_id
         sent.pop(old, None)
         owner.pop(old, None)
+        heard.pop(old, None)
         ask(attempt)
 
     async def submit() -> None:
@@ -652,6 +675,28 @@ async def run_matches(
                 if now - at > ack_timeout_s and slot_of[attempt] not in episodes:
                     faults.resubmitted += 1
                     ask(attempt)
+            if bus.connected.is_set():
+                ask_accepted_again(now)
+
+    def ask_accepted_again(now: float) -> None:
+        """Ask again for accepted matches whose episode and referee have been silent too long.
+
+        Its referee publishes the episode again, or says ``running``; after
+        ``AGAIN_TRIES`` asks with no answer, the match is asked for under a
+        new id (the referee kept no copy, or the asks went to other referees).
+        """
+        for attempt in list(owner):
+            if now - heard.get(attempt, now) < episode_wait_s:
+                continue
+            if unanswered[attempt] >= AGAIN_TRIES:
+                if current[slot_of[attempt]] == attempt:
+                    ask_again(slot_of[attempt], "no episode")
+                continue
+            unanswered[attempt] += 1
+            heard[attempt] = now
+            faults.asked_again += 1
+            again = requests[attempt].model_copy(update={"again": True})
+            bus.publish(topics.CONTROL_MATCHES, again, batch=True)
 
     def lose(referee: str, why: str) -> None:
         """Give ``referee`` up: ask again for every match it accepted and did not finish."""
