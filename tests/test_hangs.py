@@ -20,6 +20,7 @@ import pytest
 from backroom.agents.base import Agent
 from backroom.bus import topics
 from backroom.bus.broker import Broker
+from backroom.bus.client import Bus
 from backroom.cli import demo_config
 from backroom.referee import episodes as episodes_mod
 from backroom.referee.episodes import EpisodeLog, read_episodes, write_all
@@ -128,3 +129,25 @@ async def test_an_episode_that_reached_nobody_is_asked_again_and_published_again
     assert time.monotonic() - t0 < 30
     played = Counter(e["match"] for e in read_episodes(tmp_path / "runs" / "lost-episode"))
     assert sorted(played.values()) == [1] * 8
+
+
+async def test_a_run_whose_runner_identity_is_held_elsewhere_stops_at_once(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Item 10: two runs under the fixed ``runner`` name (compose, copied credentials) threw
+    each other off the broker: both hung, or one died with a raw ``MqttError`` traceback.
+    Now the run that comes second stops at once with a clear error, and the one holding the
+    name keeps it (thrown off once, it reconnects)."""
+    runner = identity(broker, "runner", "runner")
+    async with stack(broker, tmp_path / "runs", _players()), Bus(runner) as holder:
+        await holder.subscribe(topics.inbox("runner"), lambda *_: None)
+        t0 = time.monotonic()
+        with pytest.raises(RunError, match=r"runner identity 'runner' is in use"):
+            await asyncio.wait_for(
+                run_matches(_config("second", 4, 2), runner, SEATED, claim_window_s=1.0), 30
+            )
+        assert time.monotonic() - t0 < 15
+        await asyncio.wait_for(holder.connected.wait(), 10)
+        reconnects = holder.reconnects
+        await asyncio.sleep(1.0)  # the second run is gone: no more takeovers
+        assert holder.connected.is_set() and holder.reconnects == reconnects

@@ -31,12 +31,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiomqtt
+
 from backroom import metrics
 from backroom.agents.model.loading import THREADS_ENV, torch_threads_for
 from backroom.bus import topics
 from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import Broker, die_with_parent, read_pid, reload_broker
 from backroom.bus.client import Bus, BusConfig
+from backroom.bus.connection import broker_reachable
+from backroom.bus.errors import BusError
 from backroom.bus.wire import (
     EpisodeRecord,
     Event,
@@ -49,7 +53,7 @@ from backroom.bus.wire import (
 )
 from backroom.referee.episodes import new_run_dir
 from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
-from backroom.referee.service import NOT_WRITTEN, SHUTTING_DOWN
+from backroom.referee.service import IDENTITY_WINDOW_S, NOT_WRITTEN, SHUTTING_DOWN
 from backroom.runner.config import EXTERNAL, RunConfig
 
 #: Seconds into the wait for processes to come online before the runner says who is missing.
@@ -430,6 +434,7 @@ async def run_matches(
     referee_grace_s: float = REFEREE_GRACE_S,
     stop: asyncio.Event | None = None,
     episode_wait_s: float = EPISODE_WAIT_S,
+    claim_window_s: float = 0.0,
 ) -> list[EpisodeRecord]:
     """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
 
@@ -461,6 +466,13 @@ async def run_matches(
     no episode and no word of its referee for ``episode_wait_s`` is asked
     again (``Faults.asked_again``); after ``AGAIN_TRIES`` unanswered asks,
     under a new id.
+
+    ``claim_window_s`` > 0: the runner's identity may be another process's (a
+    fixed ``runner``, shared by two runs on one broker). The runner stays
+    ready that long after connecting to be thrown off by a process still
+    logged in under it (which reconnects at once), and then fails with a
+    ``RunError`` saying so, rather than throw it off again and again (both
+    runs hung). As the agents do (``AgentRunner._claim``).
     """
     faults = faults if faults is not None else Faults()
     notice = on_notice or (lambda _msg: None)
@@ -802,13 +814,40 @@ async def run_matches(
         else:
             trace_file.write(payload.rstrip(b"\n") + b"\n")
 
-    async with Bus(bus_config, role="runner", on_connect=[reconnected]) as bus:
-        await bus.subscribe(topics.REFEREE_ROSTERS, on_roster)  # retained: before the statuses
-        await bus.subscribe(topics.ALL_STATUS, on_status)
-        if trace_file is not None:
-            await bus.subscribe(topics.ALL_TRACES, on_trace)
-        await bus.subscribe(topics.episodes(config.game), on_episode_msg)
-        await bus.subscribe(topics.inbox(me), on_ack)
+    taken = asyncio.Event()  # thrown off while claiming the identity: another process has it
+    claiming = True
+
+    async def thrown_off() -> None:
+        if claiming and claim_window_s > 0 and await broker_reachable(bus_config):
+            taken.set()
+            await bus.close()  # stay off: the process holding the name keeps it
+
+    async with Bus(
+        bus_config, role="runner", on_connect=[reconnected], on_disconnect=[thrown_off]
+    ) as bus:
+        try:
+            await bus.subscribe(topics.REFEREE_ROSTERS, on_roster)  # retained: before statuses
+            await bus.subscribe(topics.ALL_STATUS, on_status)
+            if trace_file is not None:
+                await bus.subscribe(topics.ALL_TRACES, on_trace)
+            await bus.subscribe(topics.episodes(config.game), on_episode_msg)
+            await bus.subscribe(topics.inbox(me), on_ack)
+            if claim_window_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(taken.wait(), claim_window_s)
+        except (BusError, aiomqtt.MqttError):
+            # Cut off mid-subscribe: a raw MqttError traceback was all a clash said.
+            if not (claim_window_s > 0 and await broker_reachable(bus_config)):
+                raise
+            taken.set()
+        claiming = False
+        if taken.is_set():
+            raise RunError(
+                f"runner identity {me!r} is in use: another process logged in as {me!r} "
+                f"took the connection back while this run was starting (another `backroom "
+                "run` on this broker?). Stop that run, or give this one a runner identity of "
+                f"its own (`backroom credentials add NAME --role runner`)"
+            )
         check_ready()
         deadline = time.monotonic() + ready_timeout_s
         slow_at = time.monotonic() + SLOW_START_S
@@ -1039,6 +1078,8 @@ async def run_local(
             run_stamp=run_dir.name,
             faults=faults,
             stop=stop,
+            # A fixed name (compose's `runner`) may be another run's: claim it first.
+            claim_window_s=0.0 if names.own else IDENTITY_WINDOW_S,
         )
         seconds = time.perf_counter() - t0
         stack.stop()  # the referees write what they still have before the file is checked
