@@ -21,9 +21,16 @@ from backroom.agents.base import Agent
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
+from backroom.bus.wire import EpisodeRecord, MatchRequest, parse_all
 from backroom.cli import demo_config
 from backroom.referee import episodes as episodes_mod
-from backroom.referee.episodes import EpisodeLog, read_episodes, write_all
+from backroom.referee.episodes import (
+    EpisodeLog,
+    bind_run_dir,
+    new_run_dir,
+    read_episodes,
+    write_all,
+)
 from backroom.runner.config import RunConfig, parse_config
 from backroom.runner.local import Faults, RunError, run_matches
 from tests.conftest import agents, identity, stack
@@ -151,3 +158,51 @@ async def test_a_run_whose_runner_identity_is_held_elsewhere_stops_at_once(
         reconnects = holder.reconnects
         await asyncio.sleep(1.0)  # the second run is gone: no more takeovers
         assert holder.connected.is_set() and holder.reconnects == reconnects
+
+
+async def test_a_runner_cannot_make_a_referee_write_into_another_runs_directory(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Item 13: any runner-role identity could make a referee append into another run's
+    episodes.jsonl by naming its run and stamp (both are in every episode it publishes).
+    The run's directory is bound to its key, which only requests carry: a request naming it
+    without the key gets an ``error`` episode, published and not written there."""
+    runs = tmp_path / "runs"
+    run_dir = new_run_dir(runs, "victim")
+    bind_run_dir(run_dir, "the-victims-key")
+    async with stack(broker, runs, _players()):
+        got = await asyncio.wait_for(
+            run_matches(
+                _config("victim", 2, 2),
+                identity(broker, "runner", "runner"),
+                SEATED,
+                run_stamp=run_dir.name,
+                run_key="the-victims-key",
+            ),
+            60,
+        )
+        assert [e.reason for e in got] == ["normal", "normal"]
+        episodes: dict[str, EpisodeRecord] = {}
+        arrived = asyncio.Event()
+
+        def on_episode(_topic: str, payload: bytes) -> None:
+            for msg in parse_all(payload):
+                record = getattr(msg, "record", None)
+                if record is not None:
+                    episodes[record.match] = record
+                    arrived.set()
+
+        spec = got[0].spec
+        async with Bus(identity(broker, "mallory-runner", "runner")) as bus:
+            await bus.subscribe(topics.ALL_EPISODES, on_episode)
+            for match, key in (("forged.nokey", None), ("forged.guess", "a-guess")):
+                request = MatchRequest(match=match, spec=spec, run_key=key)
+                await bus.publish(topics.CONTROL_MATCHES, request)
+            while not {"forged.nokey", "forged.guess"} <= episodes.keys():
+                arrived.clear()
+                await asyncio.wait_for(arrived.wait(), 30)
+    for match in ("forged.nokey", "forged.guess"):
+        assert episodes[match].reason == "error"
+        assert "belongs to another run" in episodes[match].detail
+    written = [e["match"] for e in read_episodes(run_dir)]
+    assert sorted(written) == sorted(e.match for e in got)  # nothing of mallory's

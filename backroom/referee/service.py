@@ -462,6 +462,13 @@ class Referee:
             return
         if msg.again:
             return  # another referee's match (or one long forgotten): never played here
+        stamp = msg.spec.run_stamp
+        if stamp and not self.episodes.may_write(msg.spec.run, stamp, msg.run_key):
+            metrics.RUN_DIRS_REFUSED.inc()
+            why = f"run directory {msg.spec.run}/{stamp} belongs to another run (not its key)"
+            self.log.warning("refused match %s: %s", msg.match, why)
+            self._publish_refusal(msg, why, write=False)
+            return
         try:
             match = Match(self, msg.match, msg.spec)
         except ValueError as exc:
@@ -786,8 +793,10 @@ class Referee:
             return record.model_copy(update={"reason": "error", "detail": detail})
         return record
 
-    def _publish_refusal(self, msg: MatchRequest, why: str) -> None:
-        """A request the referee cannot run still gets an episode, so the runner never waits forever."""
+    def _publish_refusal(self, msg: MatchRequest, why: str, write: bool = True) -> None:
+        """A request the referee cannot run still gets an episode, so the runner never waits forever.
+
+        ``write=False``: published only (the run directory it names is not the requester's)."""
         record = EpisodeRecord(
             match=msg.match,
             run=msg.spec.run,
@@ -811,7 +820,9 @@ class Referee:
         self.finished_ids[msg.match] = None
 
         async def publish() -> None:
-            written = await self._write(record, record.model_dump_json().encode())
+            written = (
+                await self._write(record, record.model_dump_json().encode()) if write else record
+            )
             # A refused request may name any game: the label takes registered ones only.
             game = record.game if record.game in registered_games() else metrics.OTHER
             metrics.MATCHES_FINISHED.labels(game=game, outcome="error").inc()

@@ -51,7 +51,7 @@ from backroom.bus.wire import (
     parse,
     parse_all,
 )
-from backroom.referee.episodes import new_run_dir
+from backroom.referee.episodes import bind_run_dir, new_run_dir
 from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
 from backroom.referee.service import IDENTITY_WINDOW_S, NOT_WRITTEN, SHUTTING_DOWN
 from backroom.runner.config import EXTERNAL, RunConfig
@@ -435,6 +435,7 @@ async def run_matches(
     stop: asyncio.Event | None = None,
     episode_wait_s: float = EPISODE_WAIT_S,
     claim_window_s: float = 0.0,
+    run_key: str | None = None,
 ) -> list[EpisodeRecord]:
     """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
 
@@ -668,7 +669,7 @@ async def run_matches(
             if run_stamp is not None:
                 spec = spec.model_copy(update={"run_stamp": run_stamp})
             requests[match_id] = MatchRequest(
-                match=match_id, spec=spec, reply_to=me, reply_batches=True
+                match=match_id, spec=spec, reply_to=me, reply_batches=True, run_key=run_key
             )
             current[match_id] = match_id
             ask(match_id)
@@ -1035,6 +1036,10 @@ async def run_local(
     a retained status says is online: that process would be thrown off.
     """
     runs, run_dir = _prepare_dirs(runs_dir, config.run)
+    # Referees write into the run directory only for requests with its key (only
+    # referees read requests; no episode carries it): no other runner can name it.
+    run_key = secrets.token_hex(16)
+    bind_run_dir(run_dir, run_key)
     stack = Stack(run_dir)
     external: list[str] | None = None  # None: the config's `external` agents
     faults = Faults()
@@ -1080,6 +1085,7 @@ async def run_local(
             stop=stop,
             # A fixed name (compose's `runner`) may be another run's: claim it first.
             claim_window_s=0.0 if names.own else IDENTITY_WINDOW_S,
+            run_key=run_key,
         )
         seconds = time.perf_counter() - t0
         stack.stop()  # the referees write what they still have before the file is checked
