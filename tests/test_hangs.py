@@ -204,5 +204,5 @@ async def test_a_runner_cannot_make_a_referee_write_into_another_runs_directory(
     for match in ("forged.nokey", "forged.guess"):
         assert episodes[match].reason == "error"
         assert "belongs to another run" in episodes[match].detail
-    written = [e["match"] for e in read_episodes(run_dir)]
+    written = [str(e["match"]) for e in read_episodes(run_dir)]
     assert sorted(written) == sorted(e.match for e in got)  # nothing of mallory's
