@@ -97,6 +97,18 @@ STATUSES_DROPPED = Counter(
     "Statuses the referee dropped: over the sender's input budget, oversized, or not a status",
     ["reason"],
 )
+EPISODES_NOT_WRITTEN = Counter(
+    "backroom_episodes_not_written_total",
+    "Episodes the referee could not write to its run's file (published as error episodes)",
+)
+EPISODES_REPUBLISHED = Counter(
+    "backroom_episodes_republished_total",
+    "Episodes a referee published again: a runner asked again for a match it had finished",
+)
+RUN_DIRS_REFUSED = Counter(
+    "backroom_run_dirs_refused_total",
+    "Match requests refused: they named a run directory bound to another run's key",
+)
 TRACES_REJECTED = Counter(
     "backroom_traces_rejected_total",
     "Traces the runner did not record, by reason (forged, not_seated, oversized, duplicate, run_bound)",

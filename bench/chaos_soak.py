@@ -17,6 +17,13 @@ task seeded by ``--seed`` waits a random interval (exponential, mean
   persistence file after 0.2-2 s (``Broker.restart``, as
   ``tests/test_e2e.py`` does).
 
+Besides, early in the run, the broker is SIGKILLed (``--early-kills``: after
+20, 60 and 140 episodes, whatever the chaos does) and started again on its
+persistence file after 0.5 s: the sessions made since its last save are
+gone, so episodes published before the runner subscribes again reach
+nobody. The runner asks again for accepted matches with no episode
+(``EPISODE_WAIT_S``) and their referee publishes them again (issue 22).
+
 The chaos stops after ``--duration`` seconds, or when the run ends; the
 run plays its remaining matches calmly. ``--timeout`` bounds the whole
 thing: past it the soak stops and counts what is missing as lost.
@@ -92,6 +99,8 @@ from backroom.runner.local import (
 REFEREE_SETTLE_S = 5.0
 #: Relative odds of each kind of chaos event.
 WEIGHTS = {"agent": 3, "referee": 2, "broker": 1}
+#: Episodes after which the broker is SIGKILLed early in the run (``--early-kills``).
+EARLY_KILLS = (20, 60, 140)
 
 
 @dataclass
@@ -102,6 +111,7 @@ class Report:
     rerequests: int = 0  # requests under a new id, all told
     rerequest_reasons: Counter[str] = field(default_factory=Counter)
     resubmitted: int = 0
+    asked_again: int = 0  # Faults.asked_again: accepted, no episode, asked again
     lost: int = 0
     lost_on_disk: int = 0
     duplicated: int = 0
@@ -132,13 +142,16 @@ class Report:
             f"run dir:               {self.run_dir}",
             f"seconds:               {self.seconds:.1f}",
             "chaos events:          "
-            + ", ".join(f"{k} {self.events[k]}" for k in ("agent", "referee", "broker")),
+            + ", ".join(
+                f"{k} {self.events[k]}" for k in ("agent", "referee", "broker", "broker_sigkill")
+            ),
             f"requested:             {self.requested}",
             f"finished:              {done} ({reasons})",
             f"voided (void stands):  {self.finished.get('voided', 0)}",
             f"re-run (<id>.r<n>):    {self.rerun} matches, {self.rerequests} requests "
             f"({self.referees_lost} referees given up, {self.referees_revived} of them alive "
-            f"after all; {self.resubmitted} unacknowledged requests sent again)",
+            f"after all; {self.resubmitted} unacknowledged requests sent again; "
+            f"{self.asked_again} accepted matches with no episode asked again)",
             "re-requested because:  "
             + (", ".join(f"{k} {v}" for k, v in sorted(self.rerequest_reasons.items())) or "-"),
             f"lost:                  {self.lost} (in the file: {self.lost_on_disk})",
@@ -216,6 +229,8 @@ class Chaos:
         self.last_event = 0.0  # time.time() the last event ended
         self.referee_settled = 0.0
         self.fast_referee_restart = False
+        #: Held while the broker restarts: an early SIGKILL and a chaos restart never overlap.
+        self.broker_lock = asyncio.Lock()
         # Command line and identity of each process, to start it again as it was.
         self.argv = {n: list(p.args)[3:] for n, p in stack.procs.items()}  # after -m backroom
         self.env = {n: _environ(p.pid) for n, p in stack.procs.items()}
@@ -258,7 +273,8 @@ class Chaos:
 
     async def broker(self) -> None:
         assert self.stack.broker is not None
-        await asyncio.to_thread(self.stack.broker.restart, self.rng.uniform(0.2, 2.0))
+        async with self.broker_lock:
+            await asyncio.to_thread(self.stack.broker.restart, self.rng.uniform(0.2, 2.0))
         self.say("chaos: broker restarted")
 
     async def run(self, until: float) -> None:
@@ -286,6 +302,7 @@ async def soak(
     say: Any = print,
     fast_referee_restart: bool = False,
     events: tuple[str, ...] = tuple(WEIGHTS),
+    early_kills: tuple[int, ...] = EARLY_KILLS,
 ) -> Report:
     config: RunConfig = demo_config().model_copy(
         update={
@@ -306,8 +323,23 @@ async def soak(
         asked_at.setdefault(kw["match"], time.time())
         return MatchRequest(**kw)
 
+    kills = sorted(early_kills)
+    killing: list[asyncio.Task[None]] = []
+
     def on_episode(record: EpisodeRecord, _n: int) -> None:
         got[faults.reruns.get(record.match, record.match)] = record
+        if kills and len(got) >= kills[0] and not any(not t.done() for t in killing):
+            kills.pop(0)
+            killing.append(asyncio.ensure_future(sigkill_broker(len(got))))
+
+    async def sigkill_broker(n: int) -> None:
+        assert stack.broker is not None
+        while chaos is None:  # the run is not ready yet
+            await asyncio.sleep(0.1)
+        async with chaos.broker_lock:
+            await asyncio.to_thread(stack.broker.restart, 0.5, True)
+        report.events["broker_sigkill"] += 1
+        say(f"chaos: broker SIGKILLed after {n} episodes and started again")
 
     stack = Stack(runs_dir / config.run)
     report.run_dir = str(stack.run_dir)
@@ -358,8 +390,11 @@ async def soak(
                 await chaos_task
         await asyncio.to_thread(stack.stop)
     report.seconds = time.monotonic() - t0
+    for task in killing:
+        with contextlib.suppress(Exception):
+            await task
     if chaos is not None:
-        report.events = chaos.events
+        report.events.update(chaos.events)
     if episodes is not None:
         faults.duplicates_on_disk = dedupe_episodes(
             stack.run_dir / "episodes.jsonl", episodes, faults.reruns
@@ -382,6 +417,7 @@ async def soak(
     report.rerequests = faults.rerequested
     report.rerequest_reasons = faults.rerequest_reasons
     report.resubmitted = faults.resubmitted
+    report.asked_again = faults.asked_again
     report.referees_lost = len(faults.referees_lost)
     report.referees_revived = len(faults.referees_revived)
     report.dropped_duplicates = faults.duplicates
@@ -420,6 +456,11 @@ def main() -> None:
         default=",".join(WEIGHTS),
         help="kinds of chaos, comma-separated (default: %(default)s)",
     )
+    p.add_argument(
+        "--early-kills",
+        default=",".join(map(str, EARLY_KILLS)),
+        help="SIGKILL the broker after these many episodes (default: %(default)s; '' for none)",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the figures")
     args = p.parse_args()
     runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="chaos-soak-"))
@@ -441,6 +482,7 @@ def main() -> None:
             say,
             args.fast_referee_restart,
             tuple(args.events.split(",")),
+            tuple(int(n) for n in args.early_kills.split(",") if n),
         )
     )
     print("\n".join(report.lines()))

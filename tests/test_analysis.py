@@ -234,3 +234,30 @@ def test_story_counts_messages_in_plain_words(tmp_path: Path) -> None:
     }
     said = story_lines([ep([one])], tmp_path, reference=None)
     assert "channel table: alice sent 1 message; nobody overheard them" in said
+
+
+def test_analyze_skips_and_counts_records_of_another_game_or_with_wrong_seats(
+    tmp_path: Path,
+) -> None:
+    """Issue 22 item 13: a well-formed record of another game in a Kuhn run, or a Kuhn record
+    with one seat, crashed ``backroom analyze`` (``KeyError``, ``IndexError``). Now they are
+    skipped, and the output and analysis.json say how many."""
+    from typer.testing import CliRunner
+
+    from backroom.cli import app
+
+    kuhn = make_game("kuhn")
+    players = [agent("random") for _ in range(kuhn.num_players)]
+    hands = [episode(kuhn, players, seed=s, match=f"k{s}") for s in range(3)]
+    ipd = episode(make_game("ipd", rounds=3), [agent("tit-for-tat"), agent("always:B")], match="i")
+    one_seat = dict(hands[0], match="one", seats=hands[0]["seats"][:1])
+    run = write_run(tmp_path, [*hands, ipd, one_seat, dict(ipd, game="kuhn", match="fake")])
+    res = CliRunner().invoke(app, ["analyze", str(run)], terminal_width=400)
+    assert res.exit_code == 0, res.output
+    assert "skipped 3 records that are not this run's game's (1 other game, 2 wrong seats)" in (
+        " ".join(res.output.split())
+    )
+    saved = json.loads((run / "analysis.json").read_text())
+    assert saved["skipped_records"] == {"other_game": 1, "wrong_seats": 2}
+    assert saved["episodes"] == 3 and list(saved["games"]) == ["kuhn"]
+    assert saved["games"]["kuhn"]["episodes"] == 3

@@ -11,6 +11,7 @@ dicts, in one module per family (``social``, ``beauty``, ``bertrand``, ``kuhn``)
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from rich.table import Table
 
 from backroom.analysis import beauty, bertrand, kuhn, social
 from backroom.analysis.episodes import PLAYED, Episode, by_game, load_episodes, played
+from backroom.games.base import make_game, registered_games
 from backroom.referee.episodes import LATEST, resolve_run_dir
 from backroom.referee.fallbacks import (
     count_fallbacks,
@@ -42,6 +44,7 @@ def analyze_episodes(
     every match holding one (``excluded_fallback_matches`` says how many).
     """
     games: dict[str, Any] = {}
+    episodes, skipped = foreign_records(episodes)
     usable = played(episodes)
     fallbacks = count_fallbacks(m for e in usable for m in record_moves(e))
     measured = [e for e in usable if not has_fallback(e)] if exclude_fallbacks else usable
@@ -70,8 +73,56 @@ def analyze_episodes(
         "exclude_fallbacks": exclude_fallbacks,
         "excluded_fallback_matches": len(usable) - len(measured),
         "measured": len(measured),
+        "skipped_records": skipped,
         "games": games,
     }
+
+
+def foreign_records(episodes: list[Episode]) -> tuple[list[Episode], dict[str, int]]:
+    """The records that belong to the run, and how many were skipped, by why.
+
+    A run plays one game, but its episodes.jsonl takes whatever a referee was
+    asked to write there: a well-formed record of another game, or one whose
+    seats do not fit its game, crashed the measures (``KeyError``,
+    ``IndexError``). The run's game is the game of most records (the first
+    one's on a tie); records of any other game are skipped (``other_game``),
+    and so are records whose seats or returns do not number the players
+    their game and params make (``wrong_seats``; a game this version does not
+    know is taken as it is). ``backroom analyze`` says how many.
+    """
+    skipped: Counter[str] = Counter()
+    games = Counter(str(e.get("game")) for e in episodes)
+    run_game = max(games, key=lambda g: games[g], default=None)
+    players: dict[str, int | None] = {}  # params JSON -> players (None: unknown game)
+    kept: list[Episode] = []
+    for e in episodes:
+        if str(e.get("game")) != run_game:
+            skipped["other_game"] += 1
+            continue
+        params = e.get("params")
+        key = repr(sorted(params.items())) if isinstance(params, dict) else repr(params)
+        if key not in players:
+            players[key] = _players(str(run_game), params)
+        n = players[key]
+        fields = (e.get("seats"), e.get("returns"), e.get("raw_returns"))
+        if n is not None and not all(isinstance(x, list) and len(x) == n for x in fields):
+            skipped["wrong_seats"] += 1
+            continue
+        kept.append(e)
+    return kept, dict(sorted(skipped.items()))
+
+
+def _players(game: str, params: object) -> int | None:
+    """Players of ``game`` under ``params``: -1 when those params make no game, None when
+    the game is unknown here (its records are taken as they are)."""
+    if game not in registered_games():
+        return None  # nothing to check its records against
+    if not isinstance(params, dict):
+        return -1
+    try:
+        return make_game(game, **params).num_players
+    except Exception:  # any params a game's constructor refuses: no such game
+        return -1
 
 
 def analyze_run(
@@ -216,6 +267,12 @@ def notes(result: dict[str, Any]) -> list[str]:
             f"left out: {unplayed} of {total} matches did not finish ({why or 'no final state'}); "
             "the measures are over the other "
             f"{total - unplayed}"
+        )
+    if skipped := result.get("skipped_records"):
+        why = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in skipped.items())
+        lines.append(
+            f"skipped {sum(skipped.values())} records that are not this run's game's ({why}); "
+            f"the counts above are over the other {total}"
         )
     lines.extend(result.get("fallback_warnings", []))
     if result.get("exclude_fallbacks"):

@@ -127,7 +127,7 @@ class MatchSpec(BaseModel):
         description="this match's place in its CRN group: the group shares chance (the seed), "
         "each member gets its own agent sampling (MatchStart.seed)",
     )
-    run: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]+$")
+    run: str = Field(default="default", pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # not ".."
     run_stamp: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$",  # a directory name, never "." or ".."
@@ -155,6 +155,19 @@ class MatchRequest(Envelope):
     )
     reply_batches: bool = Field(
         default=False, description="reply_to reads batched payloads (JSON arrays)"
+    )
+    run_key: str | None = Field(
+        default=None,
+        max_length=128,
+        description="the secret of the run directory spec.run_stamp names: a referee writes "
+        "there only for requests with the key it was bound to. Only referees read requests, "
+        "and the key is no part of the spec, so episodes never carry it",
+    )
+    again: bool = Field(
+        default=False,
+        description="asked again for an acknowledged match with no episode: a referee that "
+        "finished it publishes its episode again, one running it says 'running', any other "
+        "referee ignores it (never plays it)",
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -27,6 +28,8 @@ from pathlib import Path
 
 #: The link in ``runs/<run>/`` to the newest run directory.
 LATEST = "latest"
+#: The file in a run directory that binds it to its run's key (a SHA-256 of it, in hex).
+RUN_KEY_FILE = ".run_key"
 #: ``strftime`` of a run directory's name: its UTC start time, sortable and safe in any shell.
 STAMP_FORMAT = "%Y%m%d-%H%M%S"
 
@@ -83,12 +86,65 @@ def resolve_run_dir(path: str | Path) -> Path:
     return target
 
 
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def bind_run_dir(run_dir: Path, key: str) -> None:
+    """Bind ``run_dir`` to ``key``: referees write there only for requests that carry it.
+
+    The runner does this when it makes the directory, before any request
+    names it; a referee whose runs directory is elsewhere binds it to the key
+    of the first request that names it (``EpisodeLog.may_write``).
+    """
+    (run_dir / RUN_KEY_FILE).write_text(key_digest(key) + "\n")
+
+
 class EpisodeLog:
     def __init__(self, runs_dir: str | Path) -> None:
         self.runs_dir = Path(runs_dir)
         self._waiting: list[tuple[Path, bytes, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
         self._stamped: set[Path] = set()  # run directories of stamped runs, to link as `latest`
+        self._keys: dict[Path, str] = {}  # stamped run directory -> the digest it is bound to
+
+    def may_write(self, run: str, stamp: str, key: str | None) -> bool:
+        """Whether a request carrying ``key`` may have its record written in ``runs/<run>/<stamp>``.
+
+        Any runner-role identity may send requests, and a run's name and stamp
+        are in every episode it publishes: by naming them, a runner made a
+        referee append into another run's file. A stamped directory is bound
+        to the key of its run (``bind_run_dir``; here, at the first request
+        that names it with a key) and takes records only from requests with
+        that key. A directory never bound takes keyless requests (scripts,
+        runners before keys); one that cannot be read is left to the write,
+        whose failure is reported (``Referee._write``).
+        """
+        run_dir = self.runs_dir / run / stamp
+        digest = key_digest(key) if key else None
+        bound = self._keys.get(run_dir)
+        if bound is None:
+            key_file = run_dir / RUN_KEY_FILE
+            try:
+                bound = key_file.read_text().strip()
+            except FileNotFoundError:
+                if digest is None:
+                    return True
+                try:
+                    if not run_dir.is_dir():
+                        run_dir.mkdir(parents=True, exist_ok=True)
+                        point_latest(run_dir.parent, run_dir.name)
+                    with key_file.open("x") as f:
+                        f.write(digest + "\n")
+                    bound = digest
+                except FileExistsError:  # another referee bound it just now
+                    bound = key_file.read_text().strip()
+                except OSError:
+                    return True
+            except OSError:
+                return True
+            self._keys[run_dir] = bound
+        return digest == bound
 
     def path(self, run: str, stamp: str | None = None) -> Path:
         """``runs/<run>/<stamp>/episodes.jsonl``; without a stamp, ``runs/<run>/episodes.jsonl``."""
@@ -130,10 +186,23 @@ class EpisodeLog:
                     point_latest(path.parent.parent, path.parent.name)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                os.write(fd, b"".join(lines))
+                write_all(fd, b"".join(lines))
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``: ``os.write`` may write less than asked (a full disk, a signal).
+
+    A short write ignored left a torn record, fsync'd and reported written.
+    """
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:  # no progress and no error: never loop for ever on it
+            raise OSError(f"write made no progress with {len(view)} bytes left")
+        view = view[n:]
 
 
 def read_episodes(

@@ -67,6 +67,9 @@ from backroom.referee.match import Match
 
 #: How many finished match ids a referee remembers, to answer late messages and drop duplicate requests.
 FINISHED_MEMORY = 10_000
+#: Bytes of finished matches' episodes a referee keeps, newest first, to publish again
+#: when a runner asks again (its session was lost while they went out: ``_request``).
+REPUBLISH_MEMORY_BYTES = 64 << 20
 #: Error replies an identity may get at once, and how fast its budget refills
 #: (per second). A well-behaved agent gets a handful of errors per match; a
 #: flood from one identity must not become a flood back.
@@ -111,6 +114,10 @@ RECONNECT_GRACE_S = 5.0
 #: Why a stopping referee voids the matches it runs: not the match's doing, so the
 #: runner asks for them again (``backroom.runner.local``).
 SHUTTING_DOWN = "referee shutting down"
+#: How the detail of an ``error`` episode whose record the referee could not write
+#: begins (a full disk, a read-only or broken run directory): the runner fails the
+#: run with it (``backroom.runner.local``), rather than wait for a record on disk.
+NOT_WRITTEN = "episode not written"
 
 T = TypeVar("T")
 
@@ -198,6 +205,9 @@ class Referee:
         self.matches: dict[str, Match] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.finished_ids: OrderedDict[str, None] = OrderedDict()
+        #: Finished match -> (game, record JSON) as published, within ``REPUBLISH_MEMORY_BYTES``.
+        self.published: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+        self._published_bytes = 0
         self.offline: set[str] = set()
         self.offline_since: dict[str, float] = {}  # agent -> monotonic time its status said offline
         self.kinds: dict[str, str] = {}
@@ -489,7 +499,19 @@ class Referee:
             return
         self._counter("in", msg.type).inc()
         if msg.match in self.matches or msg.match in self.finished_ids:
-            return  # a redelivered request (QoS 1 is at least once): the match runs once
+            # Asked again (QoS 1 redelivers, a runner that lost its session asks
+            # again): the match runs once, and what it has to say goes out again.
+            self._answer_again(msg)
+            return
+        if msg.again:
+            return  # another referee's match (or one long forgotten): never played here
+        stamp = msg.spec.run_stamp
+        if stamp and not self.episodes.may_write(msg.spec.run, stamp, msg.run_key):
+            metrics.RUN_DIRS_REFUSED.inc()
+            why = f"run directory {msg.spec.run}/{stamp} belongs to another run (not its key)"
+            self.log.warning("refused match %s: %s", msg.match, why)
+            self._publish_refusal(msg, why, write=False)
+            return
         try:
             match = Match(self, msg.match, msg.spec)
         except ValueError as exc:
@@ -505,6 +527,37 @@ class Referee:
             self.send(topics.inbox(msg.reply_to), ack, batch=msg.reply_batches)
         self.idle.clear()
         self._spawn(self._run_match(match))
+
+    def _answer_again(self, msg: MatchRequest) -> None:
+        """A request for a match this referee runs or ran: say ``running``, or publish again.
+
+        Episodes published while the runner's session was lost (a broker
+        killed) reach nobody, and a request asked again used to be dropped in
+        silence: the runner waited for ever. Its episode goes out again now
+        (counted in ``backroom_episodes_republished_total``); one past
+        ``REPUBLISH_MEMORY_BYTES`` is not kept, and the runner then asks for the
+        match under a new id.
+        """
+        assert self.bus is not None
+        if msg.match in self.matches:
+            if msg.again and msg.reply_to:
+                running = Event(match=msg.match, kind="running", data={"referee": self.id})
+                self.send(topics.inbox(msg.reply_to), running, batch=msg.reply_batches)
+            return
+        kept = self.published.get(msg.match)
+        if kept is None:
+            return
+        game, record_json = kept
+        metrics.EPISODES_REPUBLISHED.inc()
+        self._counter("out", "episode").inc()
+        self.bus.publish(topics.episodes(game), dump_episode(msg.match, record_json), batch=True)
+
+    def _keep_published(self, match: str, game: str, record_json: bytes) -> None:
+        self.published[match] = (game, record_json)
+        self._published_bytes += len(record_json)
+        while self._published_bytes > REPUBLISH_MEMORY_BYTES and self.published:
+            _, (_, old) = self.published.popitem(last=False)
+            self._published_bytes -= len(old)
 
     async def _run_match(self, match: Match) -> None:
         try:
@@ -776,7 +829,9 @@ class Referee:
 
     async def finished(self, match: Match, record: EpisodeRecord) -> None:
         record_json = record.model_dump_json().encode()  # the longest message: serialised once
-        await self.episodes.append(record.run, record_json, record.spec.run_stamp)
+        written = await self._write(record, record_json)
+        if written is not record:
+            record, record_json = written, written.model_dump_json().encode()
         metrics.MATCHES_FINISHED.labels(game=record.game, outcome=record.reason).inc()
         for action in record.actions:
             if action.fallback is not None:  # a closed set of reasons, a closed set of kinds
@@ -785,12 +840,34 @@ class Referee:
                 ).inc()
         assert self.bus is not None
         self._counter("out", "episode").inc()
+        self._keep_published(record.match, record.game, record_json)
         self.bus.publish(
             topics.episodes(record.game), dump_episode(record.match, record_json), batch=True
         )
 
-    def _publish_refusal(self, msg: MatchRequest, why: str) -> None:
-        """A request the referee cannot run still gets an episode, so the runner never waits forever."""
+    async def _write(self, record: EpisodeRecord, record_json: bytes) -> EpisodeRecord:
+        """Append ``record`` to its run's file; the ``error`` record to publish when that fails.
+
+        A full disk or a broken run directory used to be logged per match and
+        the episode never published, so the runner waited for ever. The episode
+        still goes out, as an ``error`` naming the ``OSError`` (its play kept,
+        for the record), and the runner fails the run with that reason.
+        """
+        try:
+            await self.episodes.append(record.run, record_json, record.spec.run_stamp)
+        except OSError as exc:
+            metrics.EPISODES_NOT_WRITTEN.inc()
+            where = self.episodes.path(record.run, record.spec.run_stamp)
+            self.log.error("match %s: episode not written to %s: %r", record.match, where, exc)
+            was = f"{record.reason}: {record.detail}" if record.detail else record.reason
+            detail = f"{NOT_WRITTEN} to {where}: {exc!r} (the match ended {was})"
+            return record.model_copy(update={"reason": "error", "detail": detail})
+        return record
+
+    def _publish_refusal(self, msg: MatchRequest, why: str, write: bool = True) -> None:
+        """A request the referee cannot run still gets an episode, so the runner never waits forever.
+
+        ``write=False``: published only (the run directory it names is not the requester's)."""
         record = EpisodeRecord(
             match=msg.match,
             run=msg.spec.run,
@@ -814,17 +891,17 @@ class Referee:
         self.finished_ids[msg.match] = None
 
         async def publish() -> None:
-            await self.episodes.append(
-                record.run, record.model_dump_json().encode(), record.spec.run_stamp
+            written = (
+                await self._write(record, record.model_dump_json().encode()) if write else record
             )
             # A refused request may name any game: the label takes registered ones only.
             game = record.game if record.game in registered_games() else metrics.OTHER
             metrics.MATCHES_FINISHED.labels(game=game, outcome="error").inc()
             assert self.bus is not None
             self._counter("out", "episode").inc()
-            await self.bus.publish(
-                topics.episodes(record.game), Episode(match=record.match, record=record)
-            )
+            episode = Episode(match=record.match, record=written)
+            self._keep_published(record.match, record.game, written.model_dump_json().encode())
+            await self.bus.publish(topics.episodes(record.game), episode)
 
         self._spawn(publish())
 

@@ -31,12 +31,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiomqtt
+
 from backroom import metrics
 from backroom.agents.model.loading import THREADS_ENV, torch_threads_for
 from backroom.bus import topics
 from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import Broker, die_with_parent, read_pid, reload_broker
 from backroom.bus.client import Bus, BusConfig
+from backroom.bus.connection import broker_reachable
+from backroom.bus.errors import BusError
 from backroom.bus.wire import (
     MAX_TRACE_BYTES,
     EpisodeRecord,
@@ -49,9 +53,9 @@ from backroom.bus.wire import (
     parse_all,
     parse_status,
 )
-from backroom.referee.episodes import new_run_dir
+from backroom.referee.episodes import bind_run_dir, new_run_dir
 from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
-from backroom.referee.service import SHUTTING_DOWN
+from backroom.referee.service import IDENTITY_WINDOW_S, NOT_WRITTEN, SHUTTING_DOWN
 from backroom.runner.config import EXTERNAL, RunConfig
 
 #: Seconds into the wait for processes to come online before the runner says who is missing.
@@ -67,6 +71,14 @@ REFEREE_GRACE_S = 5.0
 RERUNS = 3
 #: Bytes of traces one run records in its traces.jsonl; past it, traces are counted, not written.
 TRACES_MAX_BYTES = 1024**3
+#: Seconds an acknowledged match may go without its episode, or word from its referee,
+#: before the runner asks again (``MatchRequest.again``): an episode published while the
+#: runner's session was lost (a broker killed) reaches nobody. Its referee publishes the
+#: episode again, or says it is still running the match.
+EPISODE_WAIT_S = 10.0
+#: Times such a match is asked again with no answer before it is asked for under a new
+#: id (its referee no longer keeps the episode, or the asks reached other referees).
+AGAIN_TRIES = 3
 
 
 class RunError(RuntimeError):
@@ -105,6 +117,9 @@ class Faults:
     rerequest_reasons: Counter[str] = field(default_factory=Counter)
     #: Requests sent again because no referee acknowledged them in time.
     resubmitted: int = 0
+    #: Accepted matches asked again because neither their episode nor their referee was
+    #: heard of for ``EPISODE_WAIT_S`` (``MatchRequest.again``).
+    asked_again: int = 0
     #: Episodes of a match past its first (dropped; a match asked for again ran twice).
     duplicates: int = 0
     #: Lines of such episodes taken out of the run's ``episodes.jsonl`` (``dedupe_episodes``).
@@ -423,6 +438,9 @@ async def run_matches(
     referee_grace_s: float = REFEREE_GRACE_S,
     stop: asyncio.Event | None = None,
     traces_max_bytes: int = TRACES_MAX_BYTES,
+    episode_wait_s: float = EPISODE_WAIT_S,
+    claim_window_s: float = 0.0,
+    run_key: str | None = None,
 ) -> list[EpisodeRecord]:
     """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
 
@@ -451,7 +469,17 @@ async def run_matches(
     ``ready_timeout_s`` when others may come back. ``on_notice`` hears of each
     referee lost and each agent gone offline; ``faults`` gets the counts. Once
     ``stop`` is set (Ctrl-C), the run returns the matches finished by then and
-    ``faults.interrupted`` says that it stopped short.
+    ``faults.interrupted`` says that it stopped short. An accepted match with
+    no episode and no word of its referee for ``episode_wait_s`` is asked
+    again (``Faults.asked_again``); after ``AGAIN_TRIES`` unanswered asks,
+    under a new id.
+
+    ``claim_window_s`` > 0: the runner's identity may be another process's (a
+    fixed ``runner``, shared by two runs on one broker). The runner stays
+    ready that long after connecting to be thrown off by a process still
+    logged in under it (which reconnects at once), and then fails with a
+    ``RunError`` saying so, rather than throw it off again and again (both
+    runs hung). As the agents do (``AgentRunner._claim``).
     """
     faults = faults if faults is not None else Faults()
     notice = on_notice or (lambda _msg: None)
@@ -470,6 +498,8 @@ async def run_matches(
     requests: dict[str, MatchRequest] = {}  # by attempt id
     sent: dict[str, float] = {}  # attempt id -> when submitted (or again), not acknowledged
     owner: dict[str, str] = {}  # attempt id -> the referee that accepted it (no episode yet)
+    heard: dict[str, float] = {}  # accepted attempt -> monotonic time of its referee's last word
+    unanswered: Counter[str] = Counter()  # accepted attempt -> asks again with no answer
     tries: Counter[str] = Counter()  # match id -> attempts asked for after the first
     voids: Counter[str] = Counter()  # match id -> times voided because its referee stopped
     referees_up: set[str] = set()  # referees whose status says online
@@ -482,6 +512,7 @@ async def run_matches(
     away: dict[str, Departure] = {}  # agents offline now
     playing = False
     me = bus_config.username or "runner"
+    unwritten: list[str] = []  # why a referee could not write an episode (fails the run)
 
     def check_ready() -> None:
         if referees_up and all(w in online for w in wait_for):
@@ -548,6 +579,9 @@ async def run_matches(
                 continue
             sent.pop(msg.match, None)
             match_id = slot_of.get(msg.match, "")
+            if isinstance(msg, Event) and msg.kind == "running" and msg.match in owner:
+                heard[msg.match] = time.monotonic()  # asked again: its referee still plays it
+                unanswered.pop(msg.match, None)
             if isinstance(msg, Event) and msg.kind == "accepted" and match_id in current:
                 if match_id in episodes or current[match_id] != msg.match:
                     continue
@@ -558,6 +592,7 @@ async def run_matches(
                     ask_again(match_id, "accepted by a lost referee")
                 else:
                     owner[msg.match] = referee
+                    heard[msg.match] = time.monotonic()
 
     def revive(referee: str, match: str) -> None:
         """``referee``, given up, took a request sent after that: it is alive, count on it.
@@ -586,6 +621,7 @@ async def run_matches(
             return  # someone else's run
         match_id = slot_of[record.match]
         owner.pop(record.match, None)
+        heard.pop(record.match, None)
         if match_id in episodes:
             faults.duplicates += 1  # a redelivery, or a match asked for again that ran twice
             return
@@ -595,6 +631,12 @@ async def run_matches(
             if record.match == current[match_id]:  # not asked for again already
                 ask_again(match_id, "voided")  # its referee stopped: not the match's doing
             return
+        if record.reason == "error" and record.detail.startswith(NOT_WRITTEN):
+            # The referee cannot write the run's file (a full disk, a broken run
+            # directory): every later match would go the same way. Fail now, saying why.
+            unwritten.append(f"referee {record.referee} could not write match {match_id}: ")
+            unwritten[-1] += record.detail
+            all_done.set()
         episodes[match_id] = record
         sent.pop(record.match, None)
         sent.pop(current[match_id], None)
@@ -624,6 +666,7 @@ async def run_matches(
         faults.reruns[attempt] = match_id
         sent.pop(old, None)
         owner.pop(old, None)
+        heard.pop(old, None)
         ask(attempt)
 
     async def submit() -> None:
@@ -632,7 +675,7 @@ async def run_matches(
             if run_stamp is not None:
                 spec = spec.model_copy(update={"run_stamp": run_stamp})
             requests[match_id] = MatchRequest(
-                match=match_id, spec=spec, reply_to=me, reply_batches=True
+                match=match_id, spec=spec, reply_to=me, reply_batches=True, run_key=run_key
             )
             current[match_id] = match_id
             ask(match_id)
@@ -651,6 +694,28 @@ async def run_matches(
                 if now - at > ack_timeout_s and slot_of[attempt] not in episodes:
                     faults.resubmitted += 1
                     ask(attempt)
+            if bus.connected.is_set():
+                ask_accepted_again(now)
+
+    def ask_accepted_again(now: float) -> None:
+        """Ask again for accepted matches whose episode and referee have been silent too long.
+
+        Its referee publishes the episode again, or says ``running``; after
+        ``AGAIN_TRIES`` asks with no answer, the match is asked for under a
+        new id (the referee kept no copy, or the asks went to other referees).
+        """
+        for attempt in list(owner):
+            if now - heard.get(attempt, now) < episode_wait_s:
+                continue
+            if unanswered[attempt] >= AGAIN_TRIES:
+                if current[slot_of[attempt]] == attempt:
+                    ask_again(slot_of[attempt], "no episode")
+                continue
+            unanswered[attempt] += 1
+            heard[attempt] = now
+            faults.asked_again += 1
+            again = requests[attempt].model_copy(update={"again": True})
+            bus.publish(topics.CONTROL_MATCHES, again, batch=True)
 
     def lose(referee: str, why: str) -> None:
         """Give ``referee`` up: ask again for every match it accepted and did not finish."""
@@ -787,13 +852,40 @@ async def run_matches(
             trace_bytes[sender] += len(payload) + 1
             trace_file.write(payload.rstrip(b"\n") + b"\n")
 
-    async with Bus(bus_config, role="runner", on_connect=[reconnected]) as bus:
-        await bus.subscribe(topics.REFEREE_ROSTERS, on_roster)  # retained: before the statuses
-        await bus.subscribe(topics.ALL_STATUS, on_status)
-        if trace_file is not None:
-            await bus.subscribe(topics.ALL_TRACES, on_trace)
-        await bus.subscribe(topics.episodes(config.game), on_episode_msg)
-        await bus.subscribe(topics.inbox(me), on_ack)
+    taken = asyncio.Event()  # thrown off while claiming the identity: another process has it
+    claiming = True
+
+    async def thrown_off() -> None:
+        if claiming and claim_window_s > 0 and await broker_reachable(bus_config):
+            taken.set()
+            await bus.close()  # stay off: the process holding the name keeps it
+
+    async with Bus(
+        bus_config, role="runner", on_connect=[reconnected], on_disconnect=[thrown_off]
+    ) as bus:
+        try:
+            await bus.subscribe(topics.REFEREE_ROSTERS, on_roster)  # retained: before statuses
+            await bus.subscribe(topics.ALL_STATUS, on_status)
+            if trace_file is not None:
+                await bus.subscribe(topics.ALL_TRACES, on_trace)
+            await bus.subscribe(topics.episodes(config.game), on_episode_msg)
+            await bus.subscribe(topics.inbox(me), on_ack)
+            if claim_window_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(taken.wait(), claim_window_s)
+        except (BusError, aiomqtt.MqttError):
+            # Cut off mid-subscribe: a raw MqttError traceback was all a clash said.
+            if not (claim_window_s > 0 and await broker_reachable(bus_config)):
+                raise
+            taken.set()
+        claiming = False
+        if taken.is_set():
+            raise RunError(
+                f"runner identity {me!r} is in use: another process logged in as {me!r} "
+                f"took the connection back while this run was starting (another `backroom "
+                "run` on this broker?). Stop that run, or give this one a runner identity of "
+                f"its own (`backroom credentials add NAME --role runner`)"
+            )
         check_ready()
         deadline = time.monotonic() + ready_timeout_s
         slow_at = time.monotonic() + SLOW_START_S
@@ -842,6 +934,8 @@ async def run_matches(
             submitter.cancel()
             resubmitter.cancel()
             relay.cancel()
+        if unwritten:
+            raise RunError(f"{unwritten[0]}; the run stops here")
         faults.interrupted = stop is not None and stop.is_set() and len(episodes) < len(wanted)
         await asyncio.sleep(0.2)  # traces of the last decisions are still on their way
     if trace_file is not None:
@@ -979,6 +1073,10 @@ async def run_local(
     a retained status says is online: that process would be thrown off.
     """
     runs, run_dir = _prepare_dirs(runs_dir, config.run)
+    # Referees write into the run directory only for requests with its key (only
+    # referees read requests; no episode carries it): no other runner can name it.
+    run_key = secrets.token_hex(16)
+    bind_run_dir(run_dir, run_key)
     stack = Stack(run_dir)
     external: list[str] | None = None  # None: the config's `external` agents
     faults = Faults()
@@ -1022,6 +1120,9 @@ async def run_local(
             run_stamp=run_dir.name,
             faults=faults,
             stop=stop,
+            # A fixed name (compose's `runner`) may be another run's: claim it first.
+            claim_window_s=0.0 if names.own else IDENTITY_WINDOW_S,
+            run_key=run_key,
         )
         seconds = time.perf_counter() - t0
         stack.stop()  # the referees write what they still have before the file is checked
