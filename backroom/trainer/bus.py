@@ -45,6 +45,7 @@ from backroom.bus.wire import (
     WireError,
     parse,
     parse_all,
+    parse_status,
 )
 from backroom.trainer.store import STORED, Request, Store
 
@@ -127,7 +128,7 @@ class TrainerBus:
     def _on_status(self, topic: str, payload: bytes) -> None:
         agent = topics.agent_of(topic)
         try:
-            msg = parse(payload)
+            msg = parse_status(payload)  # capped: a status is small (wire.MAX_STATUS_BYTES)
         except WireError:
             return
         if agent and isinstance(msg, Status):
