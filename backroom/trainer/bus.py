@@ -43,7 +43,6 @@ from backroom.bus.wire import (
     Status,
     Trace,
     WireError,
-    parse,
     parse_all,
     parse_status,
 )
