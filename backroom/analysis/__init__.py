@@ -33,7 +33,10 @@ __all__ = ["analyze_episodes", "analyze_run", "load_episodes", "notes", "render_
 
 
 def analyze_episodes(
-    episodes: list[Episode], out_dir: Path | None = None, exclude_fallbacks: bool = False
+    episodes: list[Episode],
+    out_dir: Path | None = None,
+    exclude_fallbacks: bool = False,
+    one_game: bool = False,
 ) -> dict[str, Any]:
     """Measures per game; plots go to ``out_dir`` when given. Unknown games are only counted.
 
@@ -44,7 +47,7 @@ def analyze_episodes(
     every match holding one (``excluded_fallback_matches`` says how many).
     """
     games: dict[str, Any] = {}
-    episodes, skipped = foreign_records(episodes)
+    episodes, skipped = foreign_records(episodes, one_game)
     usable = played(episodes)
     fallbacks = count_fallbacks(m for e in usable for m in record_moves(e))
     measured = [e for e in usable if not has_fallback(e)] if exclude_fallbacks else usable
@@ -78,32 +81,36 @@ def analyze_episodes(
     }
 
 
-def foreign_records(episodes: list[Episode]) -> tuple[list[Episode], dict[str, int]]:
+def foreign_records(
+    episodes: list[Episode], one_game: bool = True
+) -> tuple[list[Episode], dict[str, int]]:
     """The records that belong to the run, and how many were skipped, by why.
 
     A run plays one game, but its episodes.jsonl takes whatever a referee was
     asked to write there: a well-formed record of another game, or one whose
     seats do not fit its game, crashed the measures (``KeyError``,
-    ``IndexError``). The run's game is the game of most records (the first
-    one's on a tie); records of any other game are skipped (``other_game``),
-    and so are records whose seats or returns do not number the players
+    ``IndexError``). With ``one_game`` (a run's own directory) the run's game
+    is the game of most records (the first one's on a tie) and records of any
+    other game are skipped (``other_game``); a list of several runs' records
+    keeps every game. Records whose seats or returns do not number the players
     their game and params make (``wrong_seats``; a game this version does not
     know is taken as it is). ``backroom analyze`` says how many.
     """
     skipped: Counter[str] = Counter()
     games = Counter(str(e.get("game")) for e in episodes)
-    run_game = max(games, key=lambda g: games[g], default=None)
-    players: dict[str, int | None] = {}  # params JSON -> players (None: unknown game)
+    run_game = max(games, key=lambda g: games[g], default=None) if one_game else None
+    players: dict[tuple[str, str], int | None] = {}  # (game, params) -> players (None: unknown)
     kept: list[Episode] = []
     for e in episodes:
-        if str(e.get("game")) != run_game:
+        game = str(e.get("game"))
+        if run_game is not None and game != run_game:
             skipped["other_game"] += 1
             continue
         params = e.get("params")
         key = repr(sorted(params.items())) if isinstance(params, dict) else repr(params)
-        if key not in players:
-            players[key] = _players(str(run_game), params)
-        n = players[key]
+        if (game, key) not in players:
+            players[game, key] = _players(game, params)
+        n = players[game, key]
         fields = (e.get("seats"), e.get("returns"), e.get("raw_returns"))
         if n is not None and not all(isinstance(x, list) and len(x) == n for x in fields):
             skipped["wrong_seats"] += 1
@@ -143,7 +150,9 @@ def analyze_run(
 
         return {"run": run_dir.name, "training": analyze_training(run_dir, plots), "games": {}}
     stats: dict[str, int] = {}
-    result = analyze_episodes(load_episodes(run_dir, stats), plots, exclude_fallbacks)
+    result = analyze_episodes(
+        load_episodes(run_dir, stats), plots, exclude_fallbacks, one_game=True
+    )
     # Skipped lines are said, not hidden: `backroom analyze` prints them.
     result["unreadable_lines"] = stats.get("unreadable_lines", 0)
     result["episodes_file"] = str(run_dir / "episodes.jsonl" if run_dir.is_dir() else run_dir)
