@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,7 @@ from backroom.bus.wire import Status, parse_status
 from backroom.cli import demo_config
 from backroom.runner.local import run_local
 
-Attack = Callable[[str, Path, float], Awaitable[dict[str, Any]]]
+Attack = Callable[[str, Path, float], Coroutine[Any, Any, dict[str, Any]]]
 
 ATTACKER = "mallory"
 
@@ -205,7 +205,7 @@ class Check:
     """An attack whose harm is not a rate: run once, it says whether it got through."""
 
     name: str
-    run: Callable[[str, Path], Awaitable[dict[str, Any]]]
+    run: Callable[[str, Path], Coroutine[Any, Any, dict[str, Any]]]
     ok: Callable[[dict[str, Any]], bool]
     what: str
 
