@@ -571,6 +571,7 @@ async def test_each_role_reads_and_writes_exactly_the_topics_of_its_job(broker: 
         p.public("m1"),
         p.episodes("kuhn"),
         p.checkpoint("pol"),
+        p.model_version("pol", "v1"),
         p.CONTROL_MATCHES,
         p.referee_group("ref"),
         p.referee_probe("ref"),
@@ -590,12 +591,18 @@ async def test_each_role_reads_and_writes_exactly_the_topics_of_its_job(broker: 
             p.referee_roster("ref"),
         },
         "runner": {p.CONTROL_MATCHES},
-        "trainer": {p.CONTROL_MATCHES, p.checkpoint("pol")},
+        "trainer": {p.CONTROL_MATCHES, p.checkpoint("pol"), p.model_version("pol", "v1")},
         "observer": set(),
     }
     statuses = {p.status("ag"), p.status("ref")}  # the statuses somebody may write
     reads = {
-        "agent": {p.inbox("ag"), *statuses, p.public("m1"), p.checkpoint("pol")},
+        "agent": {
+            p.inbox("ag"),
+            *statuses,
+            p.public("m1"),
+            p.checkpoint("pol"),
+            p.model_version("pol", "v1"),
+        },
         "referee": {
             *statuses,
             p.outbox("ag"),
@@ -622,6 +629,7 @@ async def test_each_role_reads_and_writes_exactly_the_topics_of_its_job(broker: 
             p.public("m1"),
             p.episodes("kuhn"),
             p.checkpoint("pol"),
+            p.model_version("pol", "v1"),
             p.referee_roster("ref"),
         },
     }

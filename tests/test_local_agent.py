@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY
 from backroom.agents.adapters import adapter_digest
 from backroom.agents.backend import Backend
 from backroom.agents.base import Agent
-from backroom.agents.local import LocalAgent
+from backroom.agents.local import LocalAgent, announced_key
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.wire import (
@@ -260,6 +260,13 @@ def checkpoint_of(ref: AdapterRef) -> Checkpoint:
     )
 
 
+async def announce(tr: Traces, ref: AdapterRef) -> None:
+    """Announce ``ref`` as a trainer does for every version (retained on its own topic)."""
+    await tr.bus.publish(
+        topics.model_version(ref.policy, ref.version), checkpoint_of(ref), retain=True
+    )
+
+
 def rejected(reason: str) -> float:
     return REGISTRY.get_sample_value("backroom_adapter_rejected_total", {"reason": reason}) or 0.0
 
@@ -341,6 +348,8 @@ async def test_qwen_match_plays_the_version_its_spec_names(
         Runner(broker) as run,
         Traces(broker) as tr,
     ):
+        for ref in refs.values():  # the trainer chose them
+            await announce(tr, ref)
         await run.submit("plain", KUHN.model_copy(update={"seed": 1}))
         for i, (m, v) in enumerate(named.items()):
             await run.submit(
@@ -391,6 +400,7 @@ async def test_qwen_fetches_and_checks_adapters_over_http(
             # one after the other: the two name the same digest, so a load of one serves both
             await run.submit("bad", KUHN.model_copy(update={"seed": 1, "adapters": [bad, None]}))
             await run.wait(["bad"], timeout=60)
+            await announce(tr, ref2)  # the trainer's own copy, at its own location
             await run.submit("good", KUHN.model_copy(update={"seed": 2, "adapters": [ref2, None]}))
             eps = await run.wait(["bad", "good"], timeout=60)
             await tr.settle(sum(1 for ep in eps for a in ep.actions if a.seat == 0), [learner])
@@ -406,3 +416,66 @@ async def test_qwen_fetches_and_checks_adapters_over_http(
     for ep in eps:
         assert ep.reason == "normal" and ep.invalid_inputs == 0
         check_traces(ep, tr.items, {0: "learner"})
+
+
+async def test_qwen_loads_a_named_adapter_only_if_a_trainer_announced_it(
+    broker: Broker, tmp_path: Path, tiny_qwen: tuple[Path, Path]
+) -> None:
+    """Issue 22 item 4: the referee role writes ``MatchStart.adapter`` (a runner names it in
+    ``MatchSpec.adapters``), and the digest proves the files intact, not who chose them.
+    Before the fix the agent loaded any folder a match named with its true digest; now:
+
+    * ``v1``, announced (retained) before the agent started, is known at once (an agent
+      that joins mid-run learns of the buffer's old versions);
+    * ``v2``, never announced, is refused, counted (``unannounced``), and the seat plays
+      no policy: every decision a fallback marked ``adapter_refused``;
+    * ``v3``, whose announcement arrives after the match started (no order holds across
+      topics), is waited for and played;
+    * ``v2`` once the trainer announces it is played.
+    """
+    model_dir, adapter_dir = tiny_qwen
+    refs = {
+        f"v{i}": ref_of(perturbed_adapter(adapter_dir, tmp_path / f"v{i}", seed=i), f"v{i}")
+        for i in (1, 2, 3)
+    }
+    learner = tiny_learner(model_dir, tmp_path, adapter=str(adapter_dir), announce_wait_s=8)
+    before = rejected("unannounced")
+
+    def named(m: str, v: str, seed: int) -> tuple[str, MatchSpec]:
+        return m, KUHN.model_copy(update={"seed": seed, "adapters": [refs[v], None]})
+
+    async with Traces(broker) as tr:
+        await announce(tr, refs["v1"])
+        async with (
+            stack(broker, tmp_path / "runs", [learner, *agents(("opp", "random"))]),
+            Runner(broker) as run,
+        ):
+            # retained before the agent started: read at start, nothing published since
+            await eventually(lambda: announced_key(refs["v1"]) in learner.announced, 30)
+            await run.submit(*named("old", "v1", 1))
+            await run.submit(*named("forged", "v2", 2))
+            eps = await run.wait(["old", "forged"], timeout=90)
+            assert rejected("unannounced") == before + 1
+            # a match that starts before its version's announcement arrives waits for it
+            await run.submit(*named("late", "v3", 3))
+            await eventually(lambda: "late" in learner.matches, 30)
+            await announce(tr, refs["v3"])
+            await announce(tr, refs["v2"])
+            await eventually(lambda: announced_key(refs["v2"]) in learner.announced, 30)
+            await run.submit(*named("announced", "v2", 4))
+            eps += await run.wait(["late", "announced"], timeout=90)
+            await tr.settle(sum(1 for ep in eps for a in ep.actions if a.seat == 0), [learner])
+    assert rejected("unannounced") == before + 1
+    by_match = {ep.match: ep for ep in eps}
+    forged = [a for a in by_match["forged"].actions if a.seat == 0]
+    assert forged and all(a.fallback == "adapter_refused" for a in forged)
+    mine = [t for t in tr.items if t.agent == "learner" and t.match == "forged"]
+    assert len(mine) == len(forged)
+    assert all(t.reply["reason"] == "adapter_refused" and not t.completion_ids for t in mine)
+    versions = versions_by_match(tr.items, "learner")
+    assert versions == {"old": {"v1"}, "forged": {None}, "late": {"v3"}, "announced": {"v2"}}
+    for m in ("old", "late", "announced"):
+        assert by_match[m].reason == "normal"
+        assert not any(a.fallback for a in by_match[m].actions if a.seat == 0)
+        check_traces(by_match[m], tr.items, {0: "learner"})
+    assert learner.version == "adapter"  # nothing a match named became current

@@ -526,3 +526,23 @@ def test_a_sigkilled_writer_loses_no_committed_row(tmp_path: Path) -> None:
     assert Path(f"{path}-wal").exists()  # killed before any checkpoint folded the WAL away
     with Store(path) as s:
         _check_everything(s)
+
+
+def test_a_match_where_a_seat_refused_its_adapter_is_dropped_whole(store: Store) -> None:
+    """Issue 22 item 4: a ``local`` seat that refused an unannounced adapter played no policy
+    (every decision a fallback marked ``adapter_refused``); the other seat's decisions are
+    trained on nothing true about the opponent it faced. Before the fix they were kept."""
+    store.add_requests([req("m1", trainable=(0,)), req("m2", trainable=(0,))])
+    refused = [act(0, 0), act(1, 1), act(2, 0, rnd=2), act(3, 1, rnd=2)]
+    for a in refused:
+        if a.seat == 1:
+            a.fallback = "adapter_refused"
+    assert store.add_episode(record("m1", actions=refused))
+    assert store.add_episode(record("m2"))
+    for m in ("m1", "m2"):
+        for turn in (0, 2):
+            assert store.add_trace("alice", trace("alice", m, turn, 0))
+    joined, counts = store.join(["m1", "m2"])
+    assert [j.record.match for j in joined] == ["m2"]
+    assert counts == {"adapter_refused": 1}
+    assert [(d.turn, d.seat) for d in joined[0].decisions] == [(0, 0), (2, 0)]

@@ -73,6 +73,9 @@ class Agent:
     inline: ClassVar[bool] = False
     #: Name of the policy whose checkpoint messages this agent follows (trainable agents).
     policy: str | None = None
+    #: Hand this agent every adapter version a trainer announced (``on_announced``): an
+    #: agent that loads the adapters a match names must know which ones a trainer chose.
+    follows_announcements: ClassVar[bool] = False
 
     def __init__(self, agent_id: str, seed: int | None = None, **options: Any) -> None:
         if options:
@@ -108,6 +111,14 @@ class Agent:
 
     async def on_checkpoint(self, checkpoint: Checkpoint) -> None:
         """A trainer published a new adapter for ``self.policy``; swap it in between matches."""
+
+    def on_announced(self, checkpoint: Checkpoint) -> None:
+        """A trainer announced this adapter version (a checkpoint, or ``models/+/versions/+``).
+
+        Called in the delivery callback, before anything that follows it: only
+        the trainer role writes those topics, so this is what proves a version
+        was the trainer's choice (``follows_announcements``).
+        """
 
     async def on_error(self, error: Any) -> None:
         """The referee rejected something this agent sent (``backroom.bus.wire.Error``)."""

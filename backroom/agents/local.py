@@ -32,11 +32,27 @@ was current when it started. Either way a match seat keeps one version from
 its first decision to its last, and its traces name the version that really
 played. A few versions stay loaded (``max_adapters``, least recently used out
 first, never one a running match plays).
+
+Provenance: the digest proves a folder intact, not who chose it, and the referee
+(or a runner, through ``MatchSpec.adapters``) writes ``MatchStart.adapter``. So
+a named version is loaded only if a trainer announced exactly that reference
+(policy, version, location, sha256 and size) on a topic only the trainer role
+may write: a checkpoint, or ``models/{policy}/versions/{version}`` (retained,
+one per version, so an agent that starts mid-run learns of the buffer's old
+versions too). An announcement may trail the match's start (no order holds
+across topics), so the seat waits for it a while (``announce_wait_s``, at most
+half its first turn's budget); then the adapter is refused
+(``backroom_adapter_rejected_total{reason="unannounced"}``) and the seat plays
+no policy at all: each of its decisions is the documented fallback, marked
+``adapter_refused`` (in the episode record and the trace), and a trainer drops
+the match. Playing the current weights instead would pass another policy's
+play off as the version the match asked for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -77,6 +93,19 @@ from backroom.bus.wire import (
 )
 
 log = logging.getLogger("backroom.agent.local")
+
+#: What a trainer announced, compared whole: the location too, so a match cannot
+#: send the agent to fetch announced bytes from a server of its own choosing.
+Announced = tuple[str, str, str, str, int]
+
+
+def announced_key(ref: AdapterRef) -> Announced:
+    return (ref.policy, ref.version, ref.uri, ref.sha256, ref.size)
+
+
+class AdapterRefused(Exception):
+    """The seat's named adapter was refused: it plays no policy (see the module docstring)."""
+
 
 #: The cache owner that holds the current adapter (match seats are "match/seat"; no match id has "<").
 CURRENT = "<current>"
@@ -122,11 +151,14 @@ class LocalAgent(MemoryAgent):
     matches name versions other than the current one), ``adapter_cache``
     (download folder), ``max_adapter_bytes``, ``adapter_timeout_s`` (longest a
     match waits for its named version before playing the current one),
-    ``max_batch``, ``batch_window_ms``, ``deadline_margin_s``, ``fallback``
-    (preferred fallback action), plus the memory options of
+    ``announce_wait_s`` (longest a match waits for a trainer's announcement of
+    its named version before refusing it), ``max_batch``, ``batch_window_ms``,
+    ``deadline_margin_s``, ``fallback`` (preferred fallback action), plus the memory options of
     ``backroom.agents.memory`` (``system``, ``persona``, ``collusion``,
     ``share_card``, ``window``, ``plan_every``, ``recall``).
     """
+
+    follows_announcements = True
 
     def __init__(
         self,
@@ -145,6 +177,7 @@ class LocalAgent(MemoryAgent):
         adapter_cache: str | None = None,
         max_adapter_bytes: int = DEFAULT_MAX_BYTES,
         adapter_timeout_s: float = 120.0,
+        announce_wait_s: float = 5.0,
         max_batch: int = 32,
         batch_window_ms: float = 5.0,
         deadline_margin_s: float = 0.5,
@@ -167,6 +200,10 @@ class LocalAgent(MemoryAgent):
         self.adapter_cache = Path(adapter_cache) if adapter_cache else default_adapter_cache()
         self.max_adapter_bytes = int(max_adapter_bytes)
         self.adapter_timeout_s = float(adapter_timeout_s)
+        self.announce_wait_s = float(announce_wait_s)
+        #: Every adapter reference a trainer announced (see the module docstring).
+        self.announced: set[Announced] = set()
+        self._announcement = asyncio.Event()
         self.batching = {"max_batch": int(max_batch), "batch_window_ms": float(batch_window_ms)}
         self.deadline_margin_s = float(deadline_margin_s)
         self.fallback = fallback
@@ -206,6 +243,29 @@ class LocalAgent(MemoryAgent):
     @property
     def version(self) -> str | None:
         return self.current[1]
+
+    def on_announced(self, checkpoint: Checkpoint) -> None:
+        try:
+            ref = checked_ref(checkpoint)
+        except AdapterRejected:
+            return  # not loadable anyway: on_checkpoint counts it if it is this agent's
+        self.announced.add(announced_key(ref))
+        self._announcement.set()
+        self._announcement = asyncio.Event()
+
+    async def _until_announced(self, ref: AdapterRef, wait_s: float) -> bool:
+        """Whether a trainer announced ``ref``, waiting up to ``wait_s`` for an announcement
+        that may trail the match's start."""
+        key = announced_key(ref)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while key not in self.announced:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._announcement.wait(), left)
+        return True
 
     async def _acquire(self, owner: str, ref: AdapterRef) -> str:
         """Fetch, check, load and pin ``ref`` for ``owner``; ``AdapterRejected`` if it fails the check."""
@@ -272,9 +332,13 @@ class LocalAgent(MemoryAgent):
         elif start.adapter is None:
             seats[start.seat] = self._play_current(owner)
         else:
-            seats[start.seat] = asyncio.get_running_loop().create_task(
-                self._play_named(owner, start.adapter), name=f"adapter-{owner}"
+            # Half the first turn's budget at most: its decision must still see the refusal.
+            wait_s = min(self.announce_wait_s, self._start_budget(start) / 2)
+            task = asyncio.get_running_loop().create_task(
+                self._play_named(owner, start.adapter, wait_s), name=f"adapter-{owner}"
             )
+            task.add_done_callback(_retrieve)
+            seats[start.seat] = task
 
     async def on_match_end(self, end: MatchEnd) -> None:
         # Every seat of the match ends together: let go of all of them.
@@ -297,8 +361,20 @@ class LocalAgent(MemoryAgent):
         played.set_result(self._pin_current(owner))
         return played
 
-    async def _play_named(self, owner: str, ref: AdapterRef) -> Played:
-        """The version a match names for this seat; the current one if it cannot be had."""
+    async def _play_named(self, owner: str, ref: AdapterRef, wait_s: float) -> Played:
+        """The version a match names for this seat; the current one if it cannot be had;
+        ``AdapterRefused`` if no trainer announced it."""
+        if not await self._until_announced(ref, wait_s):
+            exc = AdapterRejected(
+                "unannounced",
+                f"no trainer announced {ref.policy} {ref.version} "
+                f"(sha256 {ref.sha256[:12]}..., at {ref.uri})",
+            )
+            metrics.ADAPTER_REJECTED.labels(reason=exc.reason).inc()
+            log.warning(
+                "%s: refused the adapter for %s: %s; it plays no policy", self.id, owner, exc
+            )
+            raise AdapterRefused(exc.detail)
         try:
             async with asyncio.timeout(self.adapter_timeout_s):
                 return await self._acquire(owner, ref), ref.version
@@ -345,6 +421,9 @@ class LocalAgent(MemoryAgent):
     def _budget(self, turn: Turn) -> float:
         return max(0.05, turn.deadline_s - self.deadline_margin_s)
 
+    def _start_budget(self, start: MatchStart) -> float:
+        return max(0.05, start.turn_timeout_s - self.deadline_margin_s)
+
     # --- decisions ------------------------------------------------------------------
 
     async def act(self, turn: Turn) -> JSON:
@@ -353,10 +432,13 @@ class LocalAgent(MemoryAgent):
             async with asyncio.timeout(self._budget(turn)):  # the adapter's load counts too
                 adapter, version = await self._adapter_for(turn)
                 action = await self._act(turn, mm, adapter, version)
-        except TimeoutError:
+        except (TimeoutError, AdapterRefused) as exc:
+            reason: AgentFallback = (
+                "deadline" if isinstance(exc, TimeoutError) else "adapter_refused"
+            )
             action = fallback_action(turn.legal, self.fallback)
             self.fallbacks += 1
-            self.mark_fallback(turn, "deadline")
+            self.mark_fallback(turn, reason)
             await self._trace(
                 turn,
                 [],
@@ -364,7 +446,7 @@ class LocalAgent(MemoryAgent):
                 [],
                 self._settled_version(turn),
                 {"prompt": turn.prompt},
-                {"action": action, "outcome": "fallback", "reason": "deadline"},
+                {"action": action, "outcome": "fallback", "reason": reason},
             )
         self.prompts.record_decision(mm, turn, action)
         return action
@@ -386,8 +468,11 @@ class LocalAgent(MemoryAgent):
                     adapter,
                     seed=self.decision_seed(turn, "talk"),
                 )
-        except TimeoutError:
-            self.mark_fallback(turn, "deadline")
+        except (TimeoutError, AdapterRefused) as exc:
+            reason: AgentFallback = (
+                "deadline" if isinstance(exc, TimeoutError) else "adapter_refused"
+            )
+            self.mark_fallback(turn, reason)
             await self._trace(
                 turn,
                 prompt_ids,
@@ -395,7 +480,7 @@ class LocalAgent(MemoryAgent):
                 [],
                 self._settled_version(turn),
                 {"messages": messages},
-                {"message": "", "outcome": "fallback", "reason": "deadline"},
+                {"message": "", "outcome": "fallback", "reason": reason},
             )
             return ""
         text = self.prompts.finish_talk(mm, turn, parse_message(gen.text, limit))
@@ -583,3 +668,9 @@ class LocalAgent(MemoryAgent):
                 reply=reply,
             )
         )
+
+
+def _retrieve(task: asyncio.Future[Played]) -> None:
+    """A refused seat's outcome is read by its turns; one with no turn left must not warn."""
+    if not task.cancelled():
+        task.exception()

@@ -121,6 +121,8 @@ class AgentRunner:
         await self.bus.subscribe(topics.status(self.agent.id), self._on_own_status)
         if self.agent.policy:
             await self.bus.subscribe(topics.checkpoint(self.agent.policy), self._on_checkpoint)
+        if self.agent.follows_announcements:
+            await self.bus.subscribe(topics.ALL_MODEL_VERSIONS, self._on_version)
         self.agent._trace_sink = self._publish_trace
         self.agent._chat_sink = self._send
         self._starting = True
@@ -207,7 +209,26 @@ class AgentRunner:
             log.warning("%s: unreadable checkpoint message: %s", self.agent.id, exc)
             return
         if isinstance(msg, Checkpoint):
+            self.agent.on_announced(msg)  # the topic is the trainer's alone (broker ACL)
             self._spawn(self.agent.on_checkpoint(msg))
+
+    def _on_version(self, topic: str, payload: bytes) -> None:
+        if not payload:  # a retained announcement cleared
+            return
+        try:
+            msg = parse(payload)
+        except WireError as exc:
+            log.warning("%s: unreadable version announcement on %s: %s", self.agent.id, topic, exc)
+            return
+        if isinstance(msg, Checkpoint) and topics.model_version_of(topic) == (
+            msg.policy,
+            msg.version,
+        ):
+            self.agent.on_announced(msg)
+        else:
+            log.warning(
+                "%s: %s does not announce the version its topic names", self.agent.id, topic
+            )
 
     async def __aexit__(self, *exc: object) -> None:
         await presence.stop(self._renewing)  # no renewal may follow the offline below

@@ -47,8 +47,9 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: outbox, status or traces.
 #:
 #: * ``agent`` (a program, or a person through ``backroom web``/``tty``):
-#:   its inbox, outbox, status and traces; checkpoints (its policy is not its
-#:   name, so all of them: they are announcements, not secrets); statuses and
+#:   its inbox, outbox, status and traces; checkpoints and announced versions
+#:   (its policy is not its name, so all of them: they are announcements, not
+#:   secrets); statuses and
 #:   public match events, which the design makes public to players.
 #: * ``referee``: outboxes and match requests in, inboxes, public events and
 #:   episodes out; statuses; its own status; the referees' group records
@@ -57,10 +58,12 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: * ``runner`` and ``trainer``: match requests out, the acknowledgements in
 #:   their own inbox, episodes, traces and statuses in; the referees' roster
 #:   records (which identities are referees: any identity's status may *say*
-#:   ``kind: referee``); the trainer alone writes checkpoints, the one thing
-#:   every ``local`` agent loads.
+#:   ``kind: referee``); the trainer alone writes checkpoints and announced
+#:   versions (``models/+/versions/+``), the only adapters a ``local`` agent
+#:   loads (a match naming any other is refused).
 #: * ``observer`` (the web's spectating identity, healthchecks, dashboards):
-#:   reads statuses, public events, episodes and checkpoints; writes nothing.
+#:   reads statuses, public events, episodes, checkpoints and announced
+#:   versions; writes nothing.
 #:
 #: Mosquitto never checks a SUBSCRIBE against the ACL file (its file check
 #: returns "allowed" for every subscription and checks reads at delivery), so
@@ -78,6 +81,7 @@ ROLE_RULES: dict[Role, list[str]] = {
         f"topic write {PREFIX}/agents/{{me}}/status",
         f"topic write {PREFIX}/traces/{{me}}",
         f"topic read {PREFIX}/models/+/checkpoint",
+        f"topic read {PREFIX}/models/+/versions/+",
         f"topic read {PREFIX}/agents/+/status",
         f"topic read {PREFIX}/matches/+/public",
     ],
@@ -110,6 +114,7 @@ ROLE_RULES: dict[Role, list[str]] = {
         f"topic read {PREFIX}/agents/+/status",
         f"topic read {PREFIX}/control/referees/+/roster",
         f"topic write {PREFIX}/models/+/checkpoint",
+        f"topic write {PREFIX}/models/+/versions/+",
     ],
     "observer": [
         f"topic read {PREFIX}/agents/+/status",
@@ -117,6 +122,7 @@ ROLE_RULES: dict[Role, list[str]] = {
         f"topic read {PREFIX}/matches/+/public",
         f"topic read {PREFIX}/episodes/#",
         f"topic read {PREFIX}/models/+/checkpoint",
+        f"topic read {PREFIX}/models/+/versions/+",
     ],
 }
 

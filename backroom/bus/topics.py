@@ -19,6 +19,9 @@ ALL_STATUS = f"{PREFIX}/agents/+/status"
 ALL_EPISODES = f"{PREFIX}/episodes/#"
 ALL_TRACES = f"{PREFIX}/traces/+"
 ALL_PUBLIC = f"{PREFIX}/matches/+/public"
+#: Every adapter version any trainer announced, one retained message each: what a
+#: ``local`` agent may load when a match names it (only the trainer role writes here).
+ALL_MODEL_VERSIONS = f"{PREFIX}/models/+/versions/+"
 
 
 def control_matches_shared(group: str) -> str:
@@ -73,6 +76,19 @@ def traces(agent: str) -> str:
 
 def checkpoint(policy: str) -> str:
     return f"{PREFIX}/models/{policy}/checkpoint"
+
+
+def model_version(policy: str, version: str) -> str:
+    """One announced version of ``policy`` (retained): the checkpoint topic keeps only the latest."""
+    return f"{PREFIX}/models/{policy}/versions/{version}"
+
+
+def model_version_of(topic: str) -> tuple[str, str] | None:
+    """(policy, version) of ``backroom/v1/models/{policy}/versions/{version}``."""
+    parts = topic.split("/")
+    if len(parts) == 6 and parts[2] == "models" and parts[4] == "versions":
+        return parts[3], parts[5]
+    return None
 
 
 def agent_of(topic: str) -> str | None:

@@ -32,12 +32,16 @@ AgentId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-
 #: ``deadline`` (out of time: the documented fallback was sent), ``unparseable`` (the reply
 #: could not be read, after the repair round too), ``request_failed`` (the model's API
 #: refused the request or gave no usable reply after its retries), ``repaired`` (the
-#: model's answer at its second try, after a repair round). A closed set: it is a metric
-#: label, and readers count by it (docs/agents.md, *Fallbacks*).
-AgentFallback = Literal["deadline", "unparseable", "request_failed", "repaired"]
+#: model's answer at its second try, after a repair round), ``adapter_refused`` (the
+#: match named an adapter no trainer announced: the seat played no policy, and a
+#: trainer drops the match). A closed set: it is a metric label, and readers count by
+#: it (docs/agents.md, *Fallbacks*).
+AgentFallback = Literal["deadline", "unparseable", "request_failed", "repaired", "adapter_refused"]
 #: ``ActionRecord.fallback``: an agent's own reason, or ``timeout``, the referee's default
 #: for a seat whose answer did not arrive in time.
-Fallback = Literal["deadline", "unparseable", "request_failed", "repaired", "timeout"]
+Fallback = Literal[
+    "deadline", "unparseable", "request_failed", "repaired", "adapter_refused", "timeout"
+]
 FALLBACK_REASONS: tuple[str, ...] = get_args(Fallback)
 
 

@@ -156,12 +156,21 @@ class TrainerBus:
             )
             sent.append(r.match)
 
-    async def announce(self, ref: AdapterRef) -> None:
-        """Publish the new adapter as the retained checkpoint of its policy."""
+    async def announce(self, ref: AdapterRef, *, current: bool = True) -> None:
+        """Announce a version (retained on its own topic), and with ``current`` make it the
+        retained checkpoint of its policy.
+
+        ``local`` agents load the adapter a match names only if it was announced
+        (``backroom.agents.local``): the checkpoint topic keeps the latest version
+        alone, and the agent buffer's opponents are older ones. The version goes
+        first, so an agent never holds a checkpoint it has not seen announced.
+        """
         msg = Checkpoint(
             policy=ref.policy, version=ref.version, uri=ref.uri, sha256=ref.sha256, size=ref.size
         )
-        await self.bus.publish(topics.checkpoint(ref.policy), msg, retain=True)
+        await self.bus.publish(topics.model_version(ref.policy, ref.version), msg, retain=True)
+        if current:
+            await self.bus.publish(topics.checkpoint(ref.policy), msg, retain=True)
 
     # --- waiting ---------------------------------------------------------------------
 

@@ -356,6 +356,8 @@ async def train(
         learner = run.learner
         sync_parameters(learner)  # data-parallel ranks start from rank 0's adapter
         async with TrainerBus(bus_config, store, config.game) as tb:
+            for old in run.buffer.refs:  # resumed: their location may be new (the server's port)
+                await tb.announce(old, current=False)
             await _announce(tb, config, run.current)
             if missing := await tb.wait_online(players, online_timeout_s):
                 raise TrainError(f"agents not online after {online_timeout_s:.0f}s: {missing}")

@@ -407,7 +407,8 @@ class Store:
 
         A decision is kept only with a trace from the agent the episode seats
         there: the trace's topic proves who sent it, the episode proves who
-        played. Nothing is guessed: no trace, no decision. Returns the
+        played. Nothing is guessed: no trace, no decision. A match in which a
+        seat refused its adapter (``adapter_refused``) is dropped whole. Returns the
         episodes in the order of ``matches`` and this call's counts (which
         are also added to the persistent counters).
         """
@@ -429,6 +430,11 @@ class Store:
                     drop("episode_missing")
                     continue
                 request, record, traces = loaded
+                if any(a.fallback == "adapter_refused" for a in record.actions):
+                    # a seat played no policy (its named adapter was never announced):
+                    # the other seats' returns say nothing about the versions they faced
+                    drop("adapter_refused")
+                    continue
                 decisions: list[Decision] = []
                 for a in record.actions:
                     if a.seat not in request.trainable:
