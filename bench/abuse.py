@@ -47,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from abuse_parts import budgets, traces, webfetch
+from abuse_parts import budgets, provenance, traces, webfetch
 
 from backroom.bus import topics
 from backroom.bus.broker import Broker
@@ -242,6 +242,12 @@ CHECKS = [
         "the token link within the holder's reconnect window: refused",
     ),
     Check(
+        "adapter",
+        lambda url, d: provenance.name_unannounced_adapter(url, d, 30.0),
+        lambda r: bool(r["ok"]),
+        "a referee naming an adapter no trainer announced: refused, then loaded once announced",
+    ),
+    Check(
         "drip_fetch",
         lambda url, d: webfetch.drip_checkpoint(url, d, 10.0),
         lambda r: bool(r["ok"]),
@@ -264,6 +270,8 @@ async def run_checks(names: list[str] | None) -> int:
                 ("other", "agent"),
                 ("abuse-seat", "agent"),
                 ("trainer-victim", "trainer"),
+                ("agent", "agent"),
+                ("trainer", "trainer"),
             ]:
                 broker.credentials.add(name, role=role)  # type: ignore[arg-type]
             broker.start()
