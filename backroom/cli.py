@@ -739,6 +739,18 @@ def analyze(
             "(no fallback of any reason, no timeout default); says how many it left out",
         ),
     ] = False,
+    html: Annotated[
+        bool,
+        typer.Option(
+            "--html",
+            help="also write one self-contained HTML file (tables, notes, plots embedded) "
+            "to RUN_DIR/report.html",
+        ),
+    ] = False,
+    html_to: Annotated[
+        Path | None,
+        typer.Option(help="write the HTML report here instead (implies --html)"),
+    ] = None,
 ) -> None:
     """Measures of one finished run: tables here, PNG plots and analysis.json on disk.
 
@@ -783,6 +795,22 @@ def analyze(
     for plot in plots:
         console.print(f"plot: {plot}")
     console.print(f"numbers: {target}")
+    if html or html_to:
+        from backroom import __version__
+        from backroom.analysis.report import REPORT_NAME, write_report
+
+        command = ["backroom", "analyze", str(run_dir)]
+        command += ["--out-dir", str(out_dir)] if out_dir else []
+        command += ["--exclude-fallbacks"] if exclude_fallbacks else []
+        command += ["--html-to", str(html_to)] if html_to else ["--html"]
+        header = f"run: {chosen}{latest}"
+        try:
+            page = write_report(
+                result, html_to or target.parent / REPORT_NAME, header, command, __version__
+            )
+        except OSError as exc:
+            _fail(f"could not write the HTML report: {exc}")
+        console.print(f"report: {page}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("serve-model")

@@ -255,6 +255,9 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
             t = Table(
                 title=f"{run} {game}: {r['episodes']} episodes (no measures for this game)".strip()
             )
+            # A table without a column prints nothing, not even its title: give it one.
+            t.add_column("episodes", justify="right")
+            t.add_row(str(r["episodes"]))
             tables.append(t)
     counts = result.get("fallbacks") or {}
     if any(c["fallbacks"] for c in counts.values()):
