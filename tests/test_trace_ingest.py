@@ -181,3 +181,32 @@ async def test_the_runner_writes_each_decision_once_and_no_more_than_its_bound(
     assert got["run_bound"] > 0
     said = [n for n in notices if "traces.jsonl reached" in n]
     assert len(said) == 1 and f"{bound:,} bytes" in said[0], notices
+
+
+async def test_a_version_the_buffer_let_go_is_no_longer_announced(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Every ``local`` agent reads every retained version announcement when it starts: kept for
+    ever, a run of N steps left N+1. The trainer deletes the ones its buffer let go."""
+    from backroom.bus.wire import AdapterRef
+
+    trainer = identity(broker, "trainer", "trainer")
+    reader = identity(broker, "reader", "observer")
+    refs = [
+        AdapterRef(policy="pol", version=v, uri=f"/a/{v}", sha256="0" * 64, size=1)
+        for v in ("v0", "v1")
+    ]
+    with Store(tmp_path / "store.sqlite") as store:
+        async with TrainerBus(trainer, store, "ipd") as tb:
+            for r in refs:
+                await tb.announce(r)
+            await tb.retract(refs[0])
+    seen: dict[str, bytes] = {}
+    async with Bus(reader) as bus:
+        await bus.subscribe(
+            topics.ALL_MODEL_VERSIONS, lambda t, p: seen.__setitem__(t.rsplit("/", 1)[-1], p)
+        )
+        # the SUBACK of a second subscription comes after the first one's retained messages
+        await bus.subscribe(topics.ALL_STATUS, lambda *_: None)
+        await eventually(lambda: "v1" in seen, 10)
+    assert list(seen) == ["v1"]  # v0's retained message is gone: a new reader never sees it

@@ -100,9 +100,9 @@ def test_the_plan_is_a_function_of_config_step_and_buffer() -> None:
 
 def test_buffer_keeps_every_nth_and_drops_the_oldest() -> None:
     buf = AgentBuffer(every=2, size=2)
-    for step in range(7):
-        buf.offer(step, ref(f"v{step}"))
+    gone = [r.version for step in range(7) for r in buf.offer(step, ref(f"v{step}"))]
     assert [r.version for r in buf.refs] == ["v4", "v6"]
+    assert gone == ["v0", "v2"]  # what the trainer retracts (TrainerBus.retract)
 
 
 def test_evaluation_plays_each_baseline_and_itself_on_seat_0() -> None:

@@ -172,6 +172,15 @@ class TrainerBus:
         if current:
             await self.bus.publish(topics.checkpoint(ref.policy), msg, retain=True)
 
+    async def retract(self, ref: AdapterRef) -> None:
+        """Delete a version's retained announcement once the agent buffer has let it go.
+
+        Every ``local`` agent reads all of them when it starts: kept for ever, a run of N
+        steps left N+1. An agent that read it keeps it (it was the trainer's); no match
+        the trainer asks for names it again.
+        """
+        await self.bus.publish(topics.model_version(ref.policy, ref.version), b"", retain=True)
+
     # --- waiting ---------------------------------------------------------------------
 
     async def _until(self, done: Callable[[], bool], timeout_s: float) -> bool:

@@ -401,7 +401,9 @@ async def train(
                 )
                 _export(row, stats.tokens)
                 train_log.append(row)
-                run.buffer.offer(step, run.current)
+                for gone in run.buffer.offer(step, run.current):
+                    if gone.version != ref.version:
+                        await tb.retract(gone)  # no match will name it again
                 run.current = ref
                 await _announce(tb, config, ref)
                 if on_step:

@@ -25,11 +25,14 @@ class AgentBuffer:
     size: int
     refs: deque[AdapterRef] = field(default_factory=deque)
 
-    def offer(self, step: int, ref: AdapterRef) -> None:
+    def offer(self, step: int, ref: AdapterRef) -> list[AdapterRef]:
+        """Keep ``ref`` if ``step`` is an ``every``-th one; return the versions it pushed out."""
+        left: list[AdapterRef] = []
         if step % self.every == 0:
             self.refs.append(ref)
             while len(self.refs) > self.size:
-                self.refs.popleft()
+                left.append(self.refs.popleft())
+        return left
 
 
 def _spec(
