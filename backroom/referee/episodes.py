@@ -133,7 +133,12 @@ class EpisodeLog:
                 try:
                     if not run_dir.is_dir():
                         run_dir.mkdir(parents=True, exist_ok=True)
-                        point_latest(run_dir.parent, run_dir.name)
+                        # Never away from another run's keyed directory: any runner may
+                        # name a new stamp with a key of its own, and `latest` is what
+                        # `backroom analyze runs/<run>` reads.
+                        latest = run_dir.parent / LATEST
+                        if not (latest.exists() and (latest / RUN_KEY_FILE).exists()):
+                            point_latest(run_dir.parent, run_dir.name)
                     with key_file.open("x") as f:
                         f.write(digest + "\n")
                     bound = digest

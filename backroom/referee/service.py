@@ -70,6 +70,8 @@ FINISHED_MEMORY = 10_000
 #: Bytes of finished matches' episodes a referee keeps, newest first, to publish again
 #: when a runner asks again (its session was lost while they went out: ``_request``).
 REPUBLISH_MEMORY_BYTES = 64 << 20
+#: Seconds between two publications of one match's episode again, however often it is asked.
+REPUBLISH_EVERY_S = 5.0
 #: Error replies an identity may get at once, and how fast its budget refills
 #: (per second). A well-behaved agent gets a handful of errors per match; a
 #: flood from one identity must not become a flood back.
@@ -208,6 +210,9 @@ class Referee:
         #: Finished match -> (game, record JSON) as published, within ``REPUBLISH_MEMORY_BYTES``.
         self.published: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
         self._published_bytes = 0
+        #: Match -> who asked for it (``reply_to``, ``run_key``): only they may have it again.
+        self._askers: dict[str, tuple[str | None, str | None]] = {}
+        self._republished_at: dict[str, float] = {}  # match -> monotonic time of its last
         self.offline: set[str] = set()
         self.offline_since: dict[str, float] = {}  # agent -> monotonic time its status said offline
         self.kinds: dict[str, str] = {}
@@ -519,6 +524,7 @@ class Referee:
             self._publish_refusal(msg, str(exc))
             return
         self.matches[match.id] = match
+        self._askers[match.id] = (msg.reply_to, msg.run_key)
         if msg.reply_to:
             # "identity": whose status tells the runner when this referee is gone
             # (its will), and with it the matches it accepted.
@@ -539,14 +545,25 @@ class Referee:
         match under a new id.
         """
         assert self.bus is not None
+        if not msg.again or (msg.reply_to, msg.run_key) != self._askers.get(msg.match):
+            # A redelivery, or someone else naming the match: an episode (up to 16 MB) goes
+            # to every reader, so only the asker's own `again` gets it.
+            return
         if msg.match in self.matches:
-            if msg.again and msg.reply_to:
+            if msg.reply_to:
                 running = Event(match=msg.match, kind="running", data={"referee": self.id})
                 self.send(topics.inbox(msg.reply_to), running, batch=msg.reply_batches)
             return
         kept = self.published.get(msg.match)
         if kept is None:
+            if msg.reply_to:  # finished here, no longer kept: the runner asks under a new id
+                gone = Event(match=msg.match, kind="forgotten", data={"referee": self.id})
+                self.send(topics.inbox(msg.reply_to), gone, batch=msg.reply_batches)
             return
+        now = time.monotonic()
+        if now - self._republished_at.get(msg.match, -REPUBLISH_EVERY_S) < REPUBLISH_EVERY_S:
+            return
+        self._republished_at[msg.match] = now
         game, record_json = kept
         metrics.EPISODES_REPUBLISHED.inc()
         self._counter("out", "episode").inc()
@@ -556,8 +573,9 @@ class Referee:
         self.published[match] = (game, record_json)
         self._published_bytes += len(record_json)
         while self._published_bytes > REPUBLISH_MEMORY_BYTES and self.published:
-            _, (_, old) = self.published.popitem(last=False)
+            gone, (_, old) = self.published.popitem(last=False)
             self._published_bytes -= len(old)
+            self._republished_at.pop(gone, None)
 
     async def _run_match(self, match: Match) -> None:
         try:
@@ -566,7 +584,8 @@ class Referee:
             self.matches.pop(match.id, None)
             self.finished_ids[match.id] = None
             while len(self.finished_ids) > FINISHED_MEMORY:
-                self.finished_ids.popitem(last=False)
+                forgotten, _ = self.finished_ids.popitem(last=False)
+                self._askers.pop(forgotten, None)
             if not self.matches:
                 self.idle.set()
 
@@ -889,6 +908,7 @@ class Referee:
             ended_at=time.time(),
         )
         self.finished_ids[msg.match] = None
+        self._askers[msg.match] = (msg.reply_to, msg.run_key)
 
         async def publish() -> None:
             written = (

@@ -536,6 +536,8 @@ async def run_matches(
         if name is None or not isinstance(msg, Status):
             return
         up = msg.state == "online"
+        if not up:
+            unproven.pop(name, None)  # a later roster record must not replay a stale online
         if msg.kind == "referee" and up and name not in rostered:
             # Any identity may say "kind: referee" of itself; counted as one, an agent
             # kept a run waiting for ever after the real referee died. Its roster
@@ -582,6 +584,14 @@ async def run_matches(
             if isinstance(msg, Event) and msg.kind == "running" and msg.match in owner:
                 heard[msg.match] = time.monotonic()  # asked again: its referee still plays it
                 unanswered.pop(msg.match, None)
+            if (
+                isinstance(msg, Event)
+                and msg.kind == "forgotten"  # finished, its episode no longer kept: play anew
+                and msg.match in owner
+                and current.get(match_id) == msg.match
+                and match_id not in episodes
+            ):
+                ask_again(match_id, "no episode")
             if isinstance(msg, Event) and msg.kind == "accepted" and match_id in current:
                 if match_id in episodes or current[match_id] != msg.match:
                     continue
@@ -700,14 +710,19 @@ async def run_matches(
     def ask_accepted_again(now: float) -> None:
         """Ask again for accepted matches whose episode and referee have been silent too long.
 
-        Its referee publishes the episode again, or says ``running``; after
-        ``AGAIN_TRIES`` asks with no answer, the match is asked for under a
-        new id (the referee kept no copy, or the asks went to other referees).
+        Its referee publishes the episode again, says ``running``, or says
+        ``forgotten`` (then the match is asked for under a new id at once,
+        ``on_ack``). An ask reaches one referee of the shared group, not
+        always the owner, which alone answers: so only after ``AGAIN_TRIES``
+        silent asks per referee online is the match asked for under a new id
+        (its owner silent that long). Counting per referee kept a long match
+        under two referees from running twice while it was still playing.
         """
+        tries = AGAIN_TRIES * max(1, len(referees_up - lost.keys()))
         for attempt in list(owner):
             if now - heard.get(attempt, now) < episode_wait_s:
                 continue
-            if unanswered[attempt] >= AGAIN_TRIES:
+            if unanswered[attempt] >= tries:
                 if current[slot_of[attempt]] == attempt:
                     ask_again(slot_of[attempt], "no episode")
                 continue
@@ -860,86 +875,93 @@ async def run_matches(
             taken.set()
             await bus.close()  # stay off: the process holding the name keeps it
 
-    async with Bus(
-        bus_config, role="runner", on_connect=[reconnected], on_disconnect=[thrown_off]
-    ) as bus:
-        try:
-            await bus.subscribe(topics.REFEREE_ROSTERS, on_roster)  # retained: before statuses
-            await bus.subscribe(topics.ALL_STATUS, on_status)
-            if trace_file is not None:
-                await bus.subscribe(topics.ALL_TRACES, on_trace)
-            await bus.subscribe(topics.episodes(config.game), on_episode_msg)
-            await bus.subscribe(topics.inbox(me), on_ack)
-            if claim_window_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(taken.wait(), claim_window_s)
-        except (BusError, aiomqtt.MqttError):
-            # Cut off mid-subscribe: a raw MqttError traceback was all a clash said.
-            if not (claim_window_s > 0 and await broker_reachable(bus_config)):
-                raise
-            taken.set()
-        claiming = False
-        if taken.is_set():
-            raise RunError(
-                f"runner identity {me!r} is in use: another process logged in as {me!r} "
-                f"took the connection back while this run was starting (another `backroom "
-                "run` on this broker?). Stop that run, or give this one a runner identity of "
-                f"its own (`backroom credentials add NAME --role runner`)"
-            )
-        check_ready()
-        deadline = time.monotonic() + ready_timeout_s
-        slow_at = time.monotonic() + SLOW_START_S
-        others = (
-            [a.id for a in config.agents if a.kind == EXTERNAL] if external is None else external
-        )
-        if [w for w in wait_for if w in others] or not referees_up:
-            with contextlib.suppress(TimeoutError):  # the retained "online" of one already up
-                await asyncio.wait_for(ready.wait(), 0.2)
-        if awaited := [w for w in wait_for if w in others and w not in online]:
-            notice(_waiting_notice(awaited, bus_config, stack, ready_timeout_s))
-        while not ready.is_set():
-            missing = sorted(set(wait_for) - online) + ([] if referees_up else ["a referee"])
-            if slow_at and time.monotonic() > slow_at:
-                slow_at = 0.0
-                left = round(deadline - time.monotonic())
-                notice(f"still waiting for {', '.join(missing)} ({left}s left)")
-            if stack is not None and (dead := stack.dead()):
+    try:
+        async with Bus(
+            bus_config, role="runner", on_connect=[reconnected], on_disconnect=[thrown_off]
+        ) as bus:
+            try:
+                await bus.subscribe(topics.REFEREE_ROSTERS, on_roster)  # retained: before statuses
+                await bus.subscribe(topics.ALL_STATUS, on_status)
+                if trace_file is not None:
+                    await bus.subscribe(topics.ALL_TRACES, on_trace)
+                await bus.subscribe(topics.episodes(config.game), on_episode_msg)
+                await bus.subscribe(topics.inbox(me), on_ack)
+                if claim_window_s > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(taken.wait(), claim_window_s)
+            except (BusError, aiomqtt.MqttError):
+                # Cut off mid-subscribe: a raw MqttError traceback was all a clash said.
+                if not (claim_window_s > 0 and await broker_reachable(bus_config)):
+                    raise
+                taken.set()
+            claiming = False
+            if taken.is_set():
                 raise RunError(
-                    f"process {dead[0]} exited before the run started:\n{stack.log_tail(dead[0])}"
+                    f"runner identity {me!r} is in use: another process logged in as {me!r} "
+                    f"took the connection back while this run was starting (another `backroom "
+                    "run` on this broker?). Stop that run, or give this one a runner identity of "
+                    f"its own (`backroom credentials add NAME --role runner`)"
                 )
-            if time.monotonic() > deadline:
-                raise RunError(f"not online after {ready_timeout_s}s: {missing}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ready.wait(), 0.1)
-        playing = True
-        if clock is not None:
-            clock.started = time.perf_counter()
-        submitter = asyncio.create_task(submit())
-        resubmitter = asyncio.create_task(resubmit())
-
-        async def stop_early() -> None:
-            if stop is not None:
-                await stop.wait()
-                all_done.set()  # the matches finished so far are the run's result
-
-        relay = asyncio.create_task(stop_early())
-        try:
-            while not all_done.is_set():
-                if submitter.done() and (error := submitter.exception()) is not None:
-                    raise error
-                watch_referees()
+            check_ready()
+            deadline = time.monotonic() + ready_timeout_s
+            slow_at = time.monotonic() + SLOW_START_S
+            others = (
+                [a.id for a in config.agents if a.kind == EXTERNAL]
+                if external is None
+                else external
+            )
+            if [w for w in wait_for if w in others] or not referees_up:
+                with contextlib.suppress(TimeoutError):  # the retained "online" of one already up
+                    await asyncio.wait_for(ready.wait(), 0.2)
+            if awaited := [w for w in wait_for if w in others and w not in online]:
+                notice(_waiting_notice(awaited, bus_config, stack, ready_timeout_s))
+            while not ready.is_set():
+                missing = sorted(set(wait_for) - online) + ([] if referees_up else ["a referee"])
+                if slow_at and time.monotonic() > slow_at:
+                    slow_at = 0.0
+                    left = round(deadline - time.monotonic())
+                    notice(f"still waiting for {', '.join(missing)} ({left}s left)")
+                if stack is not None and (dead := stack.dead()):
+                    raise RunError(
+                        f"process {dead[0]} exited before the run started:\n{stack.log_tail(dead[0])}"
+                    )
+                if stop is not None and stop.is_set():
+                    all_done.set()  # Ctrl-C before any match: nothing is asked for
+                    break
+                if time.monotonic() > deadline:
+                    raise RunError(f"not online after {ready_timeout_s}s: {missing}")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(all_done.wait(), 0.2)
-        finally:
-            submitter.cancel()
-            resubmitter.cancel()
-            relay.cancel()
-        if unwritten:
-            raise RunError(f"{unwritten[0]}; the run stops here")
-        faults.interrupted = stop is not None and stop.is_set() and len(episodes) < len(wanted)
-        await asyncio.sleep(0.2)  # traces of the last decisions are still on their way
-    if trace_file is not None:
-        trace_file.close()
+                    await asyncio.wait_for(ready.wait(), 0.1)
+            playing = True
+            if clock is not None:
+                clock.started = time.perf_counter()
+            submitter = asyncio.create_task(submit())
+            resubmitter = asyncio.create_task(resubmit())
+
+            async def stop_early() -> None:
+                if stop is not None:
+                    await stop.wait()
+                    all_done.set()  # the matches finished so far are the run's result
+
+            relay = asyncio.create_task(stop_early())
+            try:
+                while not all_done.is_set():
+                    if submitter.done() and (error := submitter.exception()) is not None:
+                        raise error
+                    watch_referees()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(all_done.wait(), 0.2)
+            finally:
+                submitter.cancel()
+                resubmitter.cancel()
+                relay.cancel()
+            if unwritten:
+                raise RunError(f"{unwritten[0]}; the run stops here")
+            faults.interrupted = stop is not None and stop.is_set() and len(episodes) < len(wanted)
+            await asyncio.sleep(0.2)  # traces of the last decisions are still on their way
+    finally:
+        if trace_file is not None:  # a failed or stopped run's traces too
+            trace_file.close()
     result = [episodes[m] for m in match_ids if m in episodes]
     for departure in faults.departures:
         departure.defaulted = _defaulted(result, departure)
