@@ -108,6 +108,8 @@ class Result:
     returns: dict[str, float]  # learner's mean return per match against each opponent
     #: the share of A played by seat 0 (always the live policy) in each step's rollouts
     coop_by_step: list[float] = field(default_factory=list)
+    #: the final logit per state: the policy itself, to play or freeze (memory_one_exploit.py)
+    logits: list[float] = field(default_factory=list)
 
     @property
     def is_tit_for_tat(self) -> bool:
@@ -242,7 +244,12 @@ def train(s: Settings, seed: int, on_step: StepHook | None = None) -> Result:
             on_step(step, _row(now, coop[-1], rewards, loss, entropy, trained))
     final = logits().detach().numpy()
     p_a = {k: float(1 / (1 + np.exp(-v))) for k, v in zip(STATES, final, strict=True)}
-    return Result(p_a=p_a, returns=evaluate(final, s.rounds, rng), coop_by_step=coop)
+    return Result(
+        p_a=p_a,
+        returns=evaluate(final, s.rounds, rng),
+        coop_by_step=coop,
+        logits=final.tolist(),
+    )
 
 
 def _row(
