@@ -206,3 +206,28 @@ async def test_a_runner_cannot_make_a_referee_write_into_another_runs_directory(
         assert "belongs to another run" in episodes[match].detail
     written = [str(e["match"]) for e in read_episodes(run_dir)]
     assert sorted(written) == sorted(e.match for e in got)  # nothing of mallory's
+
+
+async def test_only_the_asker_gets_a_finished_match_published_again(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Review of item 6: any runner-role identity could name a finished match (ids are in every
+    episode) and make its referee broadcast the record, up to 16 MB, to every episode reader,
+    as often as it liked. Now only the asker's own `again` (same reply_to and run key) gets
+    it, at most every REPUBLISH_EVERY_S."""
+    from backroom import metrics
+
+    def republished() -> float:
+        return metrics.EPISODES_REPUBLISHED._value.get()
+
+    async with stack(broker, tmp_path / "runs", _players()) as (ref, _):
+        runner = identity(broker, "runner", "runner")
+        (done,) = await asyncio.wait_for(run_matches(_config("asked", 1, 1), runner, SEATED), 60)
+        request = MatchRequest(match=done.match, spec=done.spec, reply_to="runner", again=True)
+        before = republished()
+        ref._request(request.model_copy(update={"reply_to": "mallet"}))  # someone else
+        ref._request(request.model_copy(update={"again": False}))  # a plain redelivery
+        assert republished() == before
+        ref._request(request)  # the asker's own again: once, then not within the window
+        ref._request(request)
+        assert republished() == before + 1
