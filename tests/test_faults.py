@@ -586,3 +586,50 @@ async def test_an_agent_saying_it_is_a_referee_does_not_keep_a_run_waiting(
     finally:
         for r in runners:
             await r.__aexit__(None, None, None)
+
+
+async def test_a_pool_name_whose_login_never_comes_up_is_passed_over(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Seen once in the default suite on 2 busy cores: two replicas logging in under one pool
+    name threw each other off until the first connection's deadline, and the replica exited
+    ("could not connect to the broker within 10 s"), leaving the pool short. A name whose
+    login does not come up while the broker answers is now passed over for the next one;
+    with the broker away, the replica still fails with that error. Here the contested login
+    is a listener that accepts and never answers MQTT."""
+    import socket
+
+    from backroom.bus.errors import ConnectTimeout
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    said: list[str] = []
+    configs = {
+        "referee-1": replace(
+            identity(broker, "referee-1", "referee"),
+            port=silent.getsockname()[1],
+            connect_timeout_s=1.0,
+        ),
+        "referee-2": identity(broker, "referee-2", "referee"),
+    }
+
+    def make(name: str) -> Referee:
+        return Referee(configs[name], runs_dir=tmp_path)
+
+    try:
+        ref = await asyncio.wait_for(
+            claim_pooled(["referee-1", "referee-2"], make, said.append), 30
+        )
+        try:
+            assert ref.config.username == "referee-2" and ref.group is not None
+            assert said == [
+                "referee identity 'referee-1' is contested; trying a free name of the pool"
+            ]
+        finally:
+            await ref.__aexit__(None, None, None)
+    finally:
+        silent.close()
+    # the broker away (nothing listens there now): the error says so, no name is passed over
+    with pytest.raises(ConnectTimeout, match="could not connect to the broker"):
+        await asyncio.wait_for(claim_pooled(["referee-1"], make, said.append), 30)

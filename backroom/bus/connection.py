@@ -32,7 +32,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from backroom import metrics
-from backroom.bus.errors import BusError, NotAuthorizedError
+from backroom.bus.errors import BusError, ConnectTimeout, NotAuthorizedError
 from backroom.bus.paho_fixes import PahoLink
 from backroom.bus.publish import Outbox
 from backroom.bus.subscriptions import Subscriptions
@@ -131,7 +131,7 @@ class Connection:
             await asyncio.wait_for(asyncio.shield(self._first), self.config.connect_timeout_s)
         except TimeoutError:
             await self.close()
-            raise BusError(
+            raise ConnectTimeout(
                 f"could not connect to the broker at {self.config.host}:{self.config.port} "
                 f"within {self.config.connect_timeout_s}s; is it running?"
             ) from None

@@ -19,3 +19,8 @@ class IdentityInUse(BusError):
     round (a referee voiding its matches in flight every time, an agent missing
     its turns).
     """
+
+
+class ConnectTimeout(BusError):
+    """The first connection did not come up in time: no broker, or (with the broker there)
+    another process under this identity throwing each login off as it comes."""

@@ -44,7 +44,7 @@ from backroom import metrics
 from backroom.bus import topics
 from backroom.bus.client import Bus, BusConfig, Will
 from backroom.bus.connection import broker_reachable
-from backroom.bus.errors import IdentityInUse
+from backroom.bus.errors import ConnectTimeout, IdentityInUse
 from backroom.bus.wire import (
     MAX_PAYLOAD_BYTES,
     Action,
@@ -990,6 +990,13 @@ async def claim_pooled(
                 if ref.name_announced():
                     held.add(name)
                 say(f"referee identity {name!r} is in use; trying a free name of the pool")
+            except ConnectTimeout:
+                # Two replicas logging in under one name at once can throw each other off
+                # until the first connection's deadline (seen on a loaded 2-core machine):
+                # contested, not a broker that is away. The name stays for the next pass.
+                if not await broker_reachable(ref.config):
+                    raise
+                say(f"referee identity {name!r} is contested; trying a free name of the pool")
         names = [name for name in usable if name not in held]
         if not names:
             break
