@@ -758,7 +758,8 @@ def analyze(
     says which: never the episodes of several runs together. Voided and failed
     matches are left out and counted; fallbacks are counted per agent and reason.
     """
-    from backroom.analysis import analyze_run, notes, render_tables
+    from backroom.analysis import analyze_run
+    from backroom.analysis.report import print_result
     from backroom.referee.episodes import resolve_run_dir
 
     if not run_dir.exists():
@@ -772,20 +773,7 @@ def analyze(
     latest = f" (the latest run of {run_dir})" if chosen != run_dir else ""
     console.print(f"run: {chosen}{latest}", markup=False, highlight=False, soft_wrap=True)
     result = analyze_run(chosen, out_dir, exclude_fallbacks)
-    for table in render_tables(result):
-        console.print(table)
-    for line in notes(result):
-        warn = line.startswith("warning:")
-        console.print(
-            line, style="yellow" if warn else None, markup=False, highlight=False, soft_wrap=True
-        )
-    if skipped := result.get("unreadable_lines"):
-        console.print(
-            f"skipped {skipped} unreadable lines in {result['episodes_file']}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+    print_result(console, result)
     target = (chosen if chosen.is_dir() else chosen.parent) / "analysis.json"
     target.write_text(json.dumps(result, indent=1, default=str))
     plots = [

@@ -56,6 +56,18 @@ def printed_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def print_result(console: Console, result: dict[str, Any]) -> None:
+    """What ``backroom analyze`` prints of a result: its tables, then its notes (warnings
+    in yellow); the terminal and the report print the same."""
+    for table in render_tables(result):
+        console.print(table)
+    for line in printed_lines(result):
+        warn = line.startswith("warning:")
+        console.print(
+            line, style="yellow" if warn else None, markup=False, highlight=False, soft_wrap=True
+        )
+
+
 def tables_html(header: str, result: dict[str, Any]) -> str:
     """The tables and notes as ``analyze`` prints them, as escaped, inline-styled HTML."""
     console = Console(
@@ -66,13 +78,7 @@ def tables_html(header: str, result: dict[str, Any]) -> str:
         color_system="truecolor",
     )
     console.print(header, markup=False, highlight=False, soft_wrap=True)
-    for table in render_tables(result):
-        console.print(table)
-    for line in printed_lines(result):
-        warn = line.startswith("warning:")
-        console.print(
-            line, style="yellow" if warn else None, markup=False, highlight=False, soft_wrap=True
-        )
+    print_result(console, result)
     return console.export_html(inline_styles=True, code_format='<pre class="tables">{code}</pre>')
 
 
