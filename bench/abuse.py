@@ -47,11 +47,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from abuse_parts import budgets, provenance, traces, webfetch
+from abuse_parts import budgets, login, provenance, traces, webfetch
 
 from backroom.bus import topics
 from backroom.bus.broker import Broker
-from backroom.bus.client import Bus, BusConfig, NotAuthorizedError
+from backroom.bus.client import Bus, NotAuthorizedError
 from backroom.bus.wire import Status, parse_status
 from backroom.cli import demo_config
 from backroom.runner.local import run_local
@@ -106,9 +106,8 @@ async def denied_flood(
     url: str, creds_dir: Path, seconds: float, payload: bytes, per_s: float | None
 ) -> dict[str, Any]:
     """``payload`` to another agent's inbox, which the attacker may not write (the control)."""
-    cred = broker_credentials(creds_dir, ATTACKER)
     sent = 0
-    async with Bus(BusConfig.from_url(url, username=ATTACKER, password=cred)) as bus:
+    async with Bus(login(url, creds_dir, ATTACKER)) as bus:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             with contextlib.suppress(NotAuthorizedError):
@@ -117,12 +116,6 @@ async def denied_flood(
             if per_s:
                 await asyncio.sleep(1.0 / per_s)
     return {"payloads": sent}
-
-
-def broker_credentials(creds_dir: Path, name: str) -> str | None:
-    from backroom.bus.auth import CredentialStore
-
-    return CredentialStore(creds_dir).get(name).password
 
 
 async def play(
@@ -180,9 +173,7 @@ async def sigterm_seconds(broker: Broker, case: Case) -> float:
     broker.credentials.add("watcher", role="observer")
     broker.reload()
     await asyncio.sleep(0.1)
-    watcher = broker.credentials.get("watcher")
-    config = BusConfig.from_url(broker.url, username="watcher", password=watcher.password)
-    async with Bus(config) as bus:
+    async with Bus(login(broker.url, broker.dir, "watcher")) as bus:
         await bus.subscribe(topics.status("referee"), on)
         await asyncio.wait_for(online.wait(), 60)
     attack = asyncio.create_task(case.attack(broker.url, broker.dir, 3600.0))

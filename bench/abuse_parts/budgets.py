@@ -15,19 +15,13 @@ import asyncio
 import time
 from pathlib import Path
 
+from abuse_parts import login
 from backroom.bus import topics
-from backroom.bus.auth import CredentialStore
 from backroom.bus.client import Bus
-from backroom.bus.connection import BusConfig
 from backroom.bus.wire import Status, dump
 
 #: 63 KB of ``1``: before issue 22, 2.6 s of the referee's loop each (judged element by element).
 ONES = b"[" + b",".join([b"1"] * 31_500) + b"]"
-
-
-def _config(url: str, creds_dir: str | Path, agent: str) -> BusConfig:
-    cred = CredentialStore(creds_dir).get(agent)
-    return BusConfig.from_url(url, username=cred.username, password=cred.password)
 
 
 async def flood_ones(
@@ -36,7 +30,7 @@ async def flood_ones(
     """``per_s`` 63 KB arrays of ``1`` a second on ``agent``'s outbox (the issue's 10/s:
     matches/s fell 10x, SIGTERM took 48-60 s). Each is now one refusal."""
     sent = 0
-    async with Bus(_config(url, creds_dir, agent)) as bus:
+    async with Bus(login(url, creds_dir, agent)) as bus:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             await bus.publish(topics.outbox(agent), ONES)
@@ -51,7 +45,7 @@ async def flood_small(
     """Small malformed payloads as fast as the broker takes them (cost 5x under the byte
     budget): each is charged the loop time it took plus the per-payload overhead."""
     sent = 0
-    async with Bus(_config(url, creds_dir, agent)) as bus:
+    async with Bus(login(url, creds_dir, agent)) as bus:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             await bus.publish(topics.outbox(agent), b"{nope")
@@ -66,7 +60,7 @@ async def flip_status(
     throughput 8x: each ``offline`` visits every match); now out of its input budget."""
     flips = [dump(Status(state=s, kind="raw")) for s in ("offline", "online")]
     sent = 0
-    async with Bus(_config(url, creds_dir, agent)) as bus:
+    async with Bus(login(url, creds_dir, agent)) as bus:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             await bus.publish(topics.status(agent), flips[sent % 2])
@@ -89,7 +83,7 @@ async def big_status(
     head = dump(Status(state="online", kind="raw"))
     big = head.replace(b'"kind"', b'"pad":"' + b"x" * size + b'","kind"')
     sent = 0
-    async with Bus(_config(url, creds_dir, agent)) as bus:
+    async with Bus(login(url, creds_dir, agent)) as bus:
         end = time.monotonic() + seconds
         while True:
             await bus.publish(topics.status(agent), big, retain=retain)

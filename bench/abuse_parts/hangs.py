@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from abuse_parts import login
 from backroom.bus import topics
 from backroom.bus.auth import CredentialStore
 from backroom.bus.broker import reload_broker
@@ -27,9 +28,10 @@ from backroom.runner.local import RunError, run_matches
 
 
 def _login(url: str, creds_dir: Path, name: str, role: str) -> BusConfig:
-    cred = CredentialStore(creds_dir).add(name, role=role)  # type: ignore[arg-type]
+    """``name`` added as ``role`` (the broker rereads its files), and its connection settings."""
+    CredentialStore(creds_dir).add(name, role=role)  # type: ignore[arg-type]
     reload_broker(creds_dir)
-    return BusConfig.from_url(url, username=cred.username, password=cred.password)
+    return login(url, creds_dir, name)
 
 
 async def forge_run_dir(

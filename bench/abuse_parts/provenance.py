@@ -16,7 +16,7 @@ random LoRA for it: nothing downloaded) under the ``agent`` identity, which the
 caller creates with ``referee`` and ``trainer`` (not the names a running stack
 uses: a second login would throw it off).
 
-Run alone: ``python bench/abuse_parts/provenance.py`` (starts its own broker).
+Run alone, from ``bench/``: ``python -m abuse_parts.provenance`` (starts its own broker).
 """
 
 from __future__ import annotations
@@ -27,16 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from abuse_parts import login
 from backroom.bus import topics
-from backroom.bus.auth import CredentialStore
 from backroom.bus.client import Bus
-from backroom.bus.connection import BusConfig
 from backroom.bus.wire import Action, Checkpoint, MatchStart, Turn, parse_all
-
-
-def _config(url: str, creds_dir: str | Path, name: str) -> BusConfig:
-    cred = CredentialStore(creds_dir).get(name)
-    return BusConfig.from_url(url, username=cred.username, password=cred.password)
 
 
 def _model_and_adapter(root: Path) -> tuple[Path, Path]:
@@ -129,9 +123,9 @@ async def name_unannounced_adapter(
         before = rejected()
         t0 = time.monotonic()
         async with (
-            AgentRunner(local, _config(url, creds_dir, agent)),
-            Bus(_config(url, creds_dir, referee)) as ref_bus,
-            Bus(_config(url, creds_dir, trainer)) as tr_bus,
+            AgentRunner(local, login(url, creds_dir, agent)),
+            Bus(login(url, creds_dir, referee)) as ref_bus,
+            Bus(login(url, creds_dir, trainer)) as tr_bus,
         ):
             await ref_bus.subscribe(topics.outbox(agent), on_outbox)
             forged = await play("forged")

@@ -20,10 +20,9 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from abuse_parts import login
 from backroom.bus import topics
-from backroom.bus.auth import CredentialStore
 from backroom.bus.client import Bus
-from backroom.bus.connection import BusConfig
 from backroom.bus.wire import MatchSpec, Trace
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.store import Request, Store
@@ -31,11 +30,6 @@ from backroom.trainer.store import Request, Store
 #: 63 KB of ``1``: before issue 22, one fsync'd transaction per element in the trainer's
 #: receive callback (its loop held 112-131 s, the message redelivered and counted twice).
 ONES = b"[" + b",".join([b"1"] * 31_500) + b"]"
-
-
-def _config(url: str, creds_dir: str | Path, name: str) -> BusConfig:
-    cred = CredentialStore(creds_dir).get(name)
-    return BusConfig.from_url(url, username=cred.username, password=cred.password)
 
 
 @contextlib.asynccontextmanager
@@ -56,7 +50,7 @@ async def _trainer(
                 await asyncio.sleep(0.01)
                 gaps.append(loop.time() - t - 0.01)
 
-        async with TrainerBus(_config(url, creds_dir, trainer), store, "ipd"):
+        async with TrainerBus(login(url, creds_dir, trainer), store, "ipd"):
             ticker = asyncio.create_task(tick())
             try:
                 yield store, gaps
@@ -77,7 +71,7 @@ async def flood_trainer_traces(
     redelivered, nothing twice) and the longest its loop was held (must stay under 1 s)."""
     sent = 0
     async with _trainer(url, creds_dir, trainer, [agent, "other"]) as (store, gaps):
-        async with Bus(_config(url, creds_dir, agent)) as bus:
+        async with Bus(login(url, creds_dir, agent)) as bus:
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 await bus.publish(topics.traces(agent), ONES)
@@ -106,14 +100,14 @@ async def squat_trace(
     ``victim`` does (match ids are predictable). Before issue 22 the squat was stored and the
     genuine trace refused as a duplicate; ``genuine_stored`` must be 1 and ``squat_stored`` 0."""
     async with _trainer(url, creds_dir, trainer, [victim, "other"]) as (store, gaps):
-        async with Bus(_config(url, creds_dir, agent)) as bus:
+        async with Bus(login(url, creds_dir, agent)) as bus:
             await bus.publish(
                 topics.traces(agent), Trace(match="m1", agent=agent, turn=0, seat=0, phase="act")
             )
         deadline = time.monotonic() + 30
         while not store.counters() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        async with Bus(_config(url, creds_dir, victim)) as bus:
+        async with Bus(login(url, creds_dir, victim)) as bus:
             await bus.publish(
                 topics.traces(victim), Trace(match="m1", agent=victim, turn=0, seat=0, phase="act")
             )
@@ -142,7 +136,7 @@ async def flood_seated_traces(
     plus a replay of each. Before issue 22 the runner wrote all of it (245 MB in 14 s);
     now its traces.jsonl takes each turn once and stops at the run's bound, with a notice."""
     sent = sent_bytes = 0
-    async with Bus(_config(url, creds_dir, agent)) as bus:
+    async with Bus(login(url, creds_dir, agent)) as bus:
         end = time.monotonic() + seconds
         turn = 10_000
         while time.monotonic() < end:

@@ -7,7 +7,7 @@ plain numbers; ``ok`` says whether the defence held. The web parts start
 ``backroom web`` (``python -m backroom web``, this interpreter, so whatever
 ``PYTHONPATH`` the bench runs with) on a free port with a fixed token.
 
-Run alone: ``python bench/abuse_parts/webfetch.py`` (starts its own broker).
+Run alone, from ``bench/``: ``python -m abuse_parts.webfetch`` (starts its own broker).
 """
 
 from __future__ import annotations
