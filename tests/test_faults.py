@@ -572,7 +572,7 @@ async def test_an_agent_saying_it_is_a_referee_does_not_keep_a_run_waiting(
         await r.__aenter__()
     try:
         t0 = time.monotonic()
-        with pytest.raises(RunError, match=r"not online after .*a referee"):
+        with pytest.raises(RunError, match=r"not online after .*a referee \(mallory says online"):
             await asyncio.wait_for(
                 run_matches(
                     _config("no-referee", 5, 5),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 
@@ -23,17 +22,12 @@ from backroom.bus.client import Bus
 from backroom.bus.wire import MAX_TRACE_BYTES, MatchSpec, Trace, Turn
 from backroom.trainer.bus import MAX_TRACES_PER_MESSAGE, TrainerBus
 from backroom.trainer.store import Request, Store
-from tests.conftest import eventually, identity, stack
+from tests.conftest import eventually, identity, load_factor, stack
 
 
 def sample(name: str, **labels: str) -> float:
     """A metric's current value in this process (0 when it has no such series yet)."""
     return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-def load() -> float:
-    """How oversubscribed this machine is (1 when idle): what a fixed time limit is scaled by."""
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 async def test_junk_and_squatted_traces_cost_the_trainer_no_write_and_no_stall(
@@ -92,19 +86,21 @@ async def test_junk_and_squatted_traces_cost_the_trainer_no_write_and_no_stall(
                     "trace_not_seated": 1,
                 }
                 await eventually(
-                    lambda: store.counters() == expect, 30 * load(), lambda: str(store.counters())
+                    lambda: store.counters() == expect,
+                    30 * load_factor(),
+                    lambda: str(store.counters()),
                 )
                 async with Bus(alice_config) as alice:
                     await alice.publish(topics.traces("alice"), genuine)
                     await eventually(
-                        lambda: commits == ["COMMIT"], 30 * load(), lambda: str(commits)
+                        lambda: commits == ["COMMIT"], 30 * load_factor(), lambda: str(commits)
                     )
             finally:
                 tick.cancel()
         rows = store._db.execute("SELECT agent, turn, seat FROM traces").fetchall()
         assert rows == [("alice", 0, 0)]
         assert store.counters() == expect  # nothing counted twice
-    assert lags and max(lags) < 1.0 * load(), f"the loop was held {max(lags):.2f}s"
+    assert lags and max(lags) < 1.0 * load_factor(), f"the loop was held {max(lags):.2f}s"
 
 
 class Flooder(Agent):
@@ -165,7 +161,7 @@ async def test_the_runner_writes_each_decision_once_and_no_more_than_its_bound(
             on_notice=notices.append,
             traces_max_bytes=bound,
         )
-    assert time.monotonic() - t0 < 120 * load()
+    assert time.monotonic() - t0 < 120 * load_factor()
     written = path.read_bytes()
     assert 0 < len(written) <= bound
     traces = [json.loads(line) for line in written.splitlines()]

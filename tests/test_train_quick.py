@@ -30,16 +30,11 @@ from backroom.runner.config import ConfigError
 from backroom.trainer.config import load_train_config, parse_train_config
 from backroom.trainer.store import Store
 
-from .conftest import TEST_DEVICE
+from .conftest import TEST_DEVICE, load_factor
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
-
-
-def load_factor() -> float:
-    """How much slower than idle this machine runs now (1 when idle): deadlines scale by it."""
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 def backroom(*args: str | Path) -> list[str]:

@@ -27,7 +27,7 @@ from backroom.trainer.config import TrainConfig, parse_train_config
 from backroom.trainer.loop import train
 from backroom.trainer.store import Store
 
-from .conftest import TEST_DEVICE, agents, eventually, identity, stack
+from .conftest import TEST_DEVICE, agents, eventually, identity, load_factor, stack
 
 
 def test_training_examples_load_with_the_papers_settings() -> None:
@@ -403,7 +403,7 @@ def test_ctrl_c_during_an_update_stops_at_once_and_resume_gives_the_uninterrupte
     interrupted.send_signal(signal.SIGINT)
     out, err = interrupted.communicate(timeout=120)
     seconds = time.monotonic() - t0
-    load = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    load = load_factor()
     assert interrupted.returncode == 130, out[-2000:] + err[-2000:]
     assert seconds < 5 * load, f"{seconds:.1f} s after SIGINT (load factor {load:.1f})"
     assert "--resume" in out and str(tmp_path / "cut") in out

@@ -284,7 +284,7 @@ async def test_a_dropped_seat_is_held_for_its_holder_through_the_reconnect_windo
         return REGISTRY.get_sample_value("backroom_web_refused_total", {"reason": "seat_held"}) or 0
 
     bob = identity(broker, "bob")
-    app = web_app(url_of(bob), broker.dir, token="room", linger_s=1.0)
+    app = web_app(url_of(bob), broker.dir, token="room", linger_s=5.0)
     hub = app.state.hub
     before = held()
     async with serving(app) as url:

@@ -11,7 +11,6 @@ is dropped unread.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -26,18 +25,13 @@ from backroom.bus.client import Bus
 from backroom.bus.wire import MAX_STATUS_BYTES, Error, Status, dump
 from backroom.referee.service import Referee, WorkBudget
 
-from .conftest import RawAgent, drained, identity
+from .conftest import RawAgent, drained, identity, load_factor
 
 ONES = b"[" + b",".join([b"1"] * 31_500) + b"]"  # 63 KB: under MAX_PAYLOAD_BYTES
 
 
 def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-def load() -> float:
-    """How oversubscribed this machine is (1: not at all): what fixed deadlines are scaled by."""
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 
 def test_a_budget_is_not_refilled_by_the_time_its_own_payload_held_the_loop() -> None:
@@ -84,7 +78,7 @@ async def test_a_64kb_array_of_ones_is_one_refusal_and_does_not_stall_the_loop(
     assert len(errors) == 10
     assert all(e.reason == "unknown_type" and "batch refused" in e.detail for e in errors)
     assert sample("backroom_invalid_inputs_total", reason="unknown_type") - before == 10
-    assert worst < 0.5 * load(), f"the loop was held {worst:.2f} s at once"
+    assert worst < 0.5 * load_factor(), f"the loop was held {worst:.2f} s at once"
 
 
 async def test_statuses_share_the_outbox_budget_and_big_ones_are_dropped_unread(
@@ -150,7 +144,7 @@ async def test_the_referee_answers_sigterm_within_2s_under_an_outbox_and_status_
     try:
         async with Bus(mallory) as bus:
             await bus.subscribe(topics.status("referee"), on_status)
-            await asyncio.wait_for(online.wait(), 30 * load())
+            await asyncio.wait_for(online.wait(), 30 * load_factor())
             stop = asyncio.Event()
 
             async def flood() -> None:
@@ -175,4 +169,4 @@ async def test_the_referee_answers_sigterm_within_2s_under_an_outbox_and_status_
             proc.kill()
         out = proc.communicate()[0]
     assert rc == 0, out
-    assert took < 2.0 * load(), f"SIGTERM took {took:.1f} s\n{out}"
+    assert took < 2.0 * load_factor(), f"SIGTERM took {took:.1f} s\n{out}"

@@ -39,9 +39,7 @@ AgentId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-
 AgentFallback = Literal["deadline", "unparseable", "request_failed", "repaired", "adapter_refused"]
 #: ``ActionRecord.fallback``: an agent's own reason, or ``timeout``, the referee's default
 #: for a seat whose answer did not arrive in time.
-Fallback = Literal[
-    "deadline", "unparseable", "request_failed", "repaired", "adapter_refused", "timeout"
-]
+Fallback = Literal[AgentFallback, "timeout"]
 FALLBACK_REASONS: tuple[str, ...] = get_args(Fallback)
 
 

@@ -518,6 +518,17 @@ async def run_matches(
         if referees_up and all(w in online for w in wait_for):
             ready.set()
 
+    def no_referee() -> str:
+        """What the run waits for when no referee counts: say why one that says so does not."""
+        if not unproven:
+            return "a referee"
+        return (
+            f"a referee ({', '.join(sorted(unproven))} says online as a referee, but no roster "
+            "record names it: only the referee role can write one, so it is not a referee, or "
+            "its broker's ACL predates roster records: add an identity there, which rewrites "
+            "it, and reload the broker)"
+        )
+
     def on_roster(topic: str, payload: bytes) -> None:
         """A referee-only record names ``name`` a referee: its "online" counts from now on."""
         name = topics.referee_of(topic)
@@ -916,7 +927,7 @@ async def run_matches(
             if awaited := [w for w in wait_for if w in others and w not in online]:
                 notice(_waiting_notice(awaited, bus_config, stack, ready_timeout_s))
             while not ready.is_set():
-                missing = sorted(set(wait_for) - online) + ([] if referees_up else ["a referee"])
+                missing = sorted(set(wait_for) - online) + ([] if referees_up else [no_referee()])
                 if slow_at and time.monotonic() > slow_at:
                     slow_at = 0.0
                     left = round(deadline - time.monotonic())

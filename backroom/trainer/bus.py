@@ -58,7 +58,7 @@ SESSION_EXPIRY_S = 24 * 3600
 MAX_TRACES_PER_MESSAGE = 64
 
 _TRACES: TypeAdapter[Trace | list[Trace]] = TypeAdapter(
-    Trace | Annotated[list[Trace], Field(max_length=MAX_TRACES_PER_MESSAGE)]
+    Trace | Annotated[list[Trace], Field(max_length=MAX_TRACES_PER_MESSAGE, fail_fast=True)]
 )
 
 

