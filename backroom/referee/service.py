@@ -227,6 +227,7 @@ class Referee:
         self._inputs: OrderedDict[str, WorkBudget] = OrderedDict()
         #: Seconds the payload being judged spent in its matches' own work (not charged).
         self._match_s = 0.0
+        self._refused = 0  # refusals so far (``reject``): a refused move is charged to its sender
         # While an outbox payload is judged: its sender, its first refusal, how many more.
         self._judging: str | None = None
         self._held: Error | None = None
@@ -657,9 +658,10 @@ class Referee:
                 msg.match,
                 msg.seq,
             )
-        start = time.monotonic()
+        start, refused = time.monotonic(), self._refused
         match.on_message(agent, msg)
-        self._match_s += time.monotonic() - start  # the match's work, not the sender's
+        if self._refused == refused:  # an accepted move: the match's work, not the sender's
+            self._match_s += time.monotonic() - start
 
     def has_peers(self) -> bool:
         """Whether another referee is online (then it may run a match unknown here).
@@ -805,7 +807,12 @@ class Referee:
         match: str | None = None,
         ref_seq: int | None = None,
     ) -> None:
-        """Count a refused message and answer it (once per payload, within the agent's budget)."""
+        """Count a refused message and answer it (once per payload, within the agent's budget).
+
+        A refusal inside a match (not your turn, an illegal action) is the sender's cost:
+        ``_refused`` tells ``_from_agent`` not to take its time off the sender's charge.
+        """
+        self._refused += 1
         metrics.INVALID_INPUTS.labels(reason=reason).inc()
         error = Error(match=match, reason=reason, detail=detail, ref_seq=ref_seq)
         if self._judging == agent:
