@@ -314,6 +314,15 @@ class Game(ABC):
 
 _REGISTRY: dict[str, type[Game]] = {}
 
+#: Entry-point group of engines defined outside this package (another distribution's
+#: game, or one that builds on backroom's upper layers): each entry names a module,
+#: whose import registers its engines, or a ``Game`` class. Read from the installed
+#: metadata, as agent kinds' ``backroom.agents`` is, so games never import them.
+GAME_ENTRY_POINTS = "backroom.games"
+#: Entry points that failed to load, by name: an unknown game's error names them.
+_plugin_errors: dict[str, str] = {}
+_plugins_loaded = False
+
 
 def register(cls: type[Game]) -> type[Game]:
     """Class decorator: make a game constructible by name from a config."""
@@ -321,21 +330,47 @@ def register(cls: type[Game]) -> type[Game]:
     return cls
 
 
+def _load_plugin_games() -> None:
+    """Import each ``backroom.games`` entry point once; one that fails is recorded, not raised."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=GAME_ENTRY_POINTS):
+        if ep.name in _REGISTRY:
+            continue
+        try:
+            loaded = ep.load()
+        except Exception as exc:  # a broken plugin must not take the built-in games down
+            _plugin_errors[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
+            continue
+        if isinstance(loaded, type) and issubclass(loaded, Game):
+            _REGISTRY.setdefault(ep.name, loaded)
+        if ep.name not in _REGISTRY:
+            _plugin_errors[ep.name] = f"{ep.value} registered no game named {ep.name!r}"
+
+
 def make_game(name: str, **params: Any) -> Game:
     """Build a registered game; unknown names and bad parameters raise ``ValueError``."""
-    from backroom import games as _games  # noqa: F401  (imports register the engines)
-
     try:
-        cls = _REGISTRY[name]
+        cls = _REGISTRY[name] if name in _REGISTRY else _registry()[name]
     except KeyError:
-        raise ValueError(f"unknown game {name!r}; known: {sorted(_REGISTRY)}") from None
+        broken = f"; entry point {name!r} failed: {_plugin_errors[name]}" if name in _plugin_errors else ""
+        raise ValueError(f"unknown game {name!r}; known: {sorted(_REGISTRY)}{broken}") from None
     try:
         return cls(**params)
     except TypeError as exc:
         raise ValueError(f"bad parameters for game {name!r}: {exc}") from None
 
 
-def registered_games() -> list[str]:
-    from backroom import games as _games  # noqa: F401
+def _registry() -> dict[str, type[Game]]:
+    from backroom import games as _games  # noqa: F401  (imports register the engines)
 
-    return sorted(_REGISTRY)
+    _load_plugin_games()
+    return _REGISTRY
+
+
+def registered_games() -> list[str]:
+    return sorted(_registry())

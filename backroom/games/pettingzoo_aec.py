@@ -1,0 +1,282 @@
+"""``game: pettingzoo``: a PettingZoo AEC environment seated at backroom's referee.
+
+Any AEC environment whose agents act from ``Discrete`` spaces (the classic
+board and card games: ``pettingzoo.classic.rps_v2``, ``tictactoe_v3``,
+``connect_four_v3``, ...) becomes a backroom engine, so agents of every kind
+play it over the bus, with table talk and private channels attached by the
+match config as for the native games. Seat ``i`` is ``possible_agents[i]``.
+
+Why these choices:
+
+* The environment is built from an import path (``env: "package.module:factory"``,
+  or a module with an ``env`` factory) with ``kwargs``, so a config names any
+  installed environment without backroom knowing it.
+* AEC turns are one agent at a time, so ``current_players()`` is that agent;
+  terminated or truncated agents are stepped with ``None`` by the engine, as
+  AEC requires, and never asked. A seat's return is the sum of every reward
+  the environment handed it.
+* An environment's chance is inside it: it comes from ``reset(seed)``. There
+  are no explicit chance nodes (solvers do not apply), and a state built with
+  ``seed=None`` draws a fresh seed. ``clone`` replays the actions on a new
+  environment from the same seed, because AEC environments do not deep-copy
+  (PettingZoo's pickling rebuilds them fresh); so the environment must be
+  deterministic given its seed, which ``check_game`` verifies.
+* PettingZoo declares no utility bounds: the config may (``min_utility``,
+  ``max_utility``, ``utility_sum``); undeclared bounds are infinite.
+  ``max_moves`` bounds a play: one that reaches it ends there, marked
+  ``truncated`` in the observation, so ``max_game_length`` holds.
+
+Nothing here imports PettingZoo: the factory does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from backroom.games.base import Action, ActionSpec, Game, GameInfo, IllegalActionError, State, register
+
+EXAMPLE_PATH = "pettingzoo.classic.rps_v2:env"
+
+
+def load_factory(path: str) -> Callable[..., Any]:
+    """``package.module:attribute`` (or a module with an ``env`` factory) -> the factory."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"env: cannot import {module_name!r} ({exc}); give 'package.module:factory', "
+            f"e.g. {EXAMPLE_PATH!r}, of an installed environment"
+        ) from None
+    factory = getattr(module, attribute or "env", None)
+    if not callable(factory):
+        raise ValueError(
+            f"env: {module_name!r} has no callable {attribute or 'env'!r}; "
+            f"give 'package.module:factory', e.g. {EXAMPLE_PATH!r}"
+        )
+    return factory  # type: ignore[no-any-return]
+
+
+def to_json(value: Any) -> Any:
+    """An observation as JSON: arrays to lists, NumPy scalars to numbers."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json(v) for v in value]
+    return value
+
+
+@register
+class PettingZooGame(Game):
+    name = "pettingzoo"
+
+    def __init__(
+        self,
+        env: str = EXAMPLE_PATH,
+        kwargs: dict[str, Any] | None = None,
+        action_names: list[str] | None = None,
+        rules: str = "",
+        max_moves: int = 10_000,
+        min_utility: float | None = None,
+        max_utility: float | None = None,
+        utility_sum: float | None = None,
+    ) -> None:
+        self.env_path, self.kwargs = env, dict(kwargs or {})
+        self.factory = load_factory(env)
+        if max_moves < 1:
+            raise ValueError(f"max_moves must be at least 1, not {max_moves}")
+        self.max_moves, self.rules_text = int(max_moves), rules
+        self.bounds = (min_utility, max_utility, utility_sum)
+        probe = self.make_env()
+        self.agents: list[str] = list(probe.possible_agents)
+        self.env_name = str(getattr(probe, "metadata", {}).get("name", env))
+        self.num_players = len(self.agents)
+        self.num_actions = self._discrete_actions(probe)
+        self.action_names = list(action_names or [])
+        if self.action_names and len(self.action_names) != self.num_actions:
+            raise ValueError(
+                f"action_names: {len(self.action_names)} names for {self.num_actions} actions"
+            )
+        self.state_class = PettingZooState
+
+    def make_env(self) -> Any:
+        try:
+            return self.factory(**self.kwargs)
+        except (TypeError, AssertionError, ValueError) as exc:
+            raise ValueError(f"kwargs: {self.env_path} refused {self.kwargs}: {exc}") from None
+
+    def _discrete_actions(self, probe: Any) -> int:
+        sizes = set()
+        for agent in self.agents:
+            space = probe.action_space(agent)
+            n = getattr(space, "n", None)
+            if n is None or type(space).__name__ != "Discrete" or int(getattr(space, "start", 0)):
+                raise ValueError(
+                    f"env: {self.env_name} gives {agent} the action space {space}; only "
+                    "Discrete spaces from 0 can be seated (each action an integer)"
+                )
+            sizes.add(int(n))
+        return max(sizes)
+
+    @property
+    def info(self) -> GameInfo:
+        low, high, total = self.bounds
+        return GameInfo(
+            num_players=self.num_players,
+            min_utility=-math.inf if low is None else float(low),
+            max_utility=math.inf if high is None else float(high),
+            utility_sum=None if total is None else float(total),
+            max_game_length=self.max_moves,
+        )
+
+    def params(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"env": self.env_path, "kwargs": self.kwargs}
+        if self.action_names:
+            out["action_names"] = self.action_names
+        if self.rules_text:
+            out["rules"] = self.rules_text
+        out["max_moves"] = self.max_moves
+        for key, value in zip(("min_utility", "max_utility", "utility_sum"), self.bounds, strict=True):
+            if value is not None:
+                out[key] = value
+        return out
+
+
+class PettingZooState(State):
+    game: PettingZooGame
+
+    def __init__(self, game: Game, seed: int | None) -> None:
+        super().__init__(game, seed)
+        # The environment's chance comes from its reset seed; without one, a fresh seed
+        # is drawn (and kept, so that a clone replays the same chance).
+        self.env_seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
+        self.env = self.game.make_env()
+        self.env.reset(seed=self.env_seed)
+        self.totals = [0.0] * self.game.num_players
+        self.history: list[tuple[int, int]] = []
+        self.truncated = False
+        self._settle()
+
+    def _seat(self, agent: str) -> int:
+        return self.game.agents.index(agent)
+
+    def _count_rewards(self) -> None:
+        for agent, reward in self.env.rewards.items():
+            self.totals[self._seat(agent)] += float(reward)
+
+    def _settle(self) -> None:
+        """Step the agents that are done out of the environment, as AEC requires."""
+        env = self.env
+        while env.agents and (
+            env.terminations[env.agent_selection] or env.truncations[env.agent_selection]
+        ):
+            env.step(None)
+            self._count_rewards()
+
+    # --- the engine interface ------------------------------------------------------------
+
+    def is_terminal(self) -> bool:
+        return self.truncated or not self.env.agents
+
+    def current_players(self) -> frozenset[int]:
+        if self.is_terminal():
+            return frozenset()
+        return frozenset({self._seat(self.env.agent_selection)})
+
+    def _mask(self, agent: str) -> list[int] | None:
+        seen = self.env.observe(agent)
+        mask = seen.get("action_mask") if isinstance(seen, Mapping) else None
+        if mask is None:
+            mask = self.env.infos.get(agent, {}).get("action_mask")
+        return None if mask is None else [int(m) for m in mask]
+
+    def legal_actions(self, player: int) -> Sequence[Action]:
+        if player not in self.current_players():
+            return []
+        agent = self.game.agents[player]
+        n = int(self.env.action_space(agent).n)
+        mask = self._mask(agent)
+        return [a for a in range(n) if mask is None or mask[a]]
+
+    def action_spec(self, player: int) -> ActionSpec:
+        legal = tuple(self.legal_actions(player))
+        names = tuple(self.game.action_names[a] for a in legal) if self.game.action_names else ()
+        return ActionSpec(choices=legal, names=names)
+
+    def check_action(self, player: int, action: Action) -> Action:
+        self.require_mover(player)
+        legal = self.legal_actions(player)
+        names = self.game.action_names
+        choice: Any = action
+        if isinstance(action, str):
+            text = action.strip()
+            if text.lower() in [n.lower() for n in names]:
+                choice = [n.lower() for n in names].index(text.lower())
+            elif text.lstrip("-").isdigit():
+                choice = int(text)
+        if isinstance(choice, bool) or not isinstance(choice, int) or choice not in legal:
+            said = [f"{a} ({names[a]})" if names else str(a) for a in legal]
+            raise IllegalActionError(f"{action!r} is not legal here; legal: {', '.join(said)}")
+        return choice
+
+    def _apply(self, actions: Mapping[int, Action]) -> None:
+        ((seat, action),) = actions.items()
+        self.env.step(int(action))
+        self.history.append((seat, int(action)))
+        self._count_rewards()
+        self._settle()
+        if self.env.agents and len(self.history) >= self.game.max_moves:
+            self.truncated = True
+
+    def returns(self) -> list[float]:
+        return list(self.totals)
+
+    def clone(self) -> PettingZooState:
+        copy = PettingZooState(self.game, self.env_seed)
+        for seat, action in self.history:
+            copy.apply({seat: action})
+        copy.seed, copy.truncated = self.seed, self.truncated
+        return copy
+
+    def observation(self, player: int) -> dict[str, Any]:
+        agent = self.game.agents[player]
+        try:
+            seen = to_json(self.env.observe(agent))
+        except (KeyError, IndexError, AttributeError):  # an environment that forgets agents once done
+            seen = None
+        out: dict[str, Any] = {
+            "game": self.game.name,
+            "env": self.game.env_name,
+            "player": player,
+            "agent": agent,
+            "moves": len(self.history),
+            "observation": seen.get("observation") if isinstance(seen, dict) else seen,
+        }
+        if isinstance(seen, dict) and "action_mask" in seen:
+            out["action_mask"] = seen["action_mask"]
+        if self.is_terminal():
+            out["returns"] = self.returns()
+            out["truncated"] = self.truncated
+        return out
+
+    def rules(self, player: int) -> str:
+        text = self.game.rules_text or f"You play the PettingZoo environment {self.game.env_name}."
+        return f"{text}\nYou are {self.game.agents[player]} (seat {player})."
+
+    def prompt(self, player: int) -> str:
+        seen = self.observation(player)
+        lines = [self.rules(player), f"Your observation: {json.dumps(seen['observation'])}"]
+        if player in self.current_players():
+            spec = self.action_spec(player)
+            offered = [
+                f"{a} ({n})" for a, n in zip(spec.choices, spec.names, strict=True)
+            ] if spec.names else [str(a) for a in spec.choices]
+            lines.append(f"Legal actions: {', '.join(offered)}. Answer with one of them.")
+        return "\n".join(lines)
