@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pyspiel
@@ -22,36 +22,9 @@ from backroom.games.bertrand import Bertrand
 from backroom.games.bertrand_market import best_response
 from backroom.games.kuhn import ClassicKuhnState, KuhnPoker, LokiKuhnState
 from backroom.games.split_nocomm import ITEMS, SplitNoComm
+from backroom.games.testing import Act, Pick, Seen, check_game, playout
 from backroom.games.trust_and_split import DEALS, TrustAndSplit, is_upper
 from backroom.solvers.tree import build_tree
-
-
-@dataclasses.dataclass
-class Seen:
-    """What plays of a game reached: return range, sums, longest play, most chance."""
-
-    low: float = float("inf")
-    high: float = float("-inf")
-    sums: set[float] = dataclasses.field(default_factory=set)
-    moves: int = 0
-    chance_nodes: int = 0
-    chance_outcomes: int = 0
-
-    def terminal(self, state: State, moves: int, chance: int) -> None:
-        returns = state.returns()
-        assert len(returns) == state.num_players
-        self.low, self.high = min(self.low, *returns), max(self.high, *returns)
-        self.sums.add(round(sum(returns), 9))
-        self.moves, self.chance_nodes = max(self.moves, moves), max(self.chance_nodes, chance)
-
-    def respects(self, info: GameInfo) -> None:
-        tol = 1e-9 * max(1.0, abs(info.min_utility), abs(info.max_utility))
-        assert info.min_utility - tol <= self.low and self.high <= info.max_utility + tol
-        if info.utility_sum is not None:
-            assert self.sums == {round(info.utility_sum, 9)}
-        assert self.moves <= info.max_game_length
-        assert self.chance_nodes <= info.max_chance_nodes
-        assert self.chance_outcomes <= info.max_chance_outcomes
 
 
 @pytest.mark.parametrize("name", sorted(registered_games()))
@@ -161,34 +134,6 @@ def test_tree_builder_refuses_a_false_declaration() -> None:
 
 # --- the other engines: random playouts and constructed extremes -------------------------
 
-Act = Callable[[State, int], Action]
-Pick = Callable[[State, list[tuple[Action, float]]], Action]
-
-
-def playout(
-    state: State, seen: Seen, rng: random.Random, act: Act | None = None, pick: Pick | None = None
-) -> list[float]:
-    """Play to the end, counting moves and chance nodes; random unless ``act`` / ``pick`` say."""
-    moves = chance = 0
-    while not state.is_terminal():
-        movers = state.current_players()
-        if movers == {CHANCE}:
-            outcomes = state.chance_outcomes()
-            seen.chance_outcomes = max(seen.chance_outcomes, len(outcomes))
-            if pick is not None:
-                outcome = pick(state, outcomes)
-            else:
-                outcome = rng.choices([o for o, _ in outcomes], [p for _, p in outcomes])[0]
-            state.apply({CHANCE: outcome})
-            chance += 1
-        else:
-            choose = act or (lambda s, p: s.action_spec(p).sample(rng))
-            state.apply({p: choose(state, p) for p in movers})
-            moves += 1
-    seen.terminal(state, moves, chance)
-    return state.returns()
-
-
 OTHERS: list[tuple[str, dict[str, Any]]] = [
     ("ipd", {}),
     ("ipd", {"rounds": 6, "continuation": 0.7}),
@@ -208,11 +153,7 @@ OTHERS: list[tuple[str, dict[str, Any]]] = [
 )
 def test_random_plays_keep_the_declaration(name: str, params: dict[str, Any]) -> None:
     game = make_game(name, **params)
-    seen = Seen()
-    rng = random.Random(7)
-    for _ in range(40):
-        playout(game.new_initial_state(), seen, rng)
-    seen.respects(game.info)
+    seen = check_game(game, checks=["end", "info"], playouts=40, seed=7).seen
     if game.info.max_chance_nodes and not params.get("continuation"):
         assert seen.chance_nodes == game.info.max_chance_nodes  # chance every round, as declared
     if not params.get("continuation"):
@@ -229,7 +170,7 @@ def extremes(
 ) -> list[float]:
     game = make_game(game_name, **params)
     seen = Seen()
-    returns = playout(game.new_initial_state(), seen, random.Random(0), act, pick)
+    returns = playout(game.new_initial_state(), seen, random.Random(0), act, pick).returns()
     seen.respects(game.info)
     return returns
 

@@ -67,7 +67,9 @@ class BackroomAEC(AECEnv):  # type: ignore[misc]
         }
         self.possible_agents = [f"player_{i}" for i in range(game.num_players)]
         seen = probe(game, probe_playouts)
-        self.codec: ActCodec | None = act_codec(game, seen) if seen.choices or seen.schemas else None
+        self.codec: ActCodec | None = (
+            act_codec(game, seen) if seen.choices or seen.schemas else None
+        )
         self.talk_chars = seen.talk_chars if seen.talk else 0
         self.action_spaces = {a: self._action_space() for a in self.possible_agents}
         obs: dict[str, gymnasium.Space[Any]] = {
@@ -225,7 +227,9 @@ class BackroomAEC(AECEnv):  # type: ignore[misc]
             gymnasium.logger.warn("render() without a render_mode: pass render_mode='ansi'")
             return None
         seat = self.possible_agents.index(self.agent_selection)
-        text = self.state.prompt(seat) if not self.state.is_terminal() else str(self.state.returns())
+        text = (
+            self.state.prompt(seat) if not self.state.is_terminal() else str(self.state.returns())
+        )
         if self.render_mode == "human":
             print(text)
             return None
@@ -249,8 +253,12 @@ def pettingzoo_env(
     """
     if isinstance(game, Game):
         if params:
-            raise ValueError("pettingzoo_env got a built game and parameters: pass one or the other")
+            raise ValueError(
+                "pettingzoo_env got a built game and parameters: pass one or the other"
+            )
         built = game
     else:
         built = make_game(game, **params)
-    return BackroomAEC(built, render_mode=render_mode, prompts=prompts, probe_playouts=probe_playouts)
+    return BackroomAEC(
+        built, render_mode=render_mode, prompts=prompts, probe_playouts=probe_playouts
+    )

@@ -357,7 +357,11 @@ def make_game(name: str, **params: Any) -> Game:
     try:
         cls = _REGISTRY[name] if name in _REGISTRY else _registry()[name]
     except KeyError:
-        broken = f"; entry point {name!r} failed: {_plugin_errors[name]}" if name in _plugin_errors else ""
+        broken = (
+            f"; entry point {name!r} failed: {_plugin_errors[name]}"
+            if name in _plugin_errors
+            else ""
+        )
         raise ValueError(f"unknown game {name!r}; known: {sorted(_REGISTRY)}{broken}") from None
     try:
         return cls(**params)

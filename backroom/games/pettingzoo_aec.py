@@ -38,7 +38,15 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from backroom.games.base import Action, ActionSpec, Game, GameInfo, IllegalActionError, State, register
+from backroom.games.base import (
+    Action,
+    ActionSpec,
+    Game,
+    GameInfo,
+    IllegalActionError,
+    State,
+    register,
+)
 
 EXAMPLE_PATH = "pettingzoo.classic.rps_v2:env"
 
@@ -143,7 +151,9 @@ class PettingZooGame(Game):
         if self.rules_text:
             out["rules"] = self.rules_text
         out["max_moves"] = self.max_moves
-        for key, value in zip(("min_utility", "max_utility", "utility_sum"), self.bounds, strict=True):
+        for key, value in zip(
+            ("min_utility", "max_utility", "utility_sum"), self.bounds, strict=True
+        ):
             if value is not None:
                 out[key] = value
         return out
@@ -249,7 +259,11 @@ class PettingZooState(State):
         agent = self.game.agents[player]
         try:
             seen = to_json(self.env.observe(agent))
-        except (KeyError, IndexError, AttributeError):  # an environment that forgets agents once done
+        except (
+            KeyError,
+            IndexError,
+            AttributeError,
+        ):  # an environment that forgets agents once done
             seen = None
         out: dict[str, Any] = {
             "game": self.game.name,
@@ -275,8 +289,10 @@ class PettingZooState(State):
         lines = [self.rules(player), f"Your observation: {json.dumps(seen['observation'])}"]
         if player in self.current_players():
             spec = self.action_spec(player)
-            offered = [
-                f"{a} ({n})" for a, n in zip(spec.choices, spec.names, strict=True)
-            ] if spec.names else [str(a) for a in spec.choices]
+            offered = (
+                [f"{a} ({n})" for a, n in zip(spec.choices, spec.names, strict=True)]
+                if spec.names
+                else [str(a) for a in spec.choices]
+            )
             lines.append(f"Legal actions: {', '.join(offered)}. Answer with one of them.")
         return "\n".join(lines)

@@ -92,7 +92,14 @@ class Seen:
                 f"{info.min_utility} .. {info.max_utility}"
             )
         if info.utility_sum is not None and self.sums != {round(info.utility_sum, 9)}:
-            wrong.append(f"returns summed to {sorted(self.sums)}, not the declared {info.utility_sum}")
+            wrong.append(
+                f"returns summed to {sorted(self.sums)}, not the declared {info.utility_sum}"
+            )
+        if self.moves > info.max_game_length or self.chance_nodes > info.max_chance_nodes:
+            wrong.append(
+                f"a play took {self.moves} moves and {self.chance_nodes} chance nodes, past the "
+                f"declared {info.max_game_length} and {info.max_chance_nodes}"
+            )
         if self.chance_outcomes > info.max_chance_outcomes:
             wrong.append(
                 f"a chance node offered {self.chance_outcomes} outcomes, "
@@ -137,7 +144,7 @@ def playout(
             state.apply({CHANCE: outcome})
             chance += 1
         else:
-            state.apply({p: choose(state, p) for p in sorted(movers)})
+            random_move(state, rng, choose)
             moves += 1
         if moves > info.max_game_length or chance > info.max_chance_nodes:
             raise GameCheckError(
@@ -148,6 +155,18 @@ def playout(
             )
     seen.terminal(state, moves, chance)
     return state
+
+
+def random_move(state: State, rng: random.Random, act: Act | None = None) -> None:
+    """Apply one move of sampled answers; an engine refusing what it offered fails ``legal``."""
+    choose = act or random_act(rng)
+    move = {p: choose(state, p) for p in sorted(state.current_players())}
+    try:
+        state.apply(move)
+    except IllegalActionError as exc:
+        raise GameCheckError(
+            "legal", f"apply({move!r}) refused answers the action specs offered: {exc}"
+        ) from None
 
 
 def _check_distribution(outcomes: list[tuple[Action, float]]) -> None:
@@ -161,8 +180,8 @@ def _check_distribution(outcomes: list[tuple[Action, float]]) -> None:
 # --- the checks ----------------------------------------------------------------------------
 
 
-def check_end_and_info(game: Game, playouts: int, seed: int) -> Seen:
-    """Random playouts (chance explicit, ``seed=None``) end and keep ``game.info``."""
+def check_end_and_info(game: Game, playouts: int, seed: int, info_too: bool = True) -> Seen:
+    """Random playouts (chance explicit, ``seed=None``) end, and (``info_too``) keep ``game.info``."""
     info = game.info
     if not isinstance(info, GameInfo):
         raise GameCheckError("info", f"game.info is a {type(info).__name__}, not a GameInfo")
@@ -173,13 +192,14 @@ def check_end_and_info(game: Game, playouts: int, seed: int) -> Seen:
     seen = Seen()
     for i in range(playouts):
         playout(game.new_initial_state(None), seen, random.Random(seed + i))
-    seen.respects(info)
+    if info_too:
+        seen.respects(info)
     return seen
 
 
 #: Steps of one play that the costly checks look at closely (every step of a shorter play):
 #: an 800-round game's observation holds its history, so checking each step is quadratic.
-DETAILED_STEPS = 40
+DETAILED_STEPS = 16
 
 
 def detailed(game: Game, rng: random.Random) -> Callable[[int], bool]:
@@ -197,12 +217,13 @@ def trace(game: Game, seed: int, answers: int) -> list[Any]:
     state = game.new_initial_state(seed)
     rng = random.Random(answers)
     seen: list[Any] = []
-    while not state.is_terminal() and len(seen) <= game.info.max_game_length:
+    longest = game.info.max_game_length  # read once: an engine may work its facts out per call
+    while not state.is_terminal() and len(seen) <= longest:
         movers = sorted(state.current_players())
         specs = [state.action_spec(p).to_json() for p in movers]
         shown = [_snapshot(state, p) for p in range(game.num_players)] if len(seen) < 10 else []
         seen.append((movers, state.phase, specs, shown))
-        state.apply({p: state.action_spec(p).sample(rng) for p in movers})
+        random_move(state, rng)
     seen.append(("end", state.returns(), [_snapshot(state, p) for p in range(game.num_players)]))
     return seen
 
@@ -228,7 +249,7 @@ def check_clone(game: Game, playouts: int, seed: int) -> None:
         rng = random.Random(seed + i)
         state = game.new_initial_state(seed + i)
         if not state.is_terminal():
-            state.apply({p: state.action_spec(p).sample(rng) for p in state.current_players()})
+            random_move(state, rng)
         copy = state.clone()
         if copy.game is not state.game:
             raise GameCheckError("clone", "clone() copied the Game; it must share it")
@@ -240,7 +261,9 @@ def check_clone(game: Game, playouts: int, seed: int) -> None:
         before = [_snapshot(copy, p) for p in range(game.num_players)]
         playout(state, Seen(), rng)
         if [_snapshot(copy, p) for p in range(game.num_players)] != before:
-            raise GameCheckError("clone", f"playing the original changed its clone (seed {seed + i})")
+            raise GameCheckError(
+                "clone", f"playing the original changed its clone (seed {seed + i})"
+            )
 
 
 NOT_AN_ACTION = {"backroom.games.testing": "not an action"}
@@ -257,7 +280,7 @@ def check_legal(game: Game, playouts: int, seed: int) -> None:
             if closely(step):
                 _legal_accepted(state, movers, rng)
                 _illegal_refused(state, movers, rng)
-            state.apply({p: state.action_spec(p).sample(rng) for p in movers})
+            random_move(state, rng)
             step += 1
 
 
@@ -282,7 +305,9 @@ def _legal_accepted(state: State, movers: list[int], rng: random.Random) -> None
         try:
             state.clone().apply(move)
         except IllegalActionError as exc:
-            raise GameCheckError("legal", f"apply({move!r}) refused checked actions: {exc}") from None
+            raise GameCheckError(
+                "legal", f"apply({move!r}) refused checked actions: {exc}"
+            ) from None
 
 
 def _illegal_refused(state: State, movers: list[int], rng: random.Random) -> None:
@@ -321,7 +346,7 @@ def check_json(game: Game, playouts: int, seed: int) -> None:
         while not state.is_terminal():
             if closely(step):
                 _json_state(state)
-            state.apply({p: state.action_spec(p).sample(rng) for p in state.current_players()})
+            random_move(state, rng)
             step += 1
         _json_state(state)
 
@@ -387,7 +412,7 @@ def check_game(
     }
     seen = Seen()
     if "end" in wanted or "info" in wanted:
-        seen = check_end_and_info(game, playouts, seed)
+        seen = check_end_and_info(game, playouts, seed, info_too="info" in wanted)
     for name in wanted:
         if name in steps:
             steps[name](game, playouts, seed)
