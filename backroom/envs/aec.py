@@ -37,8 +37,8 @@ from pettingzoo import AECEnv
 
 from backroom.envs.spaces import (
     MAX_OBSERVATION_CHARS,
-    PRINTABLE,
     ActCodec,
+    AsciiText,
     act_codec,
     probe,
 )
@@ -48,7 +48,7 @@ from backroom.games.base import Action, Game, IllegalActionError, State, make_ga
 PROBE_PLAYOUTS = 16
 
 
-class BackroomAEC(AECEnv):  # type: ignore[misc]
+class BackroomAEC(AECEnv):
     """A backroom game, one agent at a time; see the module docstring."""
 
     def __init__(
@@ -72,9 +72,7 @@ class BackroomAEC(AECEnv):  # type: ignore[misc]
         )
         self.talk_chars = seen.talk_chars if seen.talk else 0
         self.action_spaces = {a: self._action_space() for a in self.possible_agents}
-        obs: dict[str, gymnasium.Space[Any]] = {
-            "json": gymnasium.spaces.Text(MAX_OBSERVATION_CHARS, min_length=0, charset=PRINTABLE)
-        }
+        obs: dict[str, gymnasium.Space[Any]] = {"json": AsciiText(MAX_OBSERVATION_CHARS)}
         if self._mask_in_observation:
             assert self.codec is not None
             obs["action_mask"] = gymnasium.spaces.Box(0, 1, (self._mask_size,), dtype=np.int8)
@@ -85,7 +83,7 @@ class BackroomAEC(AECEnv):  # type: ignore[misc]
     # --- spaces ---------------------------------------------------------------------------
 
     def _action_space(self) -> gymnasium.Space[Any]:
-        message = gymnasium.spaces.Text(self.talk_chars, min_length=0, charset=PRINTABLE)
+        message = AsciiText(self.talk_chars)
         if self.codec is None:
             return message
         if not self.talk_chars:
@@ -180,8 +178,10 @@ class BackroomAEC(AECEnv):  # type: ignore[misc]
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
             return
-        seat = self._queue.pop(0)
+        seat = self._queue[0]
+        # checked before anything moves: a refused answer leaves the environment as it was
         self._pending[seat] = self.state.check_action(seat, self.decode(seat, action))
+        self._queue.pop(0)
         self._cumulative_rewards[agent] = 0.0
         self._clear_rewards()
         if self._queue:

@@ -36,6 +36,22 @@ PRINTABLE = "".join(chr(c) for c in range(32, 127))
 MAX_OBSERVATION_CHARS = 1 << 22
 
 
+class AsciiText(gymnasium.spaces.Text):
+    """``Text`` over printable ASCII, whose membership test runs in C, not per character:
+    an observation of an 800-round history is tens of thousands of characters."""
+
+    def __init__(self, max_length: int) -> None:
+        super().__init__(max_length, min_length=0, charset=PRINTABLE)
+
+    def contains(self, x: Any) -> bool:
+        return (
+            isinstance(x, str)
+            and len(x) <= self.max_length
+            and x.isascii()
+            and (x.isprintable() or not x)
+        )
+
+
 def _key(value: Action) -> str:
     return json.dumps(value, sort_keys=True)
 

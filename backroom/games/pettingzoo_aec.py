@@ -67,7 +67,7 @@ def load_factory(path: str) -> Callable[..., Any]:
             f"env: {module_name!r} has no callable {attribute or 'env'!r}; "
             f"give 'package.module:factory', e.g. {EXAMPLE_PATH!r}"
         )
-    return factory  # type: ignore[no-any-return]
+    return factory
 
 
 def to_json(value: Any) -> Any:

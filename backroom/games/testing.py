@@ -31,6 +31,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from backroom.games.base import (
@@ -313,7 +314,7 @@ def _legal_accepted(state: State, movers: list[int], rng: random.Random) -> None
 def _illegal_refused(state: State, movers: list[int], rng: random.Random) -> None:
     for p in movers:
         what = f"the non-action {NOT_AN_ACTION} from seat {p}"
-        _refused(state, what, lambda p=p: state.check_action(p, NOT_AN_ACTION))
+        _refused(state, what, partial(state.check_action, p, NOT_AN_ACTION))
     if idle := [p for p in range(state.num_players) if p not in movers]:
         answer = state.action_spec(movers[0]).sample(rng)
         what = f"an answer from seat {idle[0]}, not to move"
