@@ -35,6 +35,7 @@ import importlib
 import json
 import math
 import random
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -55,7 +56,13 @@ def load_factory(path: str) -> Callable[..., Any]:
     """``package.module:attribute`` (or a module with an ``env`` factory) -> the factory."""
     module_name, _, attribute = path.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        with warnings.catch_warnings():
+            # PettingZoo warns on importing an environment's module directly; an import
+            # path is how a config names one, so the warning would only be noise.
+            warnings.filterwarnings(
+                "ignore", "The old environment creation API", DeprecationWarning
+            )
+            module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(
             f"env: cannot import {module_name!r} ({exc}); give 'package.module:factory', "
@@ -118,7 +125,7 @@ class PettingZooGame(Game):
         try:
             return self.factory(**self.kwargs)
         except (TypeError, AssertionError, ValueError) as exc:
-            raise ValueError(f"kwargs: {self.env_path} refused {self.kwargs}: {exc}") from None
+            raise ValueError(f"kwargs: the factory refused {self.kwargs}: {exc}") from None
 
     def _discrete_actions(self, probe: Any) -> int:
         sizes = set()
