@@ -118,10 +118,9 @@ async def test_classic_environments_play_over_the_broker(broker: Broker, tmp_pat
 class BoxActions(AECEnv):  # type: ignore[misc]
     """An environment whose agents answer with vectors: not seatable."""
 
-    metadata = {"name": "box_actions_v0"}
-
     def __init__(self) -> None:
         super().__init__()
+        self.metadata = {"name": "box_actions_v0"}
         self.possible_agents = ["player_0", "player_1"]
 
     def action_space(self, agent: str) -> gymnasium.Space[Any]:
