@@ -151,6 +151,16 @@ class PettingZooGame(Game):
             max_game_length=self.max_moves,
         )
 
+    def default_rules(self) -> str:
+        """What a prompt says of an environment that no ``rules`` parameter describes."""
+        names = f" ({', '.join(self.action_names)})" if self.action_names else ""
+        return (
+            f"You play {self.env_name}, a PettingZoo environment: {self.num_players} players "
+            f"({', '.join(self.agents)}) move one at a time. A move is one of the actions "
+            f"0..{self.num_actions - 1}{names}; the legal ones are listed at each turn. "
+            "Your observation is the environment's own."
+        )
+
     def params(self) -> dict[str, Any]:
         out: dict[str, Any] = {"env": self.env_path, "kwargs": self.kwargs}
         if self.action_names:
@@ -288,7 +298,7 @@ class PettingZooState(State):
         return out
 
     def rules(self, player: int) -> str:
-        text = self.game.rules_text or f"You play the PettingZoo environment {self.game.env_name}."
+        text = self.game.rules_text or self.game.default_rules()
         return f"{text}\nYou are {self.game.agents[player]} (seat {player})."
 
     def prompt(self, player: int) -> str:
