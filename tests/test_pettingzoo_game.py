@@ -149,6 +149,7 @@ def box_env() -> BoxActions:
         ),
         ({"env": "tests.test_pettingzoo_game:box_env"}, "only Discrete spaces"),
         ({"env": RPS["env"], "max_moves": 0}, "params.max_moves: max_moves must be at least 1"),
+        ({"env": RPS["env"], "min_utility": 2, "max_utility": 1}, "min_utility > max_utility"),
         ({"env": RPS["env"], "kwarg": {}}, "params.kwarg: pettingzoo has no parameter 'kwarg'"),
     ],
 )

@@ -120,6 +120,13 @@ class PettingZooGame(Game):
                 f"action_names: {len(self.action_names)} names for {self.num_actions} actions"
             )
         self.state_class = PettingZooState
+        self._info = GameInfo(  # built here, so that contradictory bounds fail the config
+            num_players=self.num_players,
+            min_utility=-math.inf if min_utility is None else float(min_utility),
+            max_utility=math.inf if max_utility is None else float(max_utility),
+            utility_sum=None if utility_sum is None else float(utility_sum),
+            max_game_length=self.max_moves,
+        )
 
     def make_env(self) -> Any:
         try:
@@ -142,14 +149,7 @@ class PettingZooGame(Game):
 
     @property
     def info(self) -> GameInfo:
-        low, high, total = self.bounds
-        return GameInfo(
-            num_players=self.num_players,
-            min_utility=-math.inf if low is None else float(low),
-            max_utility=math.inf if high is None else float(high),
-            utility_sum=None if total is None else float(total),
-            max_game_length=self.max_moves,
-        )
+        return self._info
 
     def default_rules(self) -> str:
         """What a prompt says of an environment that no ``rules`` parameter describes."""
