@@ -129,6 +129,7 @@ class BackroomAEC(AECEnv):
         """Queue the state's movers in seat order and select the first."""
         if self.state.is_terminal():
             self.terminations = dict.fromkeys(self.agents, True)
+            self.infos = {a: {} for a in self.agents}
             self.agent_selection = self.agents[0]
             return
         self._queue = sorted(self.state.current_players())
@@ -149,17 +150,15 @@ class BackroomAEC(AECEnv):
 
     def _action_mask(self, seat: int) -> Any:
         """The mask ``action_space.sample`` takes: an array, or a dict of them with talk."""
-        talk = self.state.phase == "talk"
-        act = None
+        act: np.ndarray | None = None
         if self.codec is not None and self.codec.masked:
-            act = None if talk else self.codec.encode_mask(self.state.action_spec(seat))
-        if not self.talk_chars:
-            return act
-        if self.codec is None:
-            return None
-        if act is None and self.codec.masked:
-            act = np.ones(self._mask_size, dtype=np.int8)  # the act part is ignored in talk
-        return {"act": act, "message": None}
+            if self.state.phase == "talk":  # the act part counts for nothing in a talk phase
+                act = np.ones(self._mask_size, dtype=np.int8)
+            else:
+                act = self.codec.encode_mask(self.state.action_spec(seat))
+        if self.talk_chars and self.codec is not None:
+            return {"act": act, "message": None}
+        return act
 
     def observe(self, agent: str) -> dict[str, Any]:
         seat = self.possible_agents.index(agent)
