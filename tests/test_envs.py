@@ -11,7 +11,10 @@ bad answer is refused with the engine's reason.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import gymnasium
@@ -22,6 +25,8 @@ from pettingzoo.test import api_test
 from backroom.envs import pettingzoo_env
 from backroom.envs.aec import BackroomAEC
 from backroom.games import IllegalActionError, make_game, registered_games
+
+from .test_user_paths import without_modules
 
 #: Variants beside the defaults: the engines' talk phases (the action space gets a
 #: Text message) and Loki's three-player Kuhn.
@@ -160,3 +165,22 @@ def test_spaces_follow_the_games_answers() -> None:
     env.step(np.array([6.0], dtype=np.float32))
     history = json.loads(env.observe("player_0")["json"])["history"]
     assert (history["prices"], history["rival_prices"]) == ([14.0], [6.0])
+
+
+def test_without_the_extra_the_import_says_what_to_install(tmp_path: Path) -> None:
+    env = without_modules(tmp_path, "pettingzoo")
+    code = "import backroom.envs"
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 1
+    assert (
+        'ImportError: backroom.envs needs the "envs" extra (pettingzoo not installed): '
+        "pip install 'backroom[envs]'" in out.stderr
+    )
+    code = "from backroom.games import make_game; make_game('pettingzoo')"
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True
+    )
+    assert "cannot import 'pettingzoo.classic.rps_v2' (No module named 'pettingzoo') " in out.stderr
+    assert "(PettingZoo's: pip install 'backroom[envs]')" in out.stderr

@@ -50,6 +50,8 @@ from backroom.games.base import (
 )
 
 EXAMPLE_PATH = "pettingzoo.classic.rps_v2:env"
+#: What the ``envs`` extra installs: a missing one is named with the extra to install.
+ENVS_EXTRA = ("pettingzoo", "gymnasium", "pygame")
 
 
 def load_factory(path: str) -> Callable[..., Any]:
@@ -64,8 +66,9 @@ def load_factory(path: str) -> Callable[..., Any]:
             )
             module = importlib.import_module(module_name)
     except ImportError as exc:
+        extra = " (PettingZoo's: pip install 'backroom[envs]')" if exc.name in ENVS_EXTRA else ""
         raise ValueError(
-            f"env: cannot import {module_name!r} ({exc}); give 'package.module:factory', "
+            f"env: cannot import {module_name!r} ({exc}){extra}; give 'package.module:factory', "
             f"e.g. {EXAMPLE_PATH!r}, of an installed environment"
         ) from None
     factory = getattr(module, attribute or "env", None)
