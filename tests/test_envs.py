@@ -107,6 +107,8 @@ def test_infos_carry_the_prompt_and_the_legal_answers() -> None:
     assert info["legal"] == {"choices": [0, 1], "names": ["pass", "bet"]}
     assert info["action_mask"].tolist() == [1, 1] and info["phase"] == "act"
     assert json.loads(env.observe(env.agent_selection)["json"]) == state.observation(seat)
+    # reset(seed=s) deals what a referee's match with seed s deals
+    assert state.observation(seat) == make_game("kuhn").new_initial_state(0).observation(seat)
 
 
 def test_simultaneous_answers_stay_hidden_until_all_have_answered() -> None:
