@@ -76,7 +76,7 @@ class ToyState(State):
         self.require_mover(player)
         if fault == "picky" and action == 1:
             raise IllegalActionError("1 is not allowed")
-        if action in (0, 1):
+        if action in (0, 1) or (fault == "unbounded" and isinstance(action, int)):
             return action
         if fault == "mute":
             raise IllegalActionError("")
@@ -124,6 +124,7 @@ FAULTS = [
     ("unseeded", "seed", "played differently"),
     ("shallow", "clone", "playing a clone changed the original"),
     ("lax", "legal", "was accepted"),
+    ("unbounded", "legal", "2 from seat 0, outside what its action spec offers was accepted"),
     ("picky", "legal", "refused answers the action specs offered: 1 is not allowed"),
     ("mute", "legal", "without a reason"),
     ("crashes", "legal", "raised KeyError"),

@@ -37,6 +37,7 @@ from typing import Any
 from backroom.games.base import (
     CHANCE,
     Action,
+    ActionSpec,
     Game,
     GameInfo,
     IllegalActionError,
@@ -315,11 +316,34 @@ def _illegal_refused(state: State, movers: list[int], rng: random.Random) -> Non
     for p in movers:
         what = f"the non-action {NOT_AN_ACTION} from seat {p}"
         _refused(state, what, partial(state.check_action, p, NOT_AN_ACTION))
+        for wrong in _out_of_range(state.action_spec(p)):
+            what = f"{wrong!r} from seat {p}, outside what its action spec offers"
+            _refused(state, what, partial(state.check_action, p, wrong))
     if idle := [p for p in range(state.num_players) if p not in movers]:
         answer = state.action_spec(movers[0]).sample(rng)
         what = f"an answer from seat {idle[0]}, not to move"
         _refused(state, what, lambda: state.check_action(idle[0], answer))
     _refused(state, "a move that names no mover", lambda: state.clone().apply({}))
+
+
+def _out_of_range(spec: ActionSpec) -> list[Action]:
+    """Answers of the right type just past what ``spec`` offers: numbers, the common case."""
+    if spec.choices:
+        numbers = [c for c in spec.choices if isinstance(c, int) and not isinstance(c, bool)]
+        return [max(numbers) + 1] if len(numbers) == len(spec.choices) else []
+    kind, low, high = (
+        spec.schema.get("type"),
+        spec.schema.get("minimum"),
+        spec.schema.get("maximum"),
+    )
+    if kind not in ("integer", "number"):
+        return []
+    step = 1 if kind == "integer" else 1.0
+    return [
+        v
+        for v in (None if low is None else low - step, None if high is None else high + step)
+        if v is not None
+    ]
 
 
 def _refused(state: State, what: str, attempt: Callable[[], object]) -> None:
