@@ -13,8 +13,8 @@ entry point) is held to the same contract before it reaches a referee:
 * ``clone``: ``clone()`` shares the game and plays on independently of the
   original, both ways (solvers clone millions of states);
 * ``legal``: every listed legal action, and every sampled answer, is
-  accepted; a non-action, an answer from a seat not to move, and a move
-  missing a mover are refused with :class:`IllegalActionError` and a reason
+  accepted; a non-action, a number just past the offered choices or range,
+  an answer from a seat not to move, and a move missing a mover are refused with :class:`IllegalActionError` and a reason
   (the referee sends that reason to the agent);
 * ``json``: observations, action specs and public parameters are JSON, and
   prompts are text (they travel over the bus as they are).
