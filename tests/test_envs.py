@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,17 @@ from pettingzoo.test import api_test
 
 from backroom.envs import pettingzoo_env
 from backroom.envs.aec import BackroomAEC
-from backroom.games import IllegalActionError, make_game, registered_games
+from backroom.games import (
+    CHANCE,
+    ActionSpec,
+    Game,
+    GameInfo,
+    IllegalActionError,
+    State,
+    make_game,
+    registered_games,
+)
+from backroom.games.testing import check_game
 
 from .test_user_paths import without_modules
 
@@ -186,3 +197,81 @@ def test_without_the_extra_the_import_says_what_to_install(tmp_path: Path) -> No
     )
     assert "cannot import 'pettingzoo.classic.rps_v2' (No module named 'pettingzoo') " in out.stderr
     assert "(PettingZoo's: pip install 'backroom[envs]')" in out.stderr
+
+
+class Echo(Game):
+    """Chance draws 0..9; the one player must say it back: one legal choice, seed-dependent."""
+
+    name = "echo"
+    num_players = 1
+    info = GameInfo(1, 0.0, 0.0, 0.0, 1, 1, 10)
+
+    def __init__(self) -> None:
+        self.state_class = EchoState
+
+
+class EchoState(State):
+    def __init__(self, game: Game, seed: int | None) -> None:
+        super().__init__(game, seed)
+        self.drawn: int | None = None
+        self.said: int | None = None
+
+    def current_players(self) -> frozenset[int]:
+        if self.said is not None:
+            return frozenset()
+        return frozenset({CHANCE} if self.drawn is None else {0})
+
+    def chance_outcomes(self) -> list[tuple[Any, float]]:
+        return [(n, 0.1) for n in range(10)]
+
+    def _apply_chance(self, outcome: Any) -> None:
+        self.drawn = outcome
+
+    def legal_actions(self, player: int) -> list[int]:
+        return [self.drawn] if self.drawn is not None else []
+
+    def _apply(self, actions: Mapping[int, Any]) -> None:
+        self.said = actions[0]
+
+    def is_terminal(self) -> bool:
+        return self.said is not None
+
+    def observation(self, player: int) -> dict[str, Any]:
+        return {"drawn": self.drawn}
+
+    def prompt(self, player: int) -> str:
+        return f"Say {self.drawn}."
+
+
+def test_a_choice_the_probe_never_met_says_to_probe_more() -> None:
+    check_game(Echo, playouts=5)
+    env = pettingzoo_env(Echo(), probe_playouts=1)
+    assert env.action_space("player_0") == gymnasium.spaces.Discrete(1)
+    seen = Echo().new_initial_state(0).drawn
+    other = next(s for s in range(1, 50) if Echo().new_initial_state(s).drawn != seen)
+    env.reset(seed=0)
+    with pytest.raises(RuntimeError, match=r"never came up .* more probe_playouts"):
+        env.reset(seed=other)
+    wide = pettingzoo_env(Echo(), probe_playouts=100)
+    assert wide.action_space("player_0") == gymnasium.spaces.Discrete(10)
+    wide.reset(seed=other)
+    wide.step(wide.last()[4]["action_mask"].argmax())
+    assert wide.state.is_terminal()
+
+
+def test_answers_of_mixed_shapes_are_refused() -> None:
+    class Mixed(Echo):
+        def __init__(self) -> None:
+            self.state_class = MixedState
+
+    class MixedState(EchoState):
+        def action_spec(self, player: int) -> ActionSpec:
+            if self.drawn is not None and self.drawn % 2:
+                return ActionSpec(schema={"type": "integer", "minimum": 0, "maximum": 9})
+            return super().action_spec(player)
+
+        def check_action(self, player: int, action: Any) -> Any:
+            return action  # whatever the spec offered
+
+    with pytest.raises(ValueError, match=r"answers with .*not mixed"):
+        pettingzoo_env(Mixed())

@@ -178,26 +178,27 @@ class ObjectCodec(ActCodec):
 
 def act_codec(game: Game, seen: Seen) -> ActCodec:
     """The act phase's codec for what the playouts offered; a shape with none is refused."""
-    kinds = {s.get("type") for s in seen.schemas}
+    kinds = {s.get("type") for s in seen.schemas} if not seen.choices else {"mixed"}
     if seen.choices and not seen.schemas:
         return ChoiceCodec(seen.choices)
-    if kinds == {"integer"}:
+    bounded = all("maximum" in s for s in seen.schemas)  # a space needs both ends
+    if kinds == {"integer"} and bounded:
         return IntegerCodec(
             min(int(s.get("minimum", 0)) for s in seen.schemas),
-            max(int(s["maximum"]) for s in seen.schemas if "maximum" in s),
+            max(int(s["maximum"]) for s in seen.schemas),
         )
-    if kinds == {"number"}:
+    if kinds == {"number"} and bounded:
         return NumberCodec(
             min(float(s.get("minimum", 0.0)) for s in seen.schemas),
-            max(float(s["maximum"]) for s in seen.schemas if "maximum" in s),
+            max(float(s["maximum"]) for s in seen.schemas),
         )
     if kinds == {"object"} and (fields := _integer_fields(seen.schemas)):
         return ObjectCodec(fields)
     shapes = [*(["finite choices"] if seen.choices else []), *map(str, seen.schemas)]
     raise ValueError(
         f"game {game.name!r} answers with {shapes or 'nothing'}; a PettingZoo action space "
-        "is made of finite choices, one integer or number range, or an object of integer "
-        "ranges (not mixed)"
+        "is made of finite choices, one bounded integer or number range, or an object of "
+        "bounded integer ranges (not mixed)"
     )
 
 
