@@ -43,6 +43,7 @@ from backroom.bus.wire import (
     Status,
     Trace,
     WireError,
+    parse,
     parse_all,
     parse_status,
 )
@@ -80,19 +81,27 @@ def parse_traces(payload: bytes) -> list[Trace] | str:
 class TrainerBus:
     """``async with TrainerBus(config, store, game) as bus``: stores what arrives, sends what is asked."""
 
-    def __init__(self, config: BusConfig, store: Store, game: str) -> None:
+    def __init__(
+        self, config: BusConfig, store: Store, game: str, follow: Sequence[str] = ()
+    ) -> None:
+        """``follow``: policies other trainers train on this bus (co-training), whose current
+        checkpoints this one reads (``current_of``)."""
         config.session_expiry_s = max(config.session_expiry_s, SESSION_EXPIRY_S)
         self.store = store
         self.game = game
         self.me = config.username or "trainer"
         self.bus = Bus(config, role="trainer", persistent=True)
         self.online: set[str] = set()
+        self.follow = list(follow)
+        self.checkpoints: dict[str, AdapterRef] = {}
         self._arrived = asyncio.Event()
 
     async def __aenter__(self) -> TrainerBus:
         await self.bus.subscribe(topics.episodes(self.game), self._on_episode)
         await self.bus.subscribe(topics.ALL_TRACES, self._on_trace)
         await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
+        for policy in self.follow:
+            await self.bus.subscribe(topics.checkpoint(policy), self._on_checkpoint)
         await self.bus.__aenter__()
         return self
 
@@ -132,6 +141,16 @@ class TrainerBus:
             return
         if agent and isinstance(msg, Status):
             (self.online.add if msg.state == "online" else self.online.discard)(agent)
+            self._arrived.set()
+
+    def _on_checkpoint(self, topic: str, payload: bytes) -> None:
+        """Another trainer's current adapter (the topic is the trainer role's alone: broker ACL)."""
+        try:
+            msg = parse(payload) if payload else None
+        except WireError:
+            return
+        if isinstance(msg, Checkpoint) and topics.checkpoint(msg.policy) == topic:
+            self.checkpoints[msg.policy] = msg.ref()
             self._arrived.set()
 
     # --- what the trainer sends ----------------------------------------------------
@@ -193,6 +212,14 @@ class TrainerBus:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), min(left, 1.0))
         return True
+
+    async def current_of(self, policies: Sequence[str], timeout_s: float) -> dict[str, AdapterRef]:
+        """The followed policies' current checkpoints, waiting for the first of each;
+        ``TimeoutError`` naming those no trainer announced in time."""
+        await self._until(lambda: all(p in self.checkpoints for p in policies), timeout_s)
+        if missing := sorted(set(policies) - set(self.checkpoints)):
+            raise TimeoutError(f"no checkpoint of policies {missing} within {timeout_s:.0f} s")
+        return {p: self.checkpoints[p] for p in policies}
 
     async def wait_online(self, agents: Sequence[str], timeout_s: float) -> list[str]:
         """Wait until every agent's retained status says online; return those still missing."""

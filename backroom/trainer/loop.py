@@ -38,6 +38,7 @@ from backroom.bus.wire import AdapterRef
 from backroom.trainer.advantages import Hyper, assign_credit
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import TrainConfig
+from backroom.trainer.entrants import entrant_due, send_entrant
 from backroom.trainer.learner import (
     Learner,
     LoraSettings,
@@ -46,6 +47,7 @@ from backroom.trainer.learner import (
     StepStats,
     sample_of,
 )
+from backroom.trainer.opponents import Opponent, Records, live_policies, resolve_pool, with_current
 from backroom.trainer.parallel import finish, follow, lead_step, sync_parameters
 from backroom.trainer.rollouts import AgentBuffer, plan_evaluation, plan_step
 from backroom.trainer.serving import AdapterServer, announce_to_servers
@@ -208,12 +210,15 @@ async def _rollouts(
 
 @dataclass
 class Run:
-    """What training starts from: the learner, the adapter it plays, the buffer, the next step."""
+    """What training starts from: the learner, the adapter it plays, the buffer, the next step;
+    the opponent pool and the learner's record against its opponents (PFSP)."""
 
     learner: Learner
     current: AdapterRef
     buffer: AgentBuffer
     first_step: int
+    pool: list[Opponent] = field(default_factory=list)
+    records: Records = field(default_factory=Records)
 
 
 def build_learner(config: TrainConfig, adapter: Path | None) -> Learner:
@@ -353,22 +358,34 @@ async def train(
         base_url = server.public_url if server else None
         logged = [(step, version) for step, version, _ in store.steps()]
         run = await asyncio.to_thread(open_run, config, run_dir, logged, resume, base_url)
+        run.pool = await asyncio.to_thread(resolve_pool, config)
+        run.records = Records.from_store(store, run.first_step)
+        players += [o.agent for o in run.pool if o.agent is not None]
         learner = run.learner
         sync_parameters(learner)  # data-parallel ranks start from rank 0's adapter
-        async with TrainerBus(bus_config, store, config.game) as tb:
+        async with TrainerBus(bus_config, store, config.game, live_policies(run.pool)) as tb:
             for old in run.buffer.refs:  # resumed: their location may be new (the server's port)
                 await tb.announce(old, current=False)
+            for frozen in (o.ref for o in run.pool if o.live is None and o.ref is not None):
+                await tb.announce(frozen, current=False)  # local agents load only what is announced
             await _announce(tb, config, run.current)
             if missing := await tb.wait_online(players, online_timeout_s):
                 raise TrainError(f"agents not online after {online_timeout_s:.0f}s: {missing}")
             # a kill after the store logged a step may have cost its CSV row and evaluation
             train_log.catch_up(store.steps())
             last = run.first_step - 1
+            if last >= 0 and entrant_due(config, last):  # a kill may have come before its file
+                await asyncio.to_thread(send_entrant, config, run_dir, last, run.current)
             if last >= 0 and evaluation_due(config, last) and last not in evaluated_steps(run_dir):
                 evaluations.append(await _evaluate_and_log(tb, store, config, last, run, run_dir))
             for step in range(run.first_step, config.steps):
                 planned = store.requests(step=step, kind="train") or plan_step(
-                    config, step, run.current, run.buffer.refs
+                    config,
+                    step,
+                    run.current,
+                    run.buffer.refs,
+                    await _pool_now(tb, run, online_timeout_s),
+                    run.records if config.buffer.sample == "pfsp" else None,
                 )
                 t0 = time.perf_counter()
                 missing = await _rollouts(
@@ -399,6 +416,7 @@ async def train(
                     {k: v for k, v in row.items() if isinstance(v, float | int)},
                     [ep.record.match for ep in joined],
                 )
+                run.records.add_joined(joined)
                 _export(row, stats.tokens)
                 train_log.append(row)
                 for gone in run.buffer.offer(step, run.current):
@@ -406,6 +424,8 @@ async def train(
                         await tb.retract(gone)  # no match will name it again
                 run.current = ref
                 await _announce(tb, config, ref)
+                if entrant_due(config, step):
+                    await asyncio.to_thread(send_entrant, config, run_dir, step, ref)
                 if on_step:
                     on_step(step, row)
                 log.info(
@@ -428,10 +448,21 @@ async def train(
 async def _evaluate_and_log(
     tb: TrainerBus, store: Store, config: TrainConfig, step: int, run: Run, run_dir: Path
 ) -> dict[str, Any]:
-    result = await _evaluate(tb, store, config, step, run.current)
+    result = await _evaluate(tb, store, config, step, run.current, await _pool_now(tb, run, 60.0))
     with (run_dir / "evaluations.jsonl").open("a") as f:
         f.write(json.dumps(result) + "\n")
     return result
+
+
+async def _pool_now(tb: TrainerBus, run: Run, timeout_s: float) -> list[Opponent]:
+    """The pool with the co-trained policies' current adapters (waiting for their first)."""
+    live = live_policies(run.pool)
+    if not live:
+        return run.pool
+    try:
+        return with_current(run.pool, await tb.current_of(live, timeout_s))
+    except TimeoutError as exc:
+        raise TrainError(f"opponents: {exc}; is the other trainer running on this bus?") from None
 
 
 async def _announce(tb: TrainerBus, config: TrainConfig, ref: AdapterRef) -> None:
@@ -495,10 +526,16 @@ def _export(row: dict[str, Any], tokens: int) -> None:
 
 
 async def _evaluate(
-    tb: TrainerBus, store: Store, config: TrainConfig, step: int, current: AdapterRef
+    tb: TrainerBus,
+    store: Store,
+    config: TrainConfig,
+    step: int,
+    current: AdapterRef,
+    pool: Sequence[Opponent] = (),
 ) -> dict[str, Any]:
-    """Play the current adapter against every baseline; log mean returns (and IPD cooperation)."""
-    planned = store.requests(step=step, kind="eval") or plan_evaluation(config, step, current)
+    """Play the current adapter against every baseline and pool member; log mean returns
+    (and IPD cooperation)."""
+    planned = store.requests(step=step, kind="eval") or plan_evaluation(config, step, current, pool)
     missing = await _rollouts(tb, store, planned, config.episode_timeout_s, config.concurrency)
     joined, _ = store.join([r.match for r in planned])
     by_label: dict[str, list[Joined]] = {}

@@ -506,6 +506,17 @@ class Store:
         ).fetchone()
         return None if row is None else row[0]
 
+    def used_outcomes(self, before_step: int) -> list[tuple[str, str, str]]:
+        """(label, trainable JSON, returns JSON) of the training matches that fed a step before
+        ``before_step``, in match order: the learner's record against its opponents (PFSP)."""
+        return self._db.execute(
+            "SELECT r.label, r.trainable, json_extract(e.record, '$.returns')"
+            " FROM episodes e JOIN requests r ON r.match = e.match"
+            " WHERE r.kind = 'train' AND e.used_step IS NOT NULL AND e.used_step < ?"
+            " ORDER BY r.match",
+            (before_step,),
+        ).fetchall()
+
     # --- training log -----------------------------------------------------------------
 
     def log_step(
