@@ -23,6 +23,7 @@ import asyncio
 import csv
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -221,8 +222,20 @@ class Run:
     records: Records = field(default_factory=Records)
 
 
+#: transformers' loading is not thread-safe (it swaps process-wide defaults while it
+#: builds a model): two trainers in one process (co-training in a test, a notebook)
+#: load their learners one at a time.
+_LOADING = threading.Lock()
+
+
 def build_learner(config: TrainConfig, adapter: Path | None) -> Learner:
     """The base model with the run's LoRA (fresh, or ``adapter`` to continue); blocking."""
+    assert config.hp is not None
+    with _LOADING:
+        return _learner(config, adapter)
+
+
+def _learner(config: TrainConfig, adapter: Path | None) -> Learner:
     assert config.hp is not None
     hp = config.hp
     return Learner(

@@ -1,0 +1,173 @@
+"""Co-training and opponent pools end to end: real trainers, a real broker, the tiny random Qwen2.
+
+Two ``train`` loops (an Advantage Alignment learner and a GRPO learner), each
+with its own policy, players and run directory, share one broker and one
+referee and play each other: each names the other's current adapter on the
+opponent seat and trains only its own seat. Then a third learner trains
+against a fixed pool (an always-cooperating agent and a frozen adapter of the
+first run), whose seats are never trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from backroom.agents.adapters import adapter_digest
+from backroom.agents.base import Agent
+from backroom.agents.local import LocalAgent
+from backroom.bus.broker import Broker
+from backroom.bus.wire import Trace
+from backroom.trainer.config import parse_train_config
+from backroom.trainer.loop import TrainResult, train
+from backroom.trainer.store import Store
+
+from .conftest import TEST_DEVICE, agents, identity, stack
+from .test_trainer import tiny_config_data
+
+
+def cotrain_data(model: Path, me: str, other: str, algorithm: str) -> dict[str, Any]:
+    """Two one-match-per-seat steps of 2-round IPD against the other policy's current adapter."""
+    return tiny_config_data(
+        model,
+        run=me,
+        policy=me,
+        algorithm=algorithm,
+        params={"rounds": 2},
+        hyper={"lr": 1e-2, "batch_size": 2, "group_size": 1},
+        players=[f"{me}-0", f"{me}-1"],
+        opponents=[{"policy": other}],
+        evaluation={"every": 2, "matches": 1},
+    )
+
+
+def learners(model: Path, policy: str) -> list[LocalAgent]:
+    return [
+        LocalAgent(f"{policy}-{i}", model=str(model), device=TEST_DEVICE, policy=policy, seed=i)
+        for i in range(2)
+    ]
+
+
+def stored_traces(store: Store) -> list[tuple[str, int, Trace]]:
+    rows = store._db.execute("SELECT match, seat, trace FROM traces").fetchall()
+    return [(m, seat, Trace.model_validate_json(t)) for m, seat, t in rows]
+
+
+def check_own_seat_only(run_dir: Path, me: str, other: str, other_versions: dict[str, str]) -> None:
+    """Every training match of ``run_dir``: ``me`` on the trained seat at the step's version,
+    ``other`` (a version whose files have ``other_versions``' digests) on the other seat; its
+    traces are stored (they were seated) but none is in the batch."""
+    with Store(run_dir / "store.sqlite") as store:
+        steps = store.steps()
+        assert [v for _, v, _ in steps] == ["v1", "v2"]
+        for step, _, _ in steps:
+            planned = store.requests(step=step, kind="train")
+            joined, dropped = store.join([r.match for r in planned])
+            assert len(joined) == 2 and sum(dropped.values()) == 0, dropped
+            assert {ep.request.trainable for ep in joined} == {(0,), (1,)}
+            for ep in joined:
+                (mine,) = ep.request.trainable
+                own, theirs = ep.request.spec.adapters[mine], ep.request.spec.adapters[1 - mine]
+                assert own is not None and (own.policy, own.version) == (me, f"v{step}")
+                assert theirs is not None and theirs.policy == other
+                assert theirs.sha256 == other_versions[theirs.version]
+                assert ep.decisions and {d.seat for d in ep.decisions} == {mine}
+                assert {
+                    (d.trace.adapter_policy, d.trace.adapter_version) for d in ep.decisions
+                } == {(me, f"v{step}")}
+        opponent_traces = [
+            t
+            for match, seat, t in stored_traces(store)
+            if (r := store.request(match)) is not None
+            and r.kind == "train"
+            and seat not in r.trainable
+        ]
+        # the other policy really played the opponent seat (its traces say so)
+        assert opponent_traces and {t.adapter_policy for t in opponent_traces} == {other}
+
+
+def digests(run_dir: Path) -> dict[str, str]:
+    return {p.name: adapter_digest(p)[0] for p in (run_dir / "adapters").iterdir()}
+
+
+async def test_two_trainers_co_train_on_one_bus_each_training_only_its_own_policy(
+    broker: Broker, tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    aa = parse_train_config(cotrain_data(tiny_qwen_model, "aa", "gr", "adalign"))
+    gr = parse_train_config(cotrain_data(tiny_qwen_model, "gr", "aa", "grpo"))
+    players: list[Agent] = [*learners(tiny_qwen_model, "aa"), *learners(tiny_qwen_model, "gr")]
+    async with stack(broker, tmp_path / "runs", players):
+        results: list[TrainResult] = await asyncio.gather(
+            train(aa, tmp_path / "aa", identity(broker, "trainer-aa", "trainer")),
+            train(gr, tmp_path / "gr", identity(broker, "trainer-gr", "trainer")),
+        )
+    assert [r.version for r in results] == ["v2", "v2"]
+    aa_files, gr_files = digests(tmp_path / "aa"), digests(tmp_path / "gr")
+    assert sorted(aa_files) == sorted(gr_files) == ["v0", "v1", "v2"]  # each saved its own only
+    assert set(aa_files.values()).isdisjoint(gr_files.values())
+    check_own_seat_only(tmp_path / "aa", "aa", "gr", gr_files)
+    check_own_seat_only(tmp_path / "gr", "gr", "aa", aa_files)
+    # evaluation played the other policy too
+    assert set(results[0].evaluations[-1]["against"]) == {"self", "policy-gr"}
+    assert set(results[1].evaluations[-1]["against"]) == {"self", "policy-aa"}
+
+
+async def test_a_fixed_pool_is_played_and_never_trained(
+    broker: Broker, tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    # the frozen run: one GRPO step in self-play (its adapters v0 and v1)
+    base = parse_train_config(
+        {**cotrain_data(tiny_qwen_model, "g", "x", "grpo"), "opponents": [], "steps": 1}
+    )
+    players: list[Agent] = [*learners(tiny_qwen_model, "g")]
+    frozen = tmp_path / "frozen"
+    async with stack(broker, tmp_path / "runs", players):
+        await train(base, frozen, identity(broker, "trainer-g", "trainer"))
+    before = digests(frozen)
+    config = parse_train_config(
+        {
+            **cotrain_data(tiny_qwen_model, "learner", "x", "grpo"),
+            "hyper": {"lr": 1e-2, "batch_size": 4, "group_size": 1},
+            "buffer": {"sample": "pfsp"},
+            "opponents": [
+                {"agent": {"id": "coop", "kind": "always", "options": {"action": "A"}}},
+                {"run": str(frozen), "versions": ["v1"], "policy": "naive"},
+            ],
+        }
+    )
+    players = [*learners(tiny_qwen_model, "learner"), *agents(("coop", "always"))]
+    run_dir = tmp_path / "learner"
+    async with stack(broker, tmp_path / "runs", players):
+        result = await train(config, run_dir, identity(broker, "trainer-learner", "trainer"))
+    assert result.version == "v2"
+    assert digests(frozen) == before  # the frozen run's adapters are untouched
+    with Store(run_dir / "store.sqlite") as store:
+        labels = set()
+        for step in (0, 1):
+            planned = store.requests(step=step, kind="train")
+            joined, dropped = store.join([r.match for r in planned])
+            assert len(joined) == 4 and sum(dropped.values()) == 0, dropped
+            for ep in joined:
+                labels.add(ep.request.label)
+                (mine,) = ep.request.trainable
+                assert {d.seat for d in ep.decisions} == {mine}
+                assert {d.trace.adapter_policy for d in ep.decisions} == {"learner"}
+                other = ep.request.spec.adapters[1 - mine]
+                if ep.request.label == "agent coop":
+                    assert ep.record.seats[1 - mine] == "coop" and other is None
+                    assert {a.action for a in ep.record.actions if a.seat != mine} == {"A"}
+                else:
+                    assert other is not None and (other.policy, other.version) == ("naive", "v1")
+                    assert other.sha256 == before["v1"]
+        assert labels <= {"agent coop", "frozen naive v1"} and labels
+        # the frozen seat was played by the named version (its traces say so), and never trained
+        frozen_seats = [
+            t
+            for match, seat, t in stored_traces(store)
+            if (r := store.request(match))
+            and r.label == "frozen naive v1"
+            and seat not in r.trainable
+        ]
+        assert {(t.adapter_policy, t.adapter_version) for t in frozen_seats} <= {("naive", "v1")}
+    assert set(result.evaluations[-1]["against"]) == {"self", "agent-coop", "frozen-naive-v1"}
