@@ -14,6 +14,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from backroom.agents.adapters import adapter_digest
 from backroom.agents.base import Agent
 from backroom.agents.local import LocalAgent
@@ -160,7 +162,7 @@ async def test_a_fixed_pool_is_played_and_never_trained(
                 else:
                     assert other is not None and (other.policy, other.version) == ("naive", "v1")
                     assert other.sha256 == before["v1"]
-        assert labels <= {"agent coop", "frozen naive v1"} and labels
+        assert labels == {"agent coop", "frozen naive v1"}
         # the frozen seat was played by the named version (its traces say so), and never trained
         frozen_seats = [
             t
@@ -171,3 +173,57 @@ async def test_a_fixed_pool_is_played_and_never_trained(
         ]
         assert {(t.adapter_policy, t.adapter_version) for t in frozen_seats} <= {("naive", "v1")}
     assert set(result.evaluations[-1]["against"]) == {"self", "agent-coop", "frozen-naive-v1"}
+
+
+async def exploit_run(
+    broker: Broker, tmp_path: Path, model: Path, opponent: dict[str, Any], name: str, steps: int
+) -> list[dict[str, Any]]:
+    """A GRPO learner trained against one scripted opponent; the train log's rows."""
+    config = parse_train_config(
+        {
+            **cotrain_data(model, name, "x", "grpo"),
+            "params": {"rounds": 3},
+            "hyper": {"lr": 3e-2, "batch_size": 16, "group_size": 1},
+            "steps": steps,
+            "opponents": [{"agent": opponent}],
+            "evaluation": {"every": steps, "matches": 1},
+        }
+    )
+    players: list[Agent] = [*learners(model, name), *agents((opponent["id"], opponent["kind"]))]
+    rows: list[dict[str, Any]] = []
+    async with stack(broker, tmp_path / "runs", players):
+        await train(
+            config,
+            tmp_path / name,
+            identity(broker, f"trainer-{name}", "trainer"),
+            on_step=lambda _s, row: rows.append(row),
+        )
+    return rows
+
+
+@pytest.mark.slow  # two 10-step runs, about a minute
+async def test_grpo_exploits_a_naive_opponent_not_a_reciprocating_one(
+    broker: Broker, tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    """The paper's experiment in shape, with what the tiny random model can show.
+
+    Its policy is a near coin flip between A and B that a few high-lr steps
+    move; it cannot *be* a trained Advantage Alignment agent, so tit-for-tat
+    stands in for the reciprocity AA learns (the memory-one harness,
+    tests/test_trainer_memory_one_exploit.py, trains the real one). A frozen
+    adapter as the opponent is exercised by the pool test above.
+    """
+    steps = 10
+    naive = await exploit_run(
+        broker, tmp_path, tiny_qwen_model, {"id": "coop", "kind": "always"}, "vs-naive", steps
+    )
+    tft = await exploit_run(
+        broker, tmp_path, tiny_qwen_model, {"id": "tft", "kind": "tit-for-tat"}, "vs-tft", steps
+    )
+    # the learner's share of cooperation in its training matches, first step and last three
+    first = [rows[0]["cooperation_rate"] for rows in (naive, tft)]
+    last = [sum(r["cooperation_rate"] for r in rows[-3:]) / 3 for rows in (naive, tft)]
+    # against always-cooperate defection pays at once (5 against 3 a round): it learns it
+    assert last[0] < first[0] - 0.2 and last[0] < 0.3, (first, last)
+    # against tit-for-tat over 3 rounds defecting costs more than it takes: it cooperates more
+    assert last[1] >= first[1] and last[1] > last[0] + 0.3, (first, last)
