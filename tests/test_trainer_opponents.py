@@ -231,3 +231,19 @@ def test_every_nth_checkpoint_becomes_a_league_entrant_file(tmp_path: Path) -> N
     assert agent.id == "grpo-v2" and agent.kind == "local"
     assert agent.options["adapter"] == str((run_dir / "adapters" / "v2").resolve())
     assert "policy" not in agent.options  # frozen: it never follows the trainer's checkpoints
+
+
+def test_backroom_train_starts_the_pools_agents() -> None:
+    from backroom.trainer.launch import agent_entries
+
+    config = parse_train_config(
+        data(
+            opponents=[
+                {"agent": {"id": "coop", "kind": "always", "options": {"action": "A"}}},
+                {"policy": "other"},
+            ]
+        )
+    )
+    entries = agent_entries(config)
+    assert [e["id"] for e in entries] == ["alice", "bob", "coop"]
+    assert entries[-1] == {"id": "coop", "kind": "always", "options": {"action": "A"}}
