@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import json
 import logging
 import threading
 import time
@@ -40,6 +39,12 @@ from backroom.trainer.advantages import Hyper, assign_credit
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import TrainConfig
 from backroom.trainer.entrants import entrant_due, send_entrant
+from backroom.trainer.evaluation import (
+    evaluate_and_log,
+    evaluated_steps,
+    evaluation_due,
+    play,
+)
 from backroom.trainer.learner import (
     Learner,
     LoraSettings,
@@ -50,14 +55,11 @@ from backroom.trainer.learner import (
 )
 from backroom.trainer.opponents import Opponent, Records, live_policies, resolve_pool, with_current
 from backroom.trainer.parallel import finish, follow, lead_step, sync_parameters
-from backroom.trainer.rollouts import AgentBuffer, plan_evaluation, plan_step
+from backroom.trainer.rollouts import AgentBuffer, plan_step
 from backroom.trainer.serving import AdapterServer, announce_to_servers
-from backroom.trainer.store import Joined, Request, Store
+from backroom.trainer.store import Joined, Store
 
 log = logging.getLogger("backroom.trainer")
-
-#: How long traces may trail their episode (they travel on another client's connection).
-TRACE_GRACE_S = 10.0
 
 
 class TrainError(RuntimeError):
@@ -174,39 +176,6 @@ class TrainLog:
         for step, version, m in missing:
             self.append({**m, "step": step, "version": version})
         return len(missing)
-
-
-def evaluation_due(config: TrainConfig, step: int) -> bool:
-    return (step + 1) % config.evaluation.every == 0 or step + 1 == config.steps
-
-
-def evaluated_steps(run_dir: Path) -> set[int]:
-    path = run_dir / "evaluations.jsonl"
-    if not path.exists():
-        return set()
-    steps = set()
-    for line in path.read_text().splitlines():
-        try:
-            steps.add(int(json.loads(line)["step"]))
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn last line from a kill: that evaluation is run again
-    return steps
-
-
-async def _rollouts(
-    tb: TrainerBus, store: Store, planned: list[Request], timeout_s: float, window: int
-) -> list[str]:
-    """Send (or, on resume, re-send what has no episode yet) and wait; return the missing matches."""
-    matches = [r.match for r in planned]
-    known = {m for m in matches if store.request(m) is not None}
-    fresh = [r for r in planned if r.match not in known]
-    if fresh:
-        store.add_requests(fresh)  # stored before sent: a crash after this resends, never forgets
-    outstanding = set(store.missing_episodes(matches))
-    await tb.request([r for r in planned if r.match in outstanding], window, timeout_s)
-    missing = await tb.wait_episodes(matches, timeout_s)
-    await tb.wait_traces(matches, TRACE_GRACE_S)
-    return missing
 
 
 @dataclass
@@ -401,7 +370,7 @@ async def train(
                     run.records if config.buffer.sample == "pfsp" else None,
                 )
                 t0 = time.perf_counter()
-                missing = await _rollouts(
+                missing = await play(
                     tb, store, planned, config.episode_timeout_s, config.concurrency
                 )
                 rollout_s = time.perf_counter() - t0
@@ -461,10 +430,8 @@ async def train(
 async def _evaluate_and_log(
     tb: TrainerBus, store: Store, config: TrainConfig, step: int, run: Run, run_dir: Path
 ) -> dict[str, Any]:
-    result = await _evaluate(tb, store, config, step, run.current, await _pool_now(tb, run, 60.0))
-    with (run_dir / "evaluations.jsonl").open("a") as f:
-        f.write(json.dumps(result) + "\n")
-    return result
+    pool = await _pool_now(tb, run, 60.0)
+    return await evaluate_and_log(tb, store, config, step, run.current, pool, run_dir)
 
 
 async def _pool_now(tb: TrainerBus, run: Run, timeout_s: float) -> list[Opponent]:
@@ -536,47 +503,3 @@ def _export(row: dict[str, Any], tokens: int) -> None:
         if key.startswith("reward_seat"):
             metrics.TRAIN_REWARD.labels(seat=key.removeprefix("reward_seat")).set(value)
     metrics.TRAIN_VERSION_LAG.set(row["version_lag"])
-
-
-async def _evaluate(
-    tb: TrainerBus,
-    store: Store,
-    config: TrainConfig,
-    step: int,
-    current: AdapterRef,
-    pool: Sequence[Opponent] = (),
-) -> dict[str, Any]:
-    """Play the current adapter against every baseline and pool member; log mean returns
-    (and IPD cooperation)."""
-    planned = store.requests(step=step, kind="eval") or plan_evaluation(config, step, current, pool)
-    missing = await _rollouts(tb, store, planned, config.episode_timeout_s, config.concurrency)
-    joined, _ = store.join([r.match for r in planned])
-    by_label: dict[str, list[Joined]] = {}
-    for ep in joined:
-        by_label.setdefault(ep.request.label, []).append(ep)
-    result: dict[str, Any] = {
-        "step": step,
-        "version": current.version,
-        "missing": len(missing),
-        "against": {},
-    }
-    for label, eps in by_label.items():
-        mine = float(np.mean([ep.record.returns[0] for ep in eps]))
-        theirs = float(np.mean([ep.record.returns[1] for ep in eps]))
-        moves = [
-            a.action for ep in eps for a in ep.record.actions if a.phase == "act" and a.seat == 0
-        ]
-        coop = (
-            sum(1 for m in moves if m == "A") / len(moves)
-            if config.game == "ipd" and moves
-            else None
-        )
-        result["against"][label] = {
-            "learner": mine,
-            "opponent": theirs,
-            "matches": len(eps),
-            "cooperation_rate": coop,
-        }
-        metrics.TRAIN_EVAL.labels(baseline=label).set(mine)
-    log.info("evaluation after step %d: %s", step, result["against"])
-    return result
