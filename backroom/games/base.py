@@ -321,7 +321,7 @@ def register(cls: type[Game]) -> type[Game]:
     return cls
 
 
-def make_game(name: str, **params: Any) -> Game:
+def make_game(name: str, /, **params: Any) -> Game:
     """Build a registered game; unknown names and bad parameters raise ``ValueError``."""
     from backroom import games as _games  # noqa: F401  (imports register the engines)
 
