@@ -252,9 +252,10 @@ class OpenSpielState(State):
     def check_action(self, player: int, action: Action) -> Action:
         """A legal action number, from the number or OpenSpiel's name for it (case and spaces aside)."""
         self.require_mover(player)
+        if isinstance(action, int) and not isinstance(action, bool):
+            if action in self.os.legal_actions(player):  # no names needed: solvers walk this
+                return action
         spec = self.action_spec(player)
-        if isinstance(action, int) and not isinstance(action, bool) and action in spec.choices:
-            return action
         if isinstance(action, str):
             wanted = action.strip()
             for exact in (True, False):
