@@ -106,7 +106,11 @@ def play_lockstep(name: str, params: dict[str, Any], rng: random.Random) -> int:
             k = rng.randrange(len(legal))
             picked.append(legal[k])
             # half the time by OpenSpiel's name, as an LLM answers
-            joint[p] = spec.names[k] if rng.random() < 0.5 and spec.names.count(spec.names[k]) == 1 else legal[k]
+            joint[p] = (
+                spec.names[k]
+                if rng.random() < 0.5 and spec.names.count(spec.names[k]) == 1
+                else legal[k]
+            )
         ours.apply(joint)
         if ref.is_simultaneous_node():
             ref.apply_actions(picked)
@@ -239,7 +243,10 @@ def test_a_config_seats_an_openspiel_game() -> None:
         {
             "game": "openspiel",
             "params": {"name": "liars_dice", "numdice": 1},
-            "agents": [{"id": "a", "kind": "random"}, {"id": "b", "kind": "always", "options": {"action": "Liar"}}],
+            "agents": [
+                {"id": "a", "kind": "random"},
+                {"id": "b", "kind": "always", "options": {"action": "Liar"}},
+            ],
             "channels": [{"name": "table", "members": [0, 1], "opens": "before_act"}],
         }
     )
@@ -250,6 +257,9 @@ def test_a_config_seats_an_openspiel_game() -> None:
             {
                 "game": "openspiel",
                 "params": {"name": "liars_dice"},
-                "agents": [{"id": "a", "kind": "random"}, {"id": "b", "kind": "always", "options": {"action": "Truth"}}],
+                "agents": [
+                    {"id": "a", "kind": "random"},
+                    {"id": "b", "kind": "always", "options": {"action": "Truth"}},
+                ],
             }
         )

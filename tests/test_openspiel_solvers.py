@@ -125,7 +125,18 @@ def test_solve_cli_and_the_cfr_and_table_agents_play_leduc(tmp_path: Path) -> No
     out = tmp_path / "leduc.json"
     result = CliRunner().invoke(
         solve_app,
-        ["game", "openspiel", "-p", "name=leduc_poker", "-n", "200", "--algo", "cfr+", "-o", str(out)],
+        [
+            "game",
+            "openspiel",
+            "-p",
+            "name=leduc_poker",
+            "-n",
+            "200",
+            "--algo",
+            "cfr+",
+            "-o",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "NashConv" in result.output and "'infosets': 936" in result.output

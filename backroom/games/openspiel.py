@@ -120,7 +120,9 @@ def _check_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in params.items():
         if key not in spec:
-            raise ValueError(f"OpenSpiel game {name} has no parameter {key!r}; its parameters: {known}")
+            raise ValueError(
+                f"OpenSpiel game {name} has no parameter {key!r}; its parameters: {known}"
+            )
         default = spec[key]
         if isinstance(default, bool):
             ok = isinstance(value, bool)
@@ -252,9 +254,9 @@ class OpenSpielState(State):
     def check_action(self, player: int, action: Action) -> Action:
         """A legal action number, from the number or OpenSpiel's name for it (case and spaces aside)."""
         self.require_mover(player)
-        if isinstance(action, int) and not isinstance(action, bool):
-            if action in self.os.legal_actions(player):  # no names needed: solvers walk this
-                return action
+        number = isinstance(action, int) and not isinstance(action, bool)
+        if number and action in self.os.legal_actions(player):  # no names: solvers walk this
+            return action
         spec = self.action_spec(player)
         if isinstance(action, str):
             wanted = action.strip()
@@ -357,7 +359,9 @@ class OpenSpielState(State):
         obs = self.observation(player)
         lines = [self.rules(player), f"You are player {player}."]
         if obs["info_state"] is not None:
-            lines.append(f"What you know so far (OpenSpiel's information state):\n{obs['info_state']}")
+            lines.append(
+                f"What you know so far (OpenSpiel's information state):\n{obs['info_state']}"
+            )
         if obs["observation"] is not None and obs["observation"] != obs["info_state"]:
             lines.append(f"What you see now (OpenSpiel's observation):\n{obs['observation']}")
         if self.is_terminal():

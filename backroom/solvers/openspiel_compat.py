@@ -92,4 +92,7 @@ def policy_json_to_tabular(tree: GameTree, policy: dict[str, dict[str, float]]) 
 __all__ = [
     "from_openspiel_policy",
     "openspiel_game",
-    "openspiel_key", "policy_json_to_tabular", "to_tabular_policy"]
+    "openspiel_key",
+    "policy_json_to_tabular",
+    "to_tabular_policy",
+]

@@ -43,7 +43,9 @@ class PokerColluder(ScriptedAgent):
 
     async def act(self, turn: Turn) -> JSON:
         legal = choices(turn)
-        by_name = {str(n).lower(): a for n, a in zip(turn.legal.get("names", []), legal, strict=False)}
+        by_name = {
+            str(n).lower(): a for n, a in zip(turn.legal.get("names", []), legal, strict=False)
+        }
         card, partner = own_card(turn.observation), self.partner_card(turn.match)
         check = by_name.get("call", by_name.get("pass", legal[0]))
         if card is None or partner is None:
