@@ -207,6 +207,11 @@ def test_actions_by_name_and_refusals() -> None:
     assert "Leduc poker" in state.prompt(0) and "[Private: " in state.prompt(0)
 
 
+def test_leduc_without_a_name_and_the_name_in_the_record() -> None:
+    assert make_game("openspiel").params() == {"name": "leduc_poker"}
+    assert make_game("openspiel", name="blotto", coins=5).params() == {"name": "blotto", "coins": 5}
+
+
 def test_rules_for_games_without_a_text_use_openspiels_long_name() -> None:
     state = make_game("openspiel", name="nim").new_initial_state(seed=0)
     assert "Nim" in state.rules(0) and "OpenSpiel's nim" in state.rules(0)
@@ -216,7 +221,7 @@ def test_rules_for_games_without_a_text_use_openspiels_long_name() -> None:
 @pytest.mark.parametrize(
     ("params", "field", "says"),
     [
-        ({}, "params", "needs params.name"),
+        ({"name": 3}, "params", "must name an OpenSpiel game, not 3"),
         ({"name": "leduk_poker"}, "params", "did you mean leduc_poker"),
         ({"name": "leduc_poker", "plyers": 3}, "params", "its parameters: action_mapping"),
         ({"name": "leduc_poker", "players": "3"}, "params", "must be of type int"),

@@ -61,6 +61,11 @@ CHANCE_NODES_FIX: dict[str, Callable[[dict[str, Any]], int]] = {
     "leduc_poker": lambda params: int(params["players"]) + 1,
 }
 
+#: The game ``game: openspiel`` plays without ``params.name`` (recorded in ``params()``
+#: like any other): the suite's checks over every registered engine build each
+#: engine with no parameters, and Leduc is what the issue that asked for the adapter plays.
+DEFAULT_GAME = "leduc_poker"
+
 #: OpenSpiel ids of the pseudo-players (``open_spiel/spiel_utils.h``).
 _SIMULTANEOUS, _TERMINAL = -2, -4
 
@@ -99,7 +104,7 @@ def supported_games() -> list[str]:
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError(
-            "openspiel needs params.name, the OpenSpiel game to play, e.g. leduc_poker; "
+            f"openspiel's params.name must name an OpenSpiel game, not {name!r}; "
             f"known: {', '.join(supported_games())}"
         )
     if name not in game_types():
@@ -148,7 +153,7 @@ class OpenSpielGame(Game):
 
     name = "openspiel"
 
-    def __init__(self, name: str | None = None, **params: Any) -> None:
+    def __init__(self, name: str = DEFAULT_GAME, **params: Any) -> None:
         self.os_name = _check_name(name)
         self.os_params = _check_params(self.os_name, params)
         try:
@@ -192,7 +197,7 @@ class OpenSpielGame(Game):
         return self._info
 
     def params(self) -> dict[str, JSON]:
-        return {"name": self.os_name, **self.os_params}
+        return {"name": self.os_name, **self.os_params}  # name always: the record says what played
 
     def rules_text(self) -> str:
         """The rules as a prompt states them: backroom's short text, or OpenSpiel's long name."""
