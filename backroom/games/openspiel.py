@@ -63,7 +63,7 @@ CHANCE_NODES_FIX: dict[str, Callable[[dict[str, Any]], int]] = {
 
 #: The game ``game: openspiel`` plays without ``params.name`` (recorded in ``params()``
 #: like any other): the suite's checks over every registered engine build each
-#: engine with no parameters, and Leduc is what the issue that asked for the adapter plays.
+#: engine with no parameters, and Leduc is the game the adapter was first built to seat.
 DEFAULT_GAME = "leduc_poker"
 
 #: OpenSpiel ids of the pseudo-players (``open_spiel/spiel_utils.h``).
