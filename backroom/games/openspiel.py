@@ -61,6 +61,12 @@ CHANCE_NODES_FIX: dict[str, Callable[[dict[str, Any]], int]] = {
     "leduc_poker": lambda params: int(params["players"]) + 1,
 }
 
+#: Observation key -> the pyspiel ``State`` method that gives that tensor.
+TENSOR_METHODS = {
+    "info_state_tensor": "information_state_tensor",
+    "observation_tensor": "observation_tensor",
+}
+
 #: The game ``game: openspiel`` plays without ``params.name`` (recorded in ``params()``
 #: like any other): the suite's checks over every registered engine build each
 #: engine with no parameters, and Leduc is the game the adapter was first built to seat.
@@ -93,6 +99,8 @@ def refusal(name: str) -> str | None:
         return "a mean-field game plays a population, not seats"
     if any(isinstance(v, dict) for v in gtype.parameter_specification.values()):
         return "a wrapper around another game: seat that game instead"
+    if gtype.action_structs_only:
+        return "its moves are action structs, not numbered actions for an agent to pick from"
     return None
 
 
@@ -164,6 +172,7 @@ class OpenSpielGame(Game):
         self.num_players = self.os_game.num_players()
         self.state_class = OpenSpielState
         self._info = self._game_info()
+        self.tensors = self._tensors()
 
     def _game_info(self) -> GameInfo:
         """OpenSpiel's facts, in backroom's fields (see :class:`~backroom.games.base.GameInfo`)."""
@@ -191,6 +200,21 @@ class OpenSpielGame(Game):
             max_chance_nodes=chance_nodes,
             max_chance_outcomes=outcomes,
         )
+
+    def _tensors(self) -> dict[str, bool]:
+        """The tensors the game has, each with whether it goes into observations (``MAX_TENSOR``)."""
+        g, t, out = self.os_game, self.os_type, {}
+        for key, provided, size in (
+            (
+                "info_state_tensor",
+                t.provides_information_state_tensor,
+                g.information_state_tensor_size,
+            ),
+            ("observation_tensor", t.provides_observation_tensor, g.observation_tensor_size),
+        ):
+            if provided:
+                out[key] = size() <= MAX_TENSOR
+        return out
 
     @property
     def info(self) -> GameInfo:
@@ -330,27 +354,12 @@ class OpenSpielState(State):
             if t.provides_observation_string
             else None,
         }
-        g, left_out = self.game.os_game, []
-        for key, provided, size, get in (
-            (
-                "info_state_tensor",
-                t.provides_information_state_tensor,
-                g.information_state_tensor_size,
-                self.os.information_state_tensor,
-            ),
-            (
-                "observation_tensor",
-                t.provides_observation_tensor,
-                g.observation_tensor_size,
-                self.os.observation_tensor,
-            ),
-        ):
-            if not provided:
-                continue
-            if size() > MAX_TENSOR:
-                left_out.append(key)
+        left_out = []
+        for key, fits in self.game.tensors.items():
+            if fits:
+                obs[key] = list(getattr(self.os, TENSOR_METHODS[key])(player))
             else:
-                obs[key] = list(get(player))
+                left_out.append(key)
         if left_out:
             obs["tensors_left_out"] = left_out
         if self.is_terminal():
