@@ -275,22 +275,32 @@ def test_a_config_seats_an_openspiel_game() -> None:
 NEED_A_FILE = {"efg_game", "nfg_game"}
 
 
-@pytest.mark.slow
 def test_every_supported_game_plays_through_the_interface() -> None:
-    """Each of OpenSpiel's games (but those that need a file): built bare, seeded, 100 random
-    moves through ``apply`` with views and prompts at every step, whatever the game."""
+    """Each of OpenSpiel's games (but those that need a file): built bare, seeded, up to 100
+    random moves through ``apply`` with views and prompts at every step, and the declared
+    ``GameInfo`` holding as far as the play went."""
     from backroom.games.openspiel import supported_games
 
     played = 0
     for name in sorted(set(supported_games()) - NEED_A_FILE):
-        state = make_game("openspiel", name=name).new_initial_state(seed=1)
+        game = make_game("openspiel", name=name)
+        state, info = game.new_initial_state(seed=1), game.info
         rng = random.Random(name)
-        for _ in range(100):
-            if state.is_terminal():
-                break
+        moves = 0
+        while moves < 100 and not state.is_terminal():
             movers = sorted(state.current_players())
             for p in movers:
                 assert state.observation(p)["name"] == name and state.prompt(p)
             state.apply({p: rng.choice(state.action_spec(p).choices) for p in movers})
+            moves += 1
+        # the declared facts hold as far as the play went
+        chance = [e for e in state.os.full_history() if e.player == CHANCE]
+        assert moves <= info.max_game_length and len(chance) <= info.max_chance_nodes, name
+        if state.is_terminal():
+            returns = state.returns()
+            assert min(returns) >= info.min_utility - 1e-9, name
+            assert max(returns) <= info.max_utility + 1e-9, name
+            if info.utility_sum is not None:
+                assert sum(returns) == pytest.approx(info.utility_sum), name
         played += 1
     assert played >= 100

@@ -54,11 +54,13 @@ from backroom.games.openspiel_rules import RULES
 MAX_TENSOR = 4096
 
 #: Where OpenSpiel's ``max_chance_nodes_in_history`` is wrong, the right count from
-#: the loaded game's parameters. Leduc deals one card per player and one public
-#: card, but OpenSpiel says 3 whatever the number of players (``leduc_poker.h``);
-#: the lockstep tests found it.
+#: the loaded game's parameters (the tests found both). Leduc deals one card per
+#: player and one public card, but OpenSpiel says 3 whatever the number of players;
+#: cooperative box-pushing draws three chance outcomes after every joint move (the
+#: order of the two moves, then whether each succeeds) but OpenSpiel says one.
 CHANCE_NODES_FIX: dict[str, Callable[[dict[str, Any]], int]] = {
     "leduc_poker": lambda params: int(params["players"]) + 1,
+    "coop_box_pushing": lambda params: 3 * int(params["horizon"]),
 }
 
 #: Observation key -> the pyspiel ``State`` method that gives that tensor.
@@ -185,12 +187,9 @@ class OpenSpielGame(Game):
         chance_nodes = outcomes = 0
         if t.chance_mode != ps.ChanceMode.DETERMINISTIC:
             outcomes = max(1, g.max_chance_outcomes())
-            try:
-                fix = CHANCE_NODES_FIX.get(self.os_name)
-                said = fix(g.get_parameters()) if fix else g.max_chance_nodes_in_history()
-                chance_nodes = max(1, said)
-            except Exception:  # not every game says; every chance node is a move at most
-                chance_nodes = max(1, g.max_game_length())
+            fix = CHANCE_NODES_FIX.get(self.os_name)
+            said = fix(g.get_parameters()) if fix else g.max_chance_nodes_in_history()
+            chance_nodes = max(1, said)
         return GameInfo(
             num_players=self.num_players,
             min_utility=float(g.min_utility()),
