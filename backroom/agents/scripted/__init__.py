@@ -9,5 +9,6 @@ from backroom.agents.scripted import cfr as cfr
 from backroom.agents.scripted import ipd as ipd
 from backroom.agents.scripted import kuhn_colluder as kuhn_colluder
 from backroom.agents.scripted import kuhn_team as kuhn_team
+from backroom.agents.scripted import poker_colluder as poker_colluder
 from backroom.agents.scripted import split as split
 from backroom.agents.scripted import trust_split as trust_split
