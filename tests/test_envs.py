@@ -74,6 +74,23 @@ def test_api_test_passes_on_variants(name: str, params: dict[str, Any]) -> None:
         assert space == gymnasium.spaces.Discrete(3)  # fold, call, raise
 
 
+#: OpenSpiel games through the same wrapper (``game: openspiel``; Leduc, its default, is
+#: in the registered sweep above): chance with a hidden die, a simultaneous game, a
+#: perfect-information board game.
+OPENSPIEL = [
+    {"name": "liars_dice", "numdice": 1, "dice_sides": 3},
+    {"name": "goofspiel", "num_cards": 3, "imp_info": True},
+    {"name": "tic_tac_toe"},
+]
+
+
+@pytest.mark.parametrize("params", OPENSPIEL, ids=[p["name"] for p in OPENSPIEL])
+def test_api_test_passes_on_openspiel_games(params: dict[str, Any]) -> None:
+    env = pettingzoo_env("openspiel", **params)
+    quiet_api_test(env)
+    assert isinstance(env.action_space("player_0"), gymnasium.spaces.Discrete)
+
+
 def play(env: BackroomAEC, seed: int, sample_seed: int) -> tuple[dict[str, float], list[Any]]:
     """One whole play with masked random answers; the rewards each agent got, and what it saw."""
     env.reset(seed=seed)
