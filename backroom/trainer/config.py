@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backroom.runner.config import AgentEntry, ConfigError, read_yaml, validate
+from backroom.trainer.tracking import TrackingSpec
 
 
 class Hyperparameters(BaseModel):
@@ -206,11 +207,22 @@ class TrainConfig(BaseModel):
         description="train the memory-one IPD policy through the same credit, in seconds",
     )
 
+    tracking: TrackingSpec | None = Field(
+        default=None,
+        description="log train_log.csv, the evaluations, the config and the adapters to "
+        "MLflow, W&B or TensorBoard (trainer/tracking.py)",
+    )
+
     hp: Hyperparameters | None = None  # filled from preset + hyper
 
     @model_validator(mode="after")
     def _resolve(self) -> TrainConfig:
         if self.algorithm == "dpo":
+            if self.tracking is not None:
+                raise ValueError(
+                    "tracking: not for algorithm dpo (it writes no train_log.csv; TRL's "
+                    "statistics are in RUN_DIR/dpo_metrics.json); remove the tracking block"
+                )
             return self
         base = dict(PRESETS[self.preset]) if self.preset else {}
         if self.algorithm != "adalign":
