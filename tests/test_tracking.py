@@ -202,7 +202,8 @@ async def test_lora_run_logs_steps_evaluations_and_adapter_versions_to_mlflow(
 
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve() / 'mlflow' / 'mlflow.db'}")
     for step, version in ((0, "v1"), (1, "v2")):
-        ref = client.load_dict(run.info.run_id, f"adapters/{version}.json")  # type: ignore[attr-defined]
+        got = client.download_artifacts(run.info.run_id, f"adapters/{version}.json", str(tmp_path))
+        ref = json.loads(Path(got).read_text())
         sha, size = adapter_digest(run_dir / "adapters" / version)
         assert ref == {
             "version": version,

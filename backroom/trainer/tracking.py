@@ -163,6 +163,8 @@ class MlflowTracker:
         # a local store is nobody else's business: MLflow's usage telemetry stays off
         # unless the environment says otherwise
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        # its log lines go where the trainer's go (RUN_DIR/logs/trainer.log), not to stderr
+        os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
         from mlflow import MlflowClient
         from mlflow.entities import Metric, Param, RunTag
 
