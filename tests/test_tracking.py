@@ -26,16 +26,9 @@ from backroom.agents.base import Agent
 from backroom.agents.local import LocalAgent
 from backroom.bus.broker import Broker
 from backroom.runner.config import ConfigError
-from backroom.trainer.config import load_train_config, parse_train_config
+from backroom.trainer.config import MlflowSpec, WandbSpec, load_train_config, parse_train_config
 from backroom.trainer.loop import train
-from backroom.trainer.tracking import (
-    MlflowSpec,
-    TrackingError,
-    WandbSpec,
-    open_tracking,
-    read_evaluations,
-    read_rows,
-)
+from backroom.trainer.tracking import TrackingError, open_tracking, read_evaluations, read_rows
 
 from .conftest import TEST_DEVICE, agents, identity, load_factor, stack
 from .test_trainer import tiny_config_data

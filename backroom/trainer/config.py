@@ -16,13 +16,12 @@ import copy
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backroom.runner.config import AgentEntry, ConfigError, read_yaml, validate
-from backroom.trainer.tracking import TrackingSpec
 
 
 class Hyperparameters(BaseModel):
@@ -147,6 +146,52 @@ class MemoryOneSpec(BaseModel):
     tied_spread: float = Field(
         default=0.3, ge=0, description="how far apart the tied states' features are"
     )
+
+
+class MlflowSpec(BaseModel):
+    """``tracking: {kind: mlflow}`` (trainer/tracking.py; docs/training.md says what goes where)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["mlflow"]
+    uri: str | None = Field(
+        default=None,
+        description="tracking URI (http://host:5000, sqlite:///path.db, databricks); "
+        "default: a SQLite store in RUN_DIR/mlflow/",
+    )
+    experiment: str | None = Field(default=None, description="default: the config's run")
+    name: str | None = Field(default=None, description="the run's name; default RUN_DIR's name")
+    adapters: Literal["reference", "files"] = Field(
+        default="reference",
+        description="each adapter version as a reference (path, sha256) or its files",
+    )
+
+
+class WandbSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["wandb"]
+    project: str = "backroom"
+    entity: str | None = None
+    mode: Literal["online", "offline"] | None = Field(
+        default=None,
+        description="default: WANDB_MODE, else online with WANDB_API_KEY set, else offline",
+    )
+    dir: str | None = Field(default=None, description="where wandb/ goes; default RUN_DIR")
+    name: str | None = Field(default=None, description="the run's name; default RUN_DIR's name")
+    adapters: Literal["reference", "files"] = "reference"
+
+
+class TensorboardSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["tensorboard"]
+    dir: str | None = Field(
+        default=None, description="event files' folder; default RUN_DIR/tensorboard"
+    )
+
+
+TrackingSpec = Annotated[MlflowSpec | WandbSpec | TensorboardSpec, Field(discriminator="kind")]
 
 
 class TrainConfig(BaseModel):

@@ -31,64 +31,20 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from backroom.trainer.config import MlflowSpec, TensorboardSpec, TrackingSpec, WandbSpec
 
 log = logging.getLogger("backroom.trainer.tracking")
 
 STATE_FILE = "tracking.json"
 
 
-class MlflowSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["mlflow"]
-    uri: str | None = Field(
-        default=None,
-        description="tracking URI (http://host:5000, sqlite:///path.db, databricks); "
-        "default: a SQLite store in RUN_DIR/mlflow/",
-    )
-    experiment: str | None = Field(default=None, description="default: the config's run")
-    name: str | None = Field(default=None, description="the run's name; default RUN_DIR's name")
-    adapters: Literal["reference", "files"] = Field(
-        default="reference",
-        description="each adapter version as a reference (path, sha256) or its files",
-    )
-
-
-class WandbSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["wandb"]
-    project: str = "backroom"
-    entity: str | None = None
-    mode: Literal["online", "offline"] | None = Field(
-        default=None,
-        description="default: WANDB_MODE, else online with WANDB_API_KEY set, else offline",
-    )
-    dir: str | None = Field(default=None, description="where wandb/ goes; default RUN_DIR")
-    name: str | None = Field(default=None, description="the run's name; default RUN_DIR's name")
-    adapters: Literal["reference", "files"] = "reference"
-
-
-class TensorboardSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["tensorboard"]
-    dir: str | None = Field(
-        default=None, description="event files' folder; default RUN_DIR/tensorboard"
-    )
-
-
-TrackingSpec = Annotated[MlflowSpec | WandbSpec | TensorboardSpec, Field(discriminator="kind")]
-
-
 class TrackingError(RuntimeError):
     """The tracker could not be opened (training has not started)."""
 
 
-def required_modules(spec: MlflowSpec | WandbSpec | TensorboardSpec) -> tuple[str, ...]:
+def required_modules(spec: TrackingSpec) -> tuple[str, ...]:
     """What the tool's client needs, for ``require_extra`` (the extra is named after the kind)."""
     if isinstance(spec, MlflowSpec):
         # mlflow-skinny has no SQL store of its own; the default store is SQLite
@@ -97,6 +53,16 @@ def required_modules(spec: MlflowSpec | WandbSpec | TensorboardSpec) -> tuple[st
     if isinstance(spec, WandbSpec):
         return ("wandb",)
     return ("tensorboard", "torch")
+
+
+class Opening(NamedTuple):
+    """Where a tracker opens: the run directory, the config to log, the run's name, and
+    the tracker's id of the run to continue (None: a new one)."""
+
+    run_dir: Path
+    config: Mapping[str, Any]
+    name: str
+    run_id: str | None
 
 
 #: One step's metrics and strings (``split_values``).
@@ -152,14 +118,8 @@ class MlflowTracker:
     """MLflow's ``MlflowClient``: rows and evaluations as metrics, the config as params and
     ``config.json``, adapters under ``adapters/``; the version as the run's tag."""
 
-    def __init__(
-        self,
-        spec: MlflowSpec,
-        run_dir: Path,
-        config: Mapping[str, Any],
-        name: str,
-        run_id: str | None,
-    ) -> None:
+    def __init__(self, spec: MlflowSpec, at: Opening) -> None:
+        run_dir, config, name, run_id = at
         # a local store is nobody else's business: MLflow's usage telemetry stays off
         # unless the environment says otherwise
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -230,14 +190,8 @@ class WandbTracker:
     """``wandb.init``'s run: rows and evaluations in its history (the version as a string
     there), the config as its config, each adapter version an artifact (alias = version)."""
 
-    def __init__(
-        self,
-        spec: WandbSpec,
-        run_dir: Path,
-        config: Mapping[str, Any],
-        name: str,
-        run_id: str | None,
-    ) -> None:
+    def __init__(self, spec: WandbSpec, at: Opening) -> None:
+        run_dir, config, name, run_id = at
         mode = (
             spec.mode
             or os.environ.get("WANDB_MODE")
@@ -290,14 +244,8 @@ class TensorboardTracker:
     """Event files through ``torch.utils.tensorboard.SummaryWriter``: scalars by step, the
     config and each adapter reference as text (TensorBoard keeps no files)."""
 
-    def __init__(
-        self,
-        spec: TensorboardSpec,
-        run_dir: Path,
-        config: Mapping[str, Any],
-        name: str,
-        run_id: str | None,
-    ) -> None:
+    def __init__(self, spec: TensorboardSpec, at: Opening) -> None:
+        run_dir, config, _name, run_id = at
         from torch.utils.tensorboard import SummaryWriter
 
         logdir = Path(spec.dir) if spec.dir else run_dir / "tensorboard"
@@ -347,12 +295,8 @@ class Tracking:
     def __init__(
         self, tracker: Tracker | None, kind: str, state_path: Path, adapters_dir: Path | None
     ) -> None:
-        self.tracker, self.kind, self.state_path, self.adapters_dir = (
-            tracker,
-            kind,
-            state_path,
-            adapters_dir,
-        )
+        self.tracker, self.kind = tracker, kind
+        self.state_path, self.adapters_dir = state_path, adapters_dir
         self.state: dict[str, Any] = {"rows_through": -1, "evaluations_through": -1, "failures": 0}
         #: what a failed call did not take, sent again (first) with the next one
         self._queues: dict[str, list[Mapping[str, Any]]] = {"rows": [], "evaluations": []}
@@ -486,7 +430,7 @@ class Tracking:
 
 
 def open_tracking(
-    spec: MlflowSpec | WandbSpec | TensorboardSpec | None,
+    spec: TrackingSpec | None,
     run_dir: Path,
     config: Mapping[str, Any],
     name: str | None = None,
@@ -508,13 +452,9 @@ def open_tracking(
             previous = {}
     same = previous.get("kind") == spec.kind and previous.get("spec") == spec.model_dump()
     try:
-        tracker: Tracker = TRACKERS[spec.kind](
-            spec,
-            run_dir,
-            config,
-            name or run_dir.resolve().name,
-            previous.get("run_id") if same else None,
-        )
+        run_id = previous.get("run_id") if same else None
+        at = Opening(run_dir, config, name or run_dir.resolve().name, run_id)
+        tracker: Tracker = TRACKERS[spec.kind](spec, at)
     except ImportError as exc:
         modules = ", ".join(required_modules(spec))
         raise TrackingError(
