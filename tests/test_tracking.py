@@ -129,6 +129,7 @@ def test_wandb_offline_run_holds_train_log_numbers(tmp_path: Path) -> None:
     assert {k: got[last][k] for k in evals} == evals
     (run,) = [r["run"] for r in records if r["type"] == "run"]
     assert run["project"] == "tests" and run["display_name"] == "m1"
+    assert run["telemetry"]["feature"]["offline"] is True  # no key: nothing went to a server
     assert run["config"]["update"]["hyper"] == {"lr": 0.2, "batch_size": 8}
     assert "W&B offline run in" in done.stdout and "wandb sync" in done.stdout
 
