@@ -25,10 +25,17 @@ from backroom.agents.adapters import adapter_digest
 from backroom.agents.base import Agent
 from backroom.agents.local import LocalAgent
 from backroom.bus.broker import Broker
+from backroom.bus.client import BusConfig
 from backroom.runner.config import ConfigError
 from backroom.trainer.config import MlflowSpec, WandbSpec, load_train_config, parse_train_config
-from backroom.trainer.loop import train
-from backroom.trainer.tracking import TrackingError, open_tracking, read_evaluations, read_rows
+from backroom.trainer.loop import TrainError, train
+from backroom.trainer.tracking import (
+    TrackingError,
+    open_tracking,
+    read_evaluations,
+    read_rows,
+    tracking_summary,
+)
 
 from .conftest import TEST_DEVICE, agents, identity, load_factor, stack
 from .test_trainer import tiny_config_data
@@ -219,6 +226,18 @@ async def test_lora_run_logs_steps_evaluations_and_adapter_versions_to_mlflow(
 # --- failures, resume, missing libraries, bad config ---
 
 
+async def test_the_loop_stops_before_the_bus_when_its_tracker_cannot_open(
+    tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    """No broker here: the tracker's error comes first, as the trainer's own, and no step runs."""
+    tracking = {"kind": "mlflow", "uri": "nosuchscheme://x"}
+    config = parse_train_config(tiny_config_data(tiny_qwen_model, tracking=tracking))
+    nowhere = BusConfig(host="127.0.0.1", port=9, username="trainer-t", password="x")
+    with pytest.raises(TrainError, match=r"tracking: \{kind: mlflow\} could not start"):
+        await train(config, tmp_path / "run", nowhere)
+    assert not (tmp_path / "run" / "train_log.csv").exists()
+
+
 def rows(steps: range) -> list[dict[str, Any]]:
     return [
         {"step": s, "loss": 1.0 / (s + 1), "version": f"v{s + 1}", "cooperation_rate": float("nan")}
@@ -252,6 +271,7 @@ def test_a_failing_tracker_is_said_counted_and_retried_and_training_goes_on(
     )  # NaN: a gap
     state = json.loads((tmp_path / "tracking.json").read_text())
     assert state["failures"] == 1 and state["rows_through"] == 4
+    assert "1 tracking call(s) failed" in (tracking_summary(tmp_path) or "")
 
 
 def test_resume_continues_the_same_run_and_sends_only_what_it_lacks(tmp_path: Path) -> None:

@@ -341,18 +341,8 @@ async def train(
 ) -> TrainResult:
     """Run ``config.steps`` steps (minus those already logged when resuming)."""
     await asyncio.to_thread(run_dir.mkdir, parents=True, exist_ok=True)
-    try:  # before anything starts: a tracker that cannot open stops the run at once
-        tracking = await asyncio.to_thread(
-            open_tracking,
-            config.tracking,
-            run_dir,
-            config.model_dump(mode="json"),
-            None,
-            run_dir / "adapters",
-        )
-    except TrackingError as exc:
-        raise TrainError(str(exc)) from None
     store = Store(run_dir / "store.sqlite")
+    tracking = open_tracking(None, run_dir, {})  # off until the run directory is taken
     train_log = TrainLog(run_dir / "train_log.csv")
     evaluations: list[dict[str, Any]] = []
     players = list(config.players) + [b.id for b in config.evaluation.baselines]
@@ -366,6 +356,7 @@ async def train(
         base_url = server.public_url if server else None
         logged = [(step, version) for step, version, _ in store.steps()]
         run = await asyncio.to_thread(open_run, config, run_dir, logged, resume, base_url)
+        tracking = await _open_tracking(config, run_dir)
         learner = run.learner
         sync_parameters(learner)  # data-parallel ranks start from rank 0's adapter
         async with TrainerBus(bus_config, store, config.game) as tb:
@@ -441,6 +432,22 @@ async def train(
         await asyncio.to_thread(tracking.close, sys.exc_info()[1])
         if server is not None:
             server.__exit__(None, None, None)
+
+
+async def _open_tracking(config: TrainConfig, run_dir: Path) -> Tracking:
+    """After ``open_run`` (which refuses a directory holding another run: that run's
+    tracker stays as it was), before the bus: a tracker that cannot open stops the run."""
+    try:
+        return await asyncio.to_thread(
+            open_tracking,
+            config.tracking,
+            run_dir,
+            config.model_dump(mode="json"),
+            None,
+            run_dir / "adapters",
+        )
+    except TrackingError as exc:
+        raise TrainError(str(exc)) from None
 
 
 async def _evaluate_and_log(
