@@ -284,13 +284,14 @@ def test_resume_continues_the_same_run_and_sends_only_what_it_lacks(tmp_path: Pa
     first.catch_up(tmp_path)
     first.close(KeyboardInterrupt())
     run_id: Any = getattr(first.tracker, "run_id", None)
+    client: Any = getattr(first.tracker, "client", None)
+    assert client.get_run(run_id).info.status == "KILLED"  # Ctrl-C, as MLflow says it
     with log.open("a") as f:  # steps the killed trainer logged to its files, not to the tracker
         f.write("".join(f"{s},{1.0 / (s + 1)},v{s + 1}\n" for s in range(3, 5)))
     again = open_tracking(MlflowSpec(kind="mlflow"), tmp_path, {"run": "t"})
     assert getattr(again.tracker, "run_id", None) == run_id
     again.catch_up(tmp_path)
     again.close()
-    client: Any = getattr(again.tracker, "client", None)
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1, 2, 3, 4]
     assert client.get_run(run_id).info.status == "FINISHED"
     assert client.get_run(run_id).data.tags["version"] == "v5"
