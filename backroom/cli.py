@@ -985,6 +985,11 @@ def train_cmd(
         console.print(f"[red]bad config:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
     target = run_dir or Path("runs") / config.run
+    if config.tracking is not None:
+        from backroom.trainer.tracking import required_modules
+
+        kind = config.tracking.kind
+        require_extra(f"tracking: {{kind: {kind}}}", kind, required_modules(config.tracking))
     if config.memory_one is not None:
         _train_memory_one(config, target, resume)
         return
@@ -1127,6 +1132,14 @@ def _train(
     console.print(
         f"log: {target / 'train_log.csv'}; plots: backroom analyze {target}", soft_wrap=True
     )
+    _print_tracking(config, target)
+
+
+def _print_tracking(config: TrainConfig, target: Path) -> None:
+    from backroom.trainer.tracking import tracking_summary
+
+    if config.tracking is not None and (line := tracking_summary(target)):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def _train_memory_one(config: TrainConfig, target: Path, resume: bool) -> None:
@@ -1153,8 +1166,14 @@ def _train_memory_one(config: TrainConfig, target: Path, resume: bool) -> None:
         )
         progress.step(step, f"coop {row['cooperation_rate']:.2f} P(A): {p_a}")
 
-    with progress:
-        result = memory_one.run(config, target, on_step)
+    from backroom.trainer.tracking import TrackingError
+
+    try:
+        with progress:
+            result = memory_one.run(config, target, on_step)
+    except TrackingError as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
     states = ", ".join(f"{k} {v:.2f}" for k, v in result.p_a.items())
     returns = ", ".join(f"{k} {v:.1f}" for k, v in result.returns.items())
     lines = [
@@ -1165,3 +1184,4 @@ def _train_memory_one(config: TrainConfig, target: Path, resume: bool) -> None:
     ]
     for line in lines:
         console.print(line, soft_wrap=True, markup=False, highlight=False)
+    _print_tracking(config, target)

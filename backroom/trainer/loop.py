@@ -23,6 +23,7 @@ import asyncio
 import csv
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from backroom.trainer.parallel import finish, follow, lead_step, sync_parameters
 from backroom.trainer.rollouts import AgentBuffer, plan_evaluation, plan_step
 from backroom.trainer.serving import AdapterServer, announce_to_servers
 from backroom.trainer.store import Joined, Request, Store
+from backroom.trainer.tracking import Tracking, TrackingError, open_tracking
 
 log = logging.getLogger("backroom.trainer")
 
@@ -340,6 +342,7 @@ async def train(
     """Run ``config.steps`` steps (minus those already logged when resuming)."""
     await asyncio.to_thread(run_dir.mkdir, parents=True, exist_ok=True)
     store = Store(run_dir / "store.sqlite")
+    tracking = open_tracking(None, run_dir, {})  # off until the run directory is taken
     train_log = TrainLog(run_dir / "train_log.csv")
     evaluations: list[dict[str, Any]] = []
     players = list(config.players) + [b.id for b in config.evaluation.baselines]
@@ -353,6 +356,7 @@ async def train(
         base_url = server.public_url if server else None
         logged = [(step, version) for step, version, _ in store.steps()]
         run = await asyncio.to_thread(open_run, config, run_dir, logged, resume, base_url)
+        tracking = await _open_tracking(config, run_dir)
         learner = run.learner
         sync_parameters(learner)  # data-parallel ranks start from rank 0's adapter
         async with TrainerBus(bus_config, store, config.game) as tb:
@@ -363,9 +367,12 @@ async def train(
                 raise TrainError(f"agents not online after {online_timeout_s:.0f}s: {missing}")
             # a kill after the store logged a step may have cost its CSV row and evaluation
             train_log.catch_up(store.steps())
+            await asyncio.to_thread(tracking.catch_up, run_dir)
             last = run.first_step - 1
             if last >= 0 and evaluation_due(config, last) and last not in evaluated_steps(run_dir):
-                evaluations.append(await _evaluate_and_log(tb, store, config, last, run, run_dir))
+                evaluations.append(
+                    await _evaluate_and_log(tb, store, config, last, run, run_dir, tracking)
+                )
             for step in range(run.first_step, config.steps):
                 planned = store.requests(step=step, kind="train") or plan_step(
                     config, step, run.current, run.buffer.refs
@@ -401,6 +408,7 @@ async def train(
                 )
                 _export(row, stats.tokens)
                 train_log.append(row)
+                await asyncio.to_thread(tracking.rows, [row])
                 for gone in run.buffer.offer(step, run.current):
                     if gone.version != ref.version:
                         await tb.retract(gone)  # no match will name it again
@@ -415,22 +423,46 @@ async def train(
                 )
                 if evaluation_due(config, step):
                     evaluations.append(
-                        await _evaluate_and_log(tb, store, config, step, run, run_dir)
+                        await _evaluate_and_log(tb, store, config, step, run, run_dir, tracking)
                     )
         return TrainResult(run_dir, len(store.steps()), run.current.version, evaluations)
     finally:
         finish()  # data-parallel ranks stop with the leader
         store.close()
+        await asyncio.to_thread(tracking.close, sys.exc_info()[1])
         if server is not None:
             server.__exit__(None, None, None)
 
 
+async def _open_tracking(config: TrainConfig, run_dir: Path) -> Tracking:
+    """After ``open_run`` (which refuses a directory holding another run: that run's
+    tracker stays as it was), before the bus: a tracker that cannot open stops the run."""
+    try:
+        return await asyncio.to_thread(
+            open_tracking,
+            config.tracking,
+            run_dir,
+            config.model_dump(mode="json"),
+            None,
+            run_dir / "adapters",
+        )
+    except TrackingError as exc:
+        raise TrainError(str(exc)) from None
+
+
 async def _evaluate_and_log(
-    tb: TrainerBus, store: Store, config: TrainConfig, step: int, run: Run, run_dir: Path
+    tb: TrainerBus,
+    store: Store,
+    config: TrainConfig,
+    step: int,
+    run: Run,
+    run_dir: Path,
+    tracking: Tracking,
 ) -> dict[str, Any]:
     result = await _evaluate(tb, store, config, step, run.current)
     with (run_dir / "evaluations.jsonl").open("a") as f:
         f.write(json.dumps(result) + "\n")
+    await asyncio.to_thread(tracking.evaluations, [result])
     return result
 
 
