@@ -329,7 +329,7 @@ async def test_an_online_status_left_by_a_vanished_process_stops_blocking_its_se
     (live,) = agents(("live", "random"))
     async with AgentRunner(live, identity(broker, "live"), status_refresh_s=0.4):
         app = web_app(url_of(observer), broker.dir, token="room", observer=observer)
-        app.state.hub.default_heartbeat_s = 0.4
+        app.state.hub.presence.default_heartbeat_s = 0.4
         async with serving(app) as url, Socket(url) as ws:
             loop = asyncio.get_running_loop()
             started = loop.time()

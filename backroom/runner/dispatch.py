@@ -255,7 +255,7 @@ class MatchLedger:
         stopped = record.reason == "voided" and record.detail == SHUTTING_DOWN
         if stopped and self.voids[match] < RERUNS:
             self.voids[match] += 1
-            if record.match == self.current[match]:  # not asked for again already
+            if record.match == self.current.get(match):  # not asked for again already
                 self.ask_again(match, "voided")
             return False
         if record.reason == "error" and record.detail.startswith(NOT_WRITTEN):
@@ -264,7 +264,7 @@ class MatchLedger:
             )
         self.episodes[match] = record
         self.sent.pop(record.match, None)
-        self.sent.pop(self.current[match], None)
+        self.sent.pop(self.current.get(match, match), None)
         return True
 
     @property
