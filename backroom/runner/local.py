@@ -24,7 +24,7 @@ from pathlib import Path
 
 from backroom.bus import presence, topics
 from backroom.bus.client import Bus, BusConfig
-from backroom.bus.wire import EpisodeRecord, MatchRequest
+from backroom.bus.wire import EpisodeRecord, MatchRequest, MatchSpec
 from backroom.referee.episodes import bind_run_dir, new_run_dir
 from backroom.referee.service import IDENTITY_WINDOW_S
 from backroom.runner.config import EXTERNAL, RunConfig
@@ -147,13 +147,23 @@ async def run_matches(
     """
     faults = faults if faults is not None else Faults()
     notice = on_notice or (lambda _msg: None)
-    requests, seats = _requests(config, bus_config.username or "runner", run_stamp, run_key)
+    matches = _matches(config, run_stamp)
+    me = bus_config.username or "runner"
+
+    def request(i: int) -> MatchRequest:
+        # Built when it is first sent, not before: bench/chaos_soak.py times a match from
+        # its request's construction (``local.MatchRequest``).
+        match, spec = matches[i]
+        return MatchRequest(
+            match=match, spec=spec, reply_to=me, reply_batches=True, run_key=run_key
+        )
+
     play = Wiring(
         config,
         bus_config,
         wait_for,
         stack,
-        [r.match for r in requests],
+        [match for match, _ in matches],
         faults,
         notice,
         ready_timeout_s=ready_timeout_s,
@@ -166,6 +176,7 @@ async def run_matches(
         external = [a.id for a in config.agents if a.kind == EXTERNAL]
     async with contextlib.AsyncExitStack() as exits:
         if traces_path is not None:
+            seats = {match: spec.seats for match, spec in matches}
             seats_of = seats_by_attempt(ledger.slot_of, seats)
             play.traces = exits.enter_context(
                 TraceLog(traces_path, seats_of, traces_max_bytes, notice)
@@ -180,28 +191,20 @@ async def run_matches(
         )
         await play.claim(claim_window_s)
         if await play.wait_ready(external, stop):
-            await play.play(requests, ack_timeout_s, stop)
+            await play.play(request, len(matches), ack_timeout_s, stop)
         faults.interrupted = stop is not None and stop.is_set() and ledger.unfinished > 0
         await asyncio.sleep(0.2)  # traces of the last decisions are still on their way
     return ledger.result()
 
 
-def _requests(
-    config: RunConfig, me: str, run_stamp: str | None, run_key: str | None
-) -> tuple[list[MatchRequest], dict[str, list[str]]]:
-    """The run's requests, under ids of this run's own (``<run>.<nonce>.<n>``), and their seats."""
+def _matches(config: RunConfig, run_stamp: str | None) -> list[tuple[str, MatchSpec]]:
+    """The run's matches under ids of this run's own (``<run>.<nonce>.<n>``), stamped with its directory."""
     nonce = f"{int(time.time() * 1000) % 10**10:010d}"
-    requests: list[MatchRequest] = []
-    seats: dict[str, list[str]] = {}
-    for suffix, spec in config.match_specs():
-        match = f"{config.run}.{nonce}.{suffix}"
-        if run_stamp is not None:
-            spec = spec.model_copy(update={"run_stamp": run_stamp})
-        seats[match] = spec.seats
-        requests.append(
-            MatchRequest(match=match, spec=spec, reply_to=me, reply_batches=True, run_key=run_key)
-        )
-    return requests, seats
+    stamp = {} if run_stamp is None else {"run_stamp": run_stamp}
+    return [
+        (f"{config.run}.{nonce}.{suffix}", spec.model_copy(update=stamp))
+        for suffix, spec in config.match_specs()
+    ]
 
 
 async def already_online(bus_config: BusConfig, names: Iterable[str]) -> list[str]:

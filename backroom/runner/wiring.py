@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import aiomqtt
 
@@ -83,9 +83,8 @@ class Wiring:
         self.traces: TraceLog | None = None
         self.claim_window_s = 0.0
         self.claiming = True
-        self.taken = (
-            asyncio.Event()
-        )  # thrown off while claiming the identity: another process has it
+        #: Thrown off while claiming the identity: another process has it.
+        self.taken = asyncio.Event()
 
     def publish(self, request: MatchRequest) -> None:
         # Batched: requests released together (a batch of episodes came back) go out as one message.
@@ -173,10 +172,11 @@ class Wiring:
 
     # --- what goes out --------------------------------------------------------------
 
-    async def submit(self, requests: Iterable[MatchRequest]) -> None:
-        for request in requests:
+    async def submit(self, request: Callable[[int], MatchRequest], n: int) -> None:
+        """Ask for matches 0 to ``n``-1, each once the window has room (``request(i)`` builds it)."""
+        for i in range(n):
             await self.window.acquire()
-            self.ledger.ask(request)
+            self.ledger.ask(request(i))
 
     async def resubmit(self, ack_timeout_s: float) -> None:
         """Resend what no referee acknowledged, and ask again for what went silent (the ledger's rules)."""
@@ -290,7 +290,11 @@ class Wiring:
         return True
 
     async def play(
-        self, requests: list[MatchRequest], ack_timeout_s: float, stop: asyncio.Event | None
+        self,
+        request: Callable[[int], MatchRequest],
+        n: int,
+        ack_timeout_s: float,
+        stop: asyncio.Event | None,
     ) -> None:
         """Ask for the matches (``concurrency`` in flight) and watch the referees until all are in."""
         self.ledger.playing = True
@@ -302,7 +306,7 @@ class Wiring:
                 await stop.wait()
                 self.all_done.set()  # the matches finished so far are the run's result
 
-        submitter = asyncio.create_task(self.submit(requests))
+        submitter = asyncio.create_task(self.submit(request, n))
         tasks = [submitter, asyncio.create_task(self.resubmit(ack_timeout_s))]
         tasks.append(asyncio.create_task(stop_early()))
         try:
