@@ -148,6 +148,10 @@ class Roster:
         held = self._last.get(name)
         return held[0].kind if held is not None else ""
 
+    def names(self) -> set[str]:
+        """Every identity whose status was seen, online or not."""
+        return set(self._last)
+
     def online(self, names: Iterable[str] | None = None) -> set[str]:
         """Those of ``names`` (default: every identity seen) online now."""
         return {n for n in (self._last if names is None else names) if self.is_online(n)}
