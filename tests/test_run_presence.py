@@ -126,3 +126,55 @@ async def test_a_run_stopped_mid_play_closes_its_traces_file(
         await asyncio.wait_for(run, 60)
     assert str(traces) not in _open_paths()
     assert all(json.loads(line) for line in traces.read_text().splitlines())
+
+
+async def test_the_trainer_does_not_count_a_stale_online_either(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """``backroom train`` waits for its players through the same roster as the run."""
+    from backroom.agents.runtime import AgentRunner
+    from backroom.trainer.bus import TrainerBus
+    from backroom.trainer.store import Store
+
+    await _leave_stale_online(broker, "ghost", heartbeat_s=0.05)
+    (live,) = agents(("live", "random"))
+    trainer = identity(broker, "trainer", "trainer")
+    with Store(tmp_path / "store.sqlite") as store:
+        async with (
+            AgentRunner(live, identity(broker, "live")),
+            TrainerBus(trainer, store, "ipd") as tb,
+        ):
+            # Its retained "online" counts for one window from its arrival, then lapses.
+            await eventually(lambda: "ghost" in tb.presence.names(), 10 * load_factor())
+            await eventually(lambda: not tb.presence.is_online("ghost"), 10 * load_factor())
+            assert await tb.wait_online(["ghost", "live"], 1.0) == ["ghost"]
+
+
+def test_the_roster_holds_an_online_for_three_periods_and_an_offline_not_at_all() -> None:
+    from backroom.bus import presence
+    from backroom.bus.wire import dump
+
+    now = [0.0]
+    roster = presence.Roster(default_heartbeat_s=10.0, clock=lambda: now[0])
+    renewing = dump(Status(state="online", kind="random", heartbeat_s=1.0))
+    silent = dump(Status(state="online", kind="raw"))
+    roster.see(status("alice"), renewing)
+    roster.see(status("mute"), silent)
+    now[0] = 2.9
+    assert roster.online() == {"alice", "mute"} and roster.kind("alice") == "random"
+    now[0] = 3.0  # three of alice's periods: gone; mute is held to the default
+    assert roster.missing(["alice", "mute", "nobody"]) == ["alice", "nobody"]
+    roster.see(status("alice"), renewing)  # renewed: counts again from its arrival
+    assert roster.is_online("alice")
+    roster.see(status("alice"), dump(Status(state="offline", kind="random")))
+    assert not roster.is_online("alice") and roster.names() == {"alice", "mute"}
+    now[0] = 30.0
+    assert not roster.is_online("mute")
+    forever = presence.Roster(default_heartbeat_s=None, clock=lambda: now[0])
+    forever.see(status("referee"), dump(Status(state="online", kind="referee")))
+    now[0] = 1e9  # declares no period, and this reader assumes none: it never lapses
+    assert forever.is_online("referee")
+    dropped: list[str] = []
+    assert presence.read(status("x"), b"{not json", lambda e: dropped.append(e.reason)) is None
+    assert presence.read("backroom/v1/control/matches", renewing) is None
+    assert dropped == ["malformed"]
