@@ -263,24 +263,9 @@ async def run_local(
     external: list[str] | None = None  # None: the config's `external` agents
     faults = Faults()
     try:
-        names = run_names(config, stack.nonce) if broker_url is None else None
-        stack.start_broker(broker_url, credentials_dir, identities(config, names))
-        if names is None:  # someone else's broker: our own names only where we can add them
-            names = run_names(config, stack.nonce if stack.can_add_identities() else None)
-        stack.names = names
-        bus_config = stack.identity(names.runner, role="runner", ephemeral=names.own)
-        if stack.broker is None:
-            if names.own:
-                await asyncio.sleep(0.3)  # the broker rereads its files (SIGHUP) before we log in
-            if spawn:
-                mine = [*names.referees, *(a.id for a in config.agents if a.kind != EXTERNAL)]
-                if taken := await already_online(bus_config, mine):
-                    raise RunError(
-                        f"already online on {stack.url}: {', '.join(taken)}. Another process "
-                        "logs in under each (another `backroom run` of these agents?), and "
-                        "starting a second one would throw it off the broker: stop it, rename "
-                        "the agents, or play with --no-spawn against the running ones"
-                    )
+        bus_config = await _connect_stack(stack, config, broker_url, credentials_dir, spawn)
+        names = stack.names
+        assert names is not None
         if spawn:
             waiting = start_processes(stack, config, runs, metrics_port)
         else:
@@ -327,6 +312,39 @@ async def run_local(
         raise
     finally:
         stack.stop()
+
+
+async def _connect_stack(
+    stack: Stack,
+    config: RunConfig,
+    broker_url: str | None,
+    credentials_dir: str | Path | None,
+    spawn: bool,
+) -> BusConfig:
+    """Start or join the broker, name the run's processes (``stack.names``); the runner's login.
+
+    On a broker the run did not start, refuse to start a process whose
+    identity a retained status says is online: that process would be thrown off.
+    """
+    names = run_names(config, stack.nonce) if broker_url is None else None
+    stack.start_broker(broker_url, credentials_dir, identities(config, names))
+    if names is None:  # someone else's broker: our own names only where we can add them
+        names = run_names(config, stack.nonce if stack.can_add_identities() else None)
+    stack.names = names
+    bus_config = stack.identity(names.runner, role="runner", ephemeral=names.own)
+    if stack.broker is None:
+        if names.own:
+            await asyncio.sleep(0.3)  # the broker rereads its files (SIGHUP) before we log in
+        if spawn:
+            mine = [*names.referees, *(a.id for a in config.agents if a.kind != EXTERNAL)]
+            if taken := await already_online(bus_config, mine):
+                raise RunError(
+                    f"already online on {stack.url}: {', '.join(taken)}. Another process "
+                    "logs in under each (another `backroom run` of these agents?), and "
+                    "starting a second one would throw it off the broker: stop it, rename "
+                    "the agents, or play with --no-spawn against the running ones"
+                )
+    return bus_config
 
 
 def _prepare_dirs(runs_dir: str | Path, run: str) -> tuple[Path, Path]:
