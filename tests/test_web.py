@@ -144,7 +144,9 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
                 assert "token" in (await ws.recv("error"))["detail"]
                 await ws.send(op="join", agent="referee", token="s3cret")
                 assert "not an agent identity" in (await ws.recv("error"))["detail"]
-                await eventually(lambda: "a" in app.state.hub.status, 10)  # a's retained status
+                await eventually(
+                    lambda: "a" in app.state.hub.presence.names(), 10
+                )  # a's retained status
                 await ws.send(op="join", agent="a", token="s3cret")
                 assert "already online" in (await ws.recv("error"))["detail"]
                 await ws.send(op="spectate", match="no such/match")
@@ -329,7 +331,7 @@ async def test_an_online_status_left_by_a_vanished_process_stops_blocking_its_se
     (live,) = agents(("live", "random"))
     async with AgentRunner(live, identity(broker, "live"), status_refresh_s=0.4):
         app = web_app(url_of(observer), broker.dir, token="room", observer=observer)
-        app.state.hub.default_heartbeat_s = 0.4
+        app.state.hub.presence.default_heartbeat_s = 0.4
         async with serving(app) as url, Socket(url) as ws:
             loop = asyncio.get_running_loop()
             started = loop.time()
@@ -338,7 +340,7 @@ async def test_an_online_status_left_by_a_vanished_process_stops_blocking_its_se
                 await ws.send(op="join", agent=agent, token="room")
                 return await ws.recv("joined", "error")
 
-            while not {"ghost", "mute", "live"} <= set(app.state.hub.status):
+            while not {"ghost", "mute", "live"} <= app.state.hub.presence.names():
                 await asyncio.sleep(0.02)
             for agent in ("ghost", "mute", "live"):  # the retained statuses just arrived
                 assert "already online" in (await join(agent))["detail"], agent

@@ -84,7 +84,6 @@ from backroom.bus.wire import (
     dump,
     parse,
     parse_all,
-    parse_status,
 )
 from backroom.human.gate import (
     HOSTS_ENV,
@@ -277,8 +276,9 @@ class WebHub:
         default_heartbeat_s: float = presence.STATUS_REFRESH_S,
     ) -> None:
         self.broker = BusConfig.from_url(broker_url)
-        #: The renewal period assumed of statuses that declare none (``presence.online_until``).
-        self.default_heartbeat_s = default_heartbeat_s
+        #: Who is online, an ``online`` good while renewed; statuses that declare no renewal
+        #: period are held to ``default_heartbeat_s`` (``presence.Roster``).
+        self.presence = presence.Roster(default_heartbeat_s)
         self.store = store
         self.token = token if store is not None else None
         self.observer = observer
@@ -289,8 +289,6 @@ class WebHub:
         self.clients: set[Client] = set()
         self.matches: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.events: dict[str, deque[tuple[float, dict[str, Any]]]] = {}
-        #: agent -> (kind, monotonic time its "online" lapses; past for "offline")
-        self.status: dict[str, tuple[str, float]] = {}
         self._join_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -367,14 +365,7 @@ class WebHub:
                 client.push({"op": "match", "match": summary})
 
     def _on_status(self, topic: str, payload: bytes) -> None:
-        agent = topics.agent_of(topic)
-        try:
-            msg = parse_status(payload)
-        except WireError:
-            return
-        if agent is not None and isinstance(msg, Status):
-            until = presence.online_until(msg, time.monotonic(), self.default_heartbeat_s)
-            self.status[agent] = (msg.kind, until)
+        self.presence.see(topic, payload)
 
     def spectate(self, client: Client, match: str) -> None:
         if self.observer_bus is None:
@@ -463,8 +454,8 @@ class WebHub:
                         "closes its page"
                     )
             else:
-                kind, until = self.status.get(agent, ("", 0.0))
-                if presence.is_online(until) and kind != KIND:
+                kind = self.presence.kind(agent)
+                if self.presence.is_online(agent) and kind != KIND:
                     raise JoinError(
                         f"{agent!r} is already online (kind {kind or 'unknown'}); stop that process first: "
                         "one identity can hold only one connection"
