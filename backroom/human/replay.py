@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -83,7 +84,8 @@ class Replay:
         if first and first[0]["match"].count(".") >= 2:
             run, nonce, _ = first[0]["match"].split(".", 2)
             return f"{run}.{nonce}."
-        return f"{self.index.run_dir.parent.name}."
+        stamped = re.fullmatch(r"\d{8}-\d{6}(-\d+)?", self.index.run_dir.name)
+        return f"{(self.index.run_dir.parent if stamped else self.index.run_dir).name}."
 
     def live(self) -> list[dict[str, Any]]:
         """Matches of this run the observer sees being played, not yet in the run's file."""
