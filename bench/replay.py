@@ -64,8 +64,14 @@ def episode(i: int, run: str) -> dict[str, Any]:
         actions.append(_act(1, seat, "talk", text, t))
         for to, over in ((1 - seat, False), (2, True)):
             deliveries.append(
-                {"t": t + 0.01, "channel": "colluders", "from_seat": seat, "to_seat": to,
-                 "text": text, "overheard": over}
+                {
+                    "t": t + 0.01,
+                    "channel": "colluders",
+                    "from_seat": seat,
+                    "to_seat": to,
+                    "text": text,
+                    "overheard": over,
+                }
             )
     turn = 1
     while not state.is_terminal():
@@ -80,8 +86,14 @@ def episode(i: int, run: str) -> dict[str, Any]:
         "run": run,
         "referee": "referee",
         "spec": {
-            "game": "kuhn", "params": {"variant": "loki"}, "seats": SEATS, "channels": [CHANNEL],
-            "seed": i, "crn_group": f"g{i // 4}", "crn_index": i % 4, "run": run,
+            "game": "kuhn",
+            "params": {"variant": "loki"},
+            "seats": SEATS,
+            "channels": [CHANNEL],
+            "seed": i,
+            "crn_group": f"g{i // 4}",
+            "crn_index": i % 4,
+            "run": run,
         },
         "game": "kuhn",
         "params": {"variant": "loki"},
@@ -104,15 +116,26 @@ def episode(i: int, run: str) -> dict[str, Any]:
 
 
 def _act(turn: int, seat: int, phase: str, action: Any, t: float) -> dict[str, Any]:
-    return {"turn": turn, "round": 1, "t": t, "seat": seat, "agent": SEATS[seat],
-            "phase": phase, "action": action, "timed_out": False, "fallback": None}
+    return {
+        "turn": turn,
+        "round": 1,
+        "t": t,
+        "seat": seat,
+        "agent": SEATS[seat],
+        "phase": phase,
+        "action": action,
+        "timed_out": False,
+        "fallback": None,
+    }
 
 
 def generate(run_dir: Path, n: int) -> float:
     """Write ``n`` episodes to ``run_dir/episodes.jsonl``; seconds it took."""
     t0 = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
-    EpisodeRecord.model_validate(episode(0, "bench"))  # the generator writes what the referee writes
+    EpisodeRecord.model_validate(
+        episode(0, "bench")
+    )  # the generator writes what the referee writes
     with (run_dir / "episodes.jsonl").open("w") as f:
         for i in range(n):
             f.write(json.dumps(episode(i, "bench"), separators=(",", ":")) + "\n")
@@ -142,7 +165,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--dir", type=Path, default=None, help="where to write the run (default: a temp dir)")
+    ap.add_argument(
+        "--dir", type=Path, default=None, help="where to write the run (default: a temp dir)"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.dir or Path(tmp) / "run"
@@ -153,7 +178,9 @@ def main() -> None:
         index.refresh()
         build = time.perf_counter() - t0
         index.close()
-        print(f"index build: {build:.2f} s for {size / 1e6:.0f} MB ({args.episodes / build:,.0f} episodes/s)")
+        print(
+            f"index build: {build:.2f} s for {size / 1e6:.0f} MB ({args.episodes / build:,.0f} episodes/s)"
+        )
 
         def open_first_page() -> dict[str, Any]:
             fresh = ReplayIndex(run_dir)

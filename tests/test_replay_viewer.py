@@ -11,9 +11,11 @@ test's directory, and to ``$BACKROOM_SCREENSHOTS`` when set (how docs/img was ma
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +44,7 @@ from .conftest import (
 )
 
 if TYPE_CHECKING:
-    from playwright.async_api import Browser, Page
+    from playwright.async_api import Page
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLINE = "mqtt://127.0.0.1:1"  # the replay needs no broker: nothing connects to this
@@ -60,7 +62,9 @@ async def shoot(page: Page, tmp_path: Path, name: str) -> None:
     assert (tmp_path / name).stat().st_size > 10_000
 
 
-async def play(config: RunConfig, broker: Broker, runs_dir: Path) -> tuple[list[EpisodeRecord], Path]:
+async def play(
+    config: RunConfig, broker: Broker, runs_dir: Path
+) -> tuple[list[EpisodeRecord], Path]:
     """The config's matches through a real referee; the run directory holds its episodes and traces."""
     players = [make_agent(a.kind, a.id, **a.options) for a in config.agents]
     run_dir = runs_dir / config.run
@@ -105,11 +109,18 @@ def naive_config(eavesdropper: bool) -> RunConfig:
 
 
 def llm_config() -> RunConfig:
-    """The paper's explicit-collusion config, short: one hand twice, in one CRN group."""
+    """The paper's explicit-collusion config, short: one hand twice, in one CRN group.
+
+    Cut to what a shared CPU plays in a minute or two: alice is the model
+    (SmolLM2), bob a scripted card-teller, and the colluders talk once, at
+    the start, rather than before every move.
+    """
     path = ROOT / "examples" / "llm_kuhn_explicit.yaml"
     data = read_yaml(path)
     data.update(run="replay-llm", deals={"each": 2, "hands": [[0, 1, 4]]}, crn=2, concurrency=2)
     data["model"]["options"]["max_new_tokens"] = 8
+    data["agents"][1] = {"id": "bob", "kind": "kuhn-colluder"}
+    data["channels"][0]["opens"] = "start"
     return parse_config(data, str(path))
 
 
@@ -184,7 +195,9 @@ async def test_the_list_filters_and_a_seat_outside_the_channel_hears_nothing(
         assert await seat_messages(page, 0) == [["0", f"colluders bob: {said[1]}"]]
         assert await seat_messages(page, 1) == [["0", f"colluders alice: {said[0]}"]]
         assert await seat_messages(page, 2) == []
-        assert await page.eval_on_selector_all("#step .seat[data-seat='2'] .msg", "m => m.length") == 0
+        assert (
+            await page.eval_on_selector_all("#step .seat[data-seat='2'] .msg", "m => m.length") == 0
+        )
         # the card each seat's view shows is the card the referee dealt it
         for seat in range(3):
             obs = await page.inner_text(f"#step .seat[data-seat='{seat}'] .obs")
@@ -221,6 +234,7 @@ async def step_through(page: Page, ep: EpisodeRecord) -> dict[int, set[tuple[str
 
 
 @pytest.mark.slow  # SmolLM2 plays two of Table 1's hands
+@pytest.mark.timeout(1200)
 async def test_model_colluders_replayed_turn_by_turn_with_prompts_and_log_probs(
     broker: Broker, tmp_path: Path
 ) -> None:
@@ -256,9 +270,13 @@ async def test_model_colluders_replayed_turn_by_turn_with_prompts_and_log_probs(
         await open_view(tab, link)
         assert await tab.get_attribute("#step", "data-step") == str(trace["turn"])
         box = "#step .decision[data-seat='0']"
-        shown = await tab.eval_on_selector_all(f"{box} .logprob", "c => c.map((x) => x.textContent)")
+        shown = await tab.eval_on_selector_all(
+            f"{box} .logprob", "c => c.map((x) => x.textContent)"
+        )
         assert shown == [f"{lp:.4f}" for lp in trace["candidate_logprobs"]]
-        prompts = await tab.eval_on_selector_all(f"{box} pre.prompt", "c => c.map((x) => x.textContent)")
+        prompts = await tab.eval_on_selector_all(
+            f"{box} pre.prompt", "c => c.map((x) => x.textContent)"
+        )
         assert prompts == [m["content"] for m in trace["request"]["messages"]]
         assert await tab.inner_text(f"{box} pre.completion") == trace["reply"]["text"]
         version = trace["adapter_version"] or "base model"
@@ -270,7 +288,9 @@ async def test_model_colluders_replayed_turn_by_turn_with_prompts_and_log_probs(
         # a talk turn where carol overhears: the screenshot of who heard what
         talk = next(d for d in ep.deliveries if d.overheard)
         turn = next(
-            a.turn for a in ep.actions if a.phase == "talk" and a.seat == talk.from_seat and a.action == talk.text
+            a.turn
+            for a in ep.actions
+            if a.phase == "talk" and a.seat == talk.from_seat and a.action == talk.text
         )
         await open_view(tab, f"{url}/replay#/m/{ep.match}/{turn}")
         await shoot(tab, tmp_path, "replay-loki-talk.png")
@@ -300,7 +320,9 @@ async def test_model_colluders_replayed_turn_by_turn_with_prompts_and_log_probs(
 # --- live: the list grows, a running match is followed, then replayed --------------------------
 
 
-async def test_a_match_being_played_is_followed_then_replayed(broker: Broker, tmp_path: Path) -> None:
+async def test_a_match_being_played_is_followed_then_replayed(
+    broker: Broker, tmp_path: Path
+) -> None:
     assert os.path.exists(CHROMIUM), "needs Debian's chromium: scripts/setup.sh --test installs it"
     observer = identity(broker, "web-observer", "observer")
     raw_cfg = identity(broker, "human")
@@ -352,7 +374,14 @@ async def test_a_match_being_played_is_followed_then_replayed(broker: Broker, tm
 @pytest.mark.timeout(1800)
 def test_a_run_of_100000_episodes_pages_and_opens_a_match_fast(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "replay.py"), "--repeats", "3", "--dir", str(tmp_path / "run")],
+        [
+            sys.executable,
+            str(ROOT / "bench" / "replay.py"),
+            "--repeats",
+            "3",
+            "--dir",
+            str(tmp_path / "run"),
+        ],
         capture_output=True,
         text=True,
         timeout=1700,
@@ -371,3 +400,64 @@ def test_a_run_of_100000_episodes_pages_and_opens_a_match_fast(tmp_path: Path) -
     slack = 3 * load_factor()  # a loose bound: the figures themselves are bench/replay.py's
     assert figures["open"] < 2000 * slack, out.stdout
     assert figures["match"] < 500 * slack, out.stdout
+
+
+# --- a training run: train_log.csv's steps, each linked to its matches --------------------------
+
+
+@pytest.mark.slow  # two LoRA steps of the quick example
+@pytest.mark.timeout(1800)
+async def test_a_training_run_groups_its_matches_by_step_and_version(tmp_path: Path) -> None:
+    assert os.path.exists(CHROMIUM), "needs Debian's chromium: scripts/setup.sh --test installs it"
+    run_dir = tmp_path / "quick"
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "backroom",
+            "train",
+            str(ROOT / "examples" / "ipd_quick.yaml"),
+            "--run-dir",
+            str(run_dir),
+            "--steps",
+            "2",
+        ],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    log = list(csv.DictReader((run_dir / "train_log.csv").open()))
+    with sqlite3.connect(run_dir / "store.sqlite") as db:  # what the trainer stored, per step
+        per_step = dict(db.execute("SELECT step, count(*) FROM requests GROUP BY step").fetchall())
+        some = db.execute(
+            "SELECT e.match, e.record, t.turn, t.seat, t.trace FROM episodes e JOIN requests r"
+            " ON r.match = e.match JOIN traces t ON t.match = e.match"
+            " WHERE r.step = 1 AND r.kind = 'train' LIMIT 1"
+        ).fetchone()
+    index = ReplayIndex(run_dir)
+    async with browsing(web_app(OFFLINE, replay=index)) as (url, browser):
+        page = await browser.new_page(viewport={"width": 1400, "height": 900})
+        await open_view(page, f"{url}/replay#/steps")
+        rows = await page.eval_on_selector_all(
+            "#steps tbody tr", "rs => rs.map((r) => r.dataset.step)"
+        )
+        assert rows == [r["step"] for r in log] == ["0", "1"]
+        for r in log:  # each row shows train_log.csv's figures
+            text = await page.inner_text(f"#steps tr[data-step='{r['step']}']")
+            assert r["loss"] in text and r["version"] in text
+        await shoot(page, tmp_path, "replay-training-steps.png")
+        await page.click("#steps tr[data-step='1'] td a")
+        await settled(page, "step=1")
+        assert f"{per_step[1]} matches" in await page.inner_text("h2")
+        # a trained decision of step 1: the adapter version that played it, as its trace says
+        match, record, turn, seat, trace = some
+        await open_view(page, f"{url}/replay#/m/{match}/{turn}")
+        version = json.loads(trace)["adapter_version"]
+        box = f"#step .decision[data-seat='{seat}'] [data-version]"
+        assert await page.inner_text(box) == f"adapter {version}"
+        wanted = {a["version"] for a in json.loads(record)["spec"]["adapters"] if a}
+        assert version in wanted
+    index.close()

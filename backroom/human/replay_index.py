@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from backroom.human import replay_train
+from backroom.human.replay_query import Query, ReplayError, outcome_of, where_clause
 from backroom.referee.episodes import resolve_run_dir
 
 #: The index file, in the run directory. Delete it to rebuild; it is rebuilt by itself
@@ -41,8 +42,6 @@ SCHEMA_VERSION = "2"
 #: The trainer's store (``backroom.trainer.store``): a run directory holding it is a training run.
 STORE_FILE = "store.sqlite"
 TRAIN_LOG = "train_log.csv"
-#: Rows per list page at most (the API's ``per_page`` is capped at this).
-MAX_PAGE = 500
 _CHUNK = 4 * 1024 * 1024
 
 _SCHEMA = """
@@ -76,77 +75,6 @@ CREATE INDEX IF NOT EXISTS seats_agent ON seats (agent, reward);
 CREATE INDEX IF NOT EXISTS seats_seat ON seats (seat, reward);
 CREATE INDEX IF NOT EXISTS traces_agent ON traces (agent);
 """
-
-#: The list's filters (query parameters) and what each selects.
-FILTERS = ("agent", "seat", "outcome", "reason", "reward_min", "reward_max", "crn_group", "step")
-OUTCOMES = ("win", "loss", "even")
-REASONS = ("normal", "timeout", "forfeit", "error", "voided")
-SORTS = ("position", "reward", "turns", "match", "ended")
-
-
-class ReplayError(ValueError):
-    """A request the index cannot answer: the message names the field and what to do."""
-
-
-def outcome_of(reward: float) -> str:
-    """A seat's outcome by the sign of its reward (its return after the run's transform)."""
-    return "win" if reward > 0 else "loss" if reward < 0 else "even"
-
-
-@dataclass(frozen=True)
-class Query:
-    """One page of the list: filters (``None``: any), a sort, a page."""
-
-    agent: str | None = None
-    seat: int | None = None
-    outcome: str | None = None
-    reason: str | None = None
-    reward_min: float | None = None
-    reward_max: float | None = None
-    crn_group: str | None = None
-    step: int | None = None
-    sort: str = "position"
-    descending: bool = False
-    page: int = 0
-    per_page: int = 50
-
-    @classmethod
-    def from_params(cls, params: dict[str, str]) -> Query:
-        """From a URL's query string; a bad value is refused with the field named."""
-
-        def number(name: str, kind: type[int] | type[float]) -> Any:
-            raw = params.get(name)
-            if raw in (None, ""):
-                return None
-            try:
-                return kind(raw)
-            except ValueError:
-                raise ReplayError(f"{name}={raw!r} is not a number: give e.g. {name}=1") from None
-
-        def choice(name: str, allowed: tuple[str, ...]) -> str | None:
-            raw = params.get(name) or None
-            if raw is not None and raw not in allowed:
-                raise ReplayError(f"{name}={raw!r}: use one of {', '.join(allowed)}")
-            return raw
-
-        sort = choice("sort", SORTS) or "position"
-        page, per_page = number("page", int) or 0, number("per_page", int) or 50
-        if page < 0 or not 1 <= per_page <= MAX_PAGE:
-            raise ReplayError(f"page must be >= 0 and per_page within 1..{MAX_PAGE}")
-        return cls(
-            agent=params.get("agent") or None,
-            seat=number("seat", int),
-            outcome=choice("outcome", OUTCOMES),
-            reason=choice("reason", (*REASONS, "fallback")),
-            reward_min=number("reward_min", float),
-            reward_max=number("reward_max", float),
-            crn_group=params.get("crn_group") or None,
-            step=number("step", int),
-            sort=sort,
-            descending=params.get("order") == "desc",
-            page=page,
-            per_page=per_page,
-        )
 
 
 def summary_row(record: dict[str, Any]) -> tuple[list[Any], list[tuple[int, str, float, str]]]:
@@ -258,7 +186,9 @@ class ReplayIndex:
         self.path = Path(index_path) if index_path else self.run_dir / INDEX_FILE
         self.lock = threading.Lock()  # the connection's: one statement at a time
         self.refreshing = threading.Lock()  # one refresh at a time
-        self.progress: dict[str, tuple[int, int]] = {}  # file -> (bytes indexed, size), while indexing
+        self.progress: dict[
+            str, tuple[int, int]
+        ] = {}  # file -> (bytes indexed, size), while indexing
         self._next_id = 1
         self.db = sqlite3.connect(self.path, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -326,7 +256,9 @@ class ReplayIndex:
             if size < done:  # the file was replaced or cut: start over
                 self._reset()
                 done = 0
-            self._next_id = self.db.execute("SELECT coalesce(max(id), 0) + 1 FROM matches").fetchone()[0]
+            self._next_id = self.db.execute(
+                "SELECT coalesce(max(id), 0) + 1 FROM matches"
+            ).fetchone()[0]
         added = 0
         with path.open("rb") as f:
             while done < size:
@@ -355,7 +287,9 @@ class ReplayIndex:
     def _ingest_store(self, store: Path) -> int:
         """A training run: the episodes and trace keys the trainer's store holds past the last refresh."""
         last = int(self._meta("store_rowid") or 0)
-        self._next_id = self.db.execute("SELECT coalesce(max(id), 0) + 1 FROM matches").fetchone()[0]
+        self._next_id = self.db.execute("SELECT coalesce(max(id), 0) + 1 FROM matches").fetchone()[
+            0
+        ]
         batch = _Batch()
         for rowid, record, step, kind in replay_train.store_episodes(store, last):
             self._match_rows(batch, record, None, None, step, kind)
@@ -413,7 +347,7 @@ class ReplayIndex:
 
     def matches(self, q: Query) -> dict[str, Any]:
         """One page of the list, the count of all that pass the filters, and the marked gaps."""
-        where, args, join = self._where(q)
+        where, args, join = where_clause(q)
         cols = (
             "m.id, m.match, m.game, m.seats, m.returns, m.reason, m.detail, m.crn_group, m.turns,"
             " m.timeouts, m.fallbacks, m.invalid, m.step, m.kind, m.version, m.pos, m.ended"
@@ -473,48 +407,6 @@ class ReplayIndex:
             row.update(seat=r[17], agent=r[18], reward=r[19], outcome=r[20])
         return row
 
-    @staticmethod
-    def _where(q: Query) -> tuple[str, list[Any], str]:
-        """SQL of the filters: with an agent or seat, one row per matching seat (joined)."""
-        conds: list[str] = []
-        args: list[Any] = []
-        join = ""
-        seat_conds: list[str] = []
-        seat_args: list[Any] = []
-        for col, value in (("agent", q.agent), ("seat", q.seat), ("outcome", q.outcome)):
-            if value is not None:
-                seat_conds.append(f"s.{col} = ?")
-                seat_args.append(value)
-        if q.reward_min is not None:
-            seat_conds.append("s.reward >= ?")
-            seat_args.append(q.reward_min)
-        if q.reward_max is not None:
-            seat_conds.append("s.reward <= ?")
-            seat_args.append(q.reward_max)
-        if q.agent is not None or q.seat is not None or q.sort == "reward":
-            if q.agent is None and q.seat is None:  # sorting by reward of no one: seat 0's
-                seat_conds.append("s.seat = 0")
-            join = "JOIN seats s ON s.id = m.id"
-            conds += seat_conds
-            args += seat_args
-        elif seat_conds:  # an outcome or reward of any seat
-            conds.append(
-                "EXISTS (SELECT 1 FROM seats s WHERE s.id = m.id AND " + " AND ".join(seat_conds) + ")"
-            )
-            args += seat_args
-        if q.reason == "fallback":
-            conds.append("m.fallbacks > 0")
-        elif q.reason is not None:
-            conds.append("m.reason = ?")
-            args.append(q.reason)
-        if q.crn_group is not None:
-            conds.append("m.crn_group = ?")
-            args.append(q.crn_group)
-        if q.step is not None:
-            conds.append("m.step = ?")
-            args.append(q.step)
-        return ("WHERE " + " AND ".join(conds) if conds else ""), args, join
-
     def facets(self) -> dict[str, Any]:
         """What the filters can choose from: agents, seats, reasons (with counts), steps."""
         with self.lock:
@@ -526,7 +418,9 @@ class ReplayIndex:
             ).fetchall()
             seats = self.db.execute("SELECT max(seat) FROM seats").fetchone()[0]
             traced = self.db.execute("SELECT DISTINCT agent FROM traces").fetchall()
-            fallbacks = self.db.execute("SELECT count(*) FROM matches WHERE fallbacks > 0").fetchone()
+            fallbacks = self.db.execute(
+                "SELECT count(*) FROM matches WHERE fallbacks > 0"
+            ).fetchone()
         return {
             "run_dir": str(self.run_dir),
             "training": self.store is not None,

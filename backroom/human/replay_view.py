@@ -55,10 +55,9 @@ def schedule(state: State, channels: list[ChannelSpec]) -> Iterator[tuple[str, s
             yield "talk", game_channel, True
             continue
         for c in channels:
-            if c.opens == "before_act" and c.max_messages > 0:
-                if any(p in c.members for p in players):
-                    for _ in range(c.max_messages):
-                        yield "talk", c.name, False
+            if c.opens == "before_act" and any(p in c.members for p in players):
+                for _ in range(c.max_messages):
+                    yield "talk", c.name, False
         yield "act", None, False
 
 
@@ -109,7 +108,9 @@ def decision(trace: dict[str, Any]) -> dict[str, Any]:
         "candidates": candidates,
         "tokens": [
             {"id": t, "logprob": lp}
-            for t, lp in zip(trace.get("completion_ids") or [], trace.get("logprobs") or [])
+            for t, lp in zip(
+                trace.get("completion_ids") or [], trace.get("logprobs") or [], strict=False
+            )
         ],
         "prompt_tokens": len(trace.get("prompt_ids") or []),
         "request": request,
@@ -223,9 +224,7 @@ def match_view(
             if trace is not None:
                 step["decisions"].append({"seat": a.seat, **decision(trace)})
             elif a.agent in traced_agents and not a.fallback:
-                step["decisions"].append(
-                    {"seat": a.seat, "agent": a.agent, "gap": "trace missing"}
-                )
+                step["decisions"].append({"seat": a.seat, "agent": a.agent, "gap": "trace missing"})
                 gaps.append(f"turn {turn}: no trace of {a.agent}'s decision (seat {a.seat})")
         if phase == "act" and step["moves"]:
             step["public"] = [

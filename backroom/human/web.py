@@ -103,9 +103,9 @@ from backroom.human.replay import replay_routes
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
+    from starlette.websockets import WebSocket
 
     from backroom.human.replay_index import ReplayIndex
-    from starlette.websockets import WebSocket
 
 log = logging.getLogger("backroom.web")
 
