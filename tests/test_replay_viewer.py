@@ -202,6 +202,20 @@ async def test_the_list_filters_and_a_seat_outside_the_channel_hears_nothing(
         for seat in range(3):
             obs = await page.inner_text(f"#step .seat[data-seat='{seat}'] .obs")
             assert re.search(rf"card\s+{ep.final_observations[seat]['card']}\b", obs)
+        # a writer killed mid-line: the torn tail is a marked gap, and so is the line the
+        # next append makes of it (its record lost inside the torn line, not silently)
+        torn = ep.model_dump_json().encode()[:150]
+        with (run_dir / "episodes.jsonl").open("ab") as f:
+            f.write(torn)
+        await open_view(page, f"{url}/replay#/list?reason=normal")
+        assert "without a newline" in await page.inner_text("tr.gap")
+        assert f"{len(eps)} matches" in await page.inner_text("h2")
+        with (run_dir / "episodes.jsonl").open("ab") as f:
+            f.write(eps[-1].model_dump_json().encode() + b"\n")
+        await open_view(page, f"{url}/replay#/list")
+        gaps = await page.eval_on_selector_all("tr.gap", "g => g.map((x) => x.textContent)")
+        assert len(gaps) == 1 and "torn or unreadable line" in gaps[0], gaps
+        assert f"{len(eps)} matches" in await page.inner_text("h2")
     # bad query parameters are refused, naming the field
     async with browsing(web_app(OFFLINE, replay=index)) as (url, browser):
         page = await browser.new_page()

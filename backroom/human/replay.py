@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,8 +30,6 @@ if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
 STATIC = Path(__file__).with_name("web_static")
-#: Seconds between two looks at the run's files: a list request within it is served as indexed.
-REFRESH_S = 0.5
 #: Seconds a request waits for a refresh before it answers with what is indexed so far.
 WAIT_S = 1.0
 HEADERS = {
@@ -61,19 +58,16 @@ class Replay:
     def __init__(self, index: ReplayIndex, hub: Spectators | None = None) -> None:
         self.index = index
         self.hub = hub
-        self._checked = -REFRESH_S
         self._task: asyncio.Future[int] | None = None
 
     async def fresh(self) -> None:
         """Look for appended matches; answer with what is indexed if that takes longer than ``WAIT_S``.
 
-        A big run's first build goes on in its thread while the page shows the
-        matches indexed so far (``indexing`` in the answers says how far).
+        Every list request looks (a ``stat`` of each file when nothing was
+        appended). A big run's first build goes on in its thread while the page
+        shows the matches indexed so far (``indexing`` in the answers says how far).
         """
         if self._task is None or self._task.done():
-            if time.monotonic() - self._checked < REFRESH_S:
-                return
-            self._checked = time.monotonic()
             self._task = asyncio.ensure_future(asyncio.to_thread(self.index.refresh))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._task), WAIT_S)
