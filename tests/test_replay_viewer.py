@@ -219,7 +219,13 @@ async def test_the_list_filters_and_a_seat_outside_the_channel_hears_nothing(
     # bad query parameters are refused, naming the field
     async with browsing(web_app(OFFLINE, replay=index)) as (url, browser):
         page = await browser.new_page()
-        for query, field in (("seat=x", "seat"), ("outcome=won", "outcome"), ("sort=luck", "sort")):
+        for query, field in (
+            ("seat=x", "seat"),
+            ("outcome=won", "outcome"),
+            ("sort=luck", "sort"),
+            ("reward_min=lots", "reward_min"),
+            ("per_page=100000", "per_page"),
+        ):
             resp = await page.goto(f"{url}/api/replay/matches?{query}")
             assert resp is not None and resp.status == 400
             assert field in json.loads(await resp.text())["error"]
@@ -271,7 +277,10 @@ async def test_model_colluders_replayed_turn_by_turn_with_prompts_and_log_probs(
         # each seat's view showed exactly what the referee delivered to it, marked as it was
         for seat in range(3):
             delivered = {
-                ("1" if d.overheard else "0", f"colluders {ep.seats[d.from_seat]}: {d.text}")
+                (
+                    "1" if d.overheard else "0",
+                    f"colluders{'overheard' if d.overheard else ''} {ep.seats[d.from_seat]}: {d.text}",
+                )
                 for d in ep.deliveries
                 if d.to_seat == seat
             }
@@ -475,3 +484,26 @@ async def test_a_training_run_groups_its_matches_by_step_and_version(tmp_path: P
         wanted = {a["version"] for a in json.loads(record)["spec"]["adapters"] if a}
         assert version in wanted
     index.close()
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda p: p / "nowhere", "is not a run directory"),
+        (lambda p: p, "has no episodes.jsonl"),
+    ],
+    ids=["missing", "not-a-run"],
+)
+def test_replay_refuses_a_directory_that_is_not_a_run(
+    tmp_path: Path, make: Any, words: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from backroom.cli import app
+
+    result = CliRunner().invoke(app, ["replay", str(make(tmp_path)), "--port", "1"])
+    assert result.exit_code != 0
+    assert words in result.output, result.output

@@ -240,6 +240,7 @@ class ReplayIndex:
                     added = self._ingest_store(self.store)
                     self.db.commit()
             else:
+                self._reset_if_cut()
                 added = self._ingest("episodes", self.episodes, self._episode_rows)
                 if self.traces_path.is_file():
                     self._ingest("traces", self.traces_path, self._trace_rows)
@@ -247,15 +248,26 @@ class ReplayIndex:
                 self.db.executescript(_INDEXES)  # after a first build: faster than row by row
             return added
 
+    def _reset_if_cut(self) -> None:
+        """Start over when a file is shorter than what was indexed of it (replaced, or cut).
+
+        Both files are read again: an index of one file kept beside a new copy
+        of the other could mix two versions of a run.
+        """
+        with self.lock:
+            for name, path in (("episodes", self.episodes), ("traces", self.traces_path)):
+                done = int(self._meta(f"{name}_pos") or 0)
+                size = path.stat().st_size if path is not None and path.is_file() else 0
+                if size < done:
+                    self._reset()
+                    return
+
     def _ingest(self, name: str, path: Path | None, rows: Any) -> int:
         if path is None:
             return 0
         size = path.stat().st_size
         with self.lock:
             done = int(self._meta(f"{name}_pos") or 0)
-            if size < done:  # the file was replaced or cut: start over
-                self._reset()
-                done = 0
             self._next_id = self.db.execute(
                 "SELECT coalesce(max(id), 0) + 1 FROM matches"
             ).fetchone()[0]
