@@ -25,7 +25,8 @@ import pytest
 
 from backroom.agents import make_agent
 from backroom.bus.broker import Broker
-from backroom.bus.wire import EpisodeRecord
+from backroom.bus.wire import EpisodeRecord, Turn
+from backroom.human.replay import load_view
 from backroom.human.replay_index import ReplayIndex
 from backroom.human.web import web_app
 from backroom.runner.config import RunConfig, parse_config, read_yaml
@@ -387,6 +388,16 @@ async def test_a_match_being_played_is_followed_then_replayed(
             assert "2 matches" in await page.inner_text("h2")
             stop.set()
             await player
+    # each view the replay rebuilt is the one the referee sent: the human seat's inbox has them
+    view = load_view(index, second)
+    assert view is not None and not view["gaps"]
+    steps = {s["turn"]: s for s in view["steps"] if s["kind"] == "turn"}
+    sent = [m for m in raw.inbox if isinstance(m, Turn) and m.match == second]
+    assert sent and {m.turn for m in sent} <= set(steps)
+    for m in sent:
+        seen = steps[m.turn]["views"][m.seat]
+        assert seen["asked"] and seen["observation"] == m.observation and seen["prompt"] == m.prompt
+        assert steps[m.turn]["phase"] == m.phase and steps[m.turn]["channel"] == m.channel
     index.close()
 
 
