@@ -73,6 +73,8 @@ CREATE INDEX IF NOT EXISTS matches_reason ON matches (reason, id);
 CREATE INDEX IF NOT EXISTS matches_step ON matches (step, id);
 CREATE INDEX IF NOT EXISTS seats_agent ON seats (agent, reward);
 CREATE INDEX IF NOT EXISTS seats_seat ON seats (seat, reward);
+CREATE INDEX IF NOT EXISTS seats_agent_outcome ON seats (agent, outcome, reward);
+CREATE INDEX IF NOT EXISTS seats_seat_outcome ON seats (seat, outcome, reward);
 CREATE INDEX IF NOT EXISTS traces_agent ON traces (agent);
 """
 
