@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from backroom.human import replay_train
-from backroom.human.replay_index import Query, ReplayError, ReplayIndex
+from backroom.human.replay_index import ReplayIndex
+from backroom.human.replay_query import Query, ReplayError
 from backroom.human.replay_view import match_view
 
 if TYPE_CHECKING:
