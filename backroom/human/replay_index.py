@@ -33,7 +33,7 @@ from typing import Any
 
 from backroom.human import replay_train
 from backroom.human.replay_query import Query, ReplayError, outcome_of, where_clause
-from backroom.referee.episodes import resolve_run_dir
+from backroom.referee.episodes import RUN_KEY_FILE, resolve_run_dir
 
 #: The index file, in the run directory. Delete it to rebuild; it is rebuilt by itself
 #: when the file it indexes shrinks (replaced) or when its schema version changes.
@@ -204,8 +204,10 @@ class ReplayIndex:
         return path if path.is_file() else None
 
     def _find_episodes(self) -> Path | None:
+        """The run's episodes.jsonl; also before it exists, in a run directory a runner made
+        (it holds the run's key), so a run is opened the moment it starts."""
         path = self.run_dir / "episodes.jsonl"
-        return path if path.is_file() else None
+        return path if path.is_file() or (self.run_dir / RUN_KEY_FILE).is_file() else None
 
     def close(self) -> None:
         with self.lock:
@@ -265,7 +267,7 @@ class ReplayIndex:
                     return
 
     def _ingest(self, name: str, path: Path | None, rows: Any) -> int:
-        if path is None:
+        if path is None or not path.is_file():
             return 0
         size = path.stat().st_size
         with self.lock:
