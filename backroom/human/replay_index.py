@@ -22,6 +22,7 @@ and its traces; the store is opened read-only and never written.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sqlite3
@@ -192,6 +193,8 @@ class ReplayIndex:
             str, tuple[int, int]
         ] = {}  # file -> (bytes indexed, size), while indexing
         self._next_id = 1
+        if index_path is None and not os.access(self.run_dir, os.W_OK):
+            self.path = cache_path(self.run_dir)  # a run someone else wrote, or a read-only copy
         self.db = sqlite3.connect(self.path, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -500,5 +503,9 @@ class ReplayIndex:
         return self.matches(Query(crn_group=crn_group, per_page=100))["rows"]
 
 
-def index_size(path: Path) -> int:
-    return os.stat(path).st_size if path.exists() else 0
+def cache_path(run_dir: Path) -> Path:
+    """Where the index of a run directory this user may not write goes: the user's cache."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "backroom" / "replay"
+    base.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+    return base / f"{run_dir.name}-{digest}.sqlite"
