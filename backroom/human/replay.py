@@ -2,8 +2,9 @@
 
 The routes here are mounted into ``backroom web``'s app (``web_app(replay=...)``):
 ``/replay`` the page (``web_static/replay.html``), ``/api/replay/...`` its JSON.
-Offline (no broker) the app serves the replay alone; given a broker and an
-observer identity, the same page also follows a match still being played,
+Offline (no broker) the same app runs without an observer: the replay works
+and nothing connects anywhere; given a broker and an observer identity, the
+same page also follows a match still being played,
 over the spectators' socket (``/ws``, public events only, as a spectator
 sees it), and the run's list grows as the referee appends to the run.
 
