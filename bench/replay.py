@@ -170,7 +170,9 @@ def main() -> None:
     ap.add_argument(
         "--dir", type=Path, default=None, help="where to write the run (default: a temp dir)"
     )
-    ap.add_argument("--reuse", action="store_true", help="keep --dir's episodes.jsonl if it has one")
+    ap.add_argument(
+        "--reuse", action="store_true", help="keep --dir's episodes.jsonl if it has one"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.dir or Path(tmp) / "run"
