@@ -326,8 +326,9 @@ async def test_model_colluders_replayed_turn_by_turn_with_prompts_and_log_probs(
         assert len(sides) == 2 and ep.match in sides[0] and other.match in sides[1]
         for seat, obs in enumerate(ep.final_observations):
             assert obs["card"] == other.final_observations[seat]["card"]
-        # gaps: a trace lost, a torn last line; both marked, neither breaks the page
-        kept = [t for t in traces if t is not trace]
+        # gaps: a trace lost, a torn last line; all marked, none breaks the page
+        # (and every trace of the other match: a match without traces)
+        kept = [t for t in traces if t is not trace and t["match"] != other.match]
         (run_dir / "traces.jsonl").write_text("".join(json.dumps(t) + "\n" for t in kept))
         with (run_dir / "episodes.jsonl").open("ab") as f:
             f.write(ep.model_dump_json().encode()[:200])
@@ -338,6 +339,8 @@ async def test_model_colluders_replayed_turn_by_turn_with_prompts_and_log_probs(
         await open_view(tab, link)
         assert "trace missing" in await tab.inner_text("#step .decision.gap[data-seat='0']")
         assert f"turn {trace['turn']}: no trace of alice" in await tab.inner_text("#gaps")
+        await open_view(tab, f"{url}/replay#/m/{other.match}/start")
+        assert "no traces for this match" in await tab.inner_text("#gaps")
     index.close()
 
 
