@@ -889,6 +889,29 @@ def web(
     )
 
 
+@app.command()
+def replay(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory, or runs/<run> (its latest)")],
+    host: str = "127.0.0.1",
+    port: int = 8766,
+    broker_url: Annotated[
+        str | None, typer.Option("--broker", help="follow live matches on this broker too")
+    ] = None,
+    credentials: CredsOpt = None,
+    hosts: Annotated[str | None, typer.Option(help="as `backroom web --hosts`")] = None,
+    rebuild: Annotated[bool, typer.Option(help="index the run again from scratch")] = False,
+) -> None:
+    """See a run's matches turn by turn in a browser: who saw, heard and decided what."""
+    require_extra("backroom replay", "web", WEB_MODULES)
+    from backroom.human.replay_cli import replay_command
+    from backroom.human.replay_query import ReplayError
+
+    try:
+        replay_command(run_dir, host, port, broker_url, credentials, hosts, rebuild)
+    except (ReplayError, FileNotFoundError) as exc:
+        _fail(str(exc))
+
+
 def demo_config(naive: bool = False) -> RunConfig:
     """The demo's run config: team-solve colluders (demo.yaml), or naive ones (demo_naive.yaml)."""
     import yaml

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from pydantic import BaseModel
@@ -29,7 +29,7 @@ from backroom.agents.backend import Backend, shared_backend
 from backroom.agents.base import Agent
 from backroom.agents.runtime import AgentRunner
 from backroom.bus import topics
-from backroom.bus.broker import Broker
+from backroom.bus.broker import Broker, free_port
 from backroom.bus.client import Bus, BusConfig
 from backroom.bus.wire import (
     Action,
@@ -48,6 +48,9 @@ from backroom.bus.wire import (
     parse_all,
 )
 from backroom.referee.service import Referee
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -496,3 +499,54 @@ def serve_folder(folder: Path) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+# --- browser helpers (Debian's Chromium through Playwright; its own browser download is never used) ---
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """The app on a free port in this event loop (so it shares the loop with the referee and agents)."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 15)
+
+
+@asynccontextmanager
+async def browsing(app: Any) -> AsyncIterator[tuple[str, Browser]]:
+    """The app served, and Debian's Chromium (headless) to open it, closed however the test ends."""
+    import playwright.async_api as playwright
+
+    async with serving(app) as url, playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield url, browser
+        finally:
+            await browser.close()

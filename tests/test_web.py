@@ -11,71 +11,32 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import uvicorn
 
 from backroom.bus.broker import Broker, free_port
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import ChannelSpec
 from backroom.games.kuhn import LOKI_CARD_NAMES, LOKI_RULES
 
-from .conftest import Runner, agents, eventually, identity, loki_spec, stack
+from .conftest import (
+    CHROMIUM,
+    Runner,
+    agents,
+    browsing,
+    eventually,
+    identity,
+    loki_spec,
+    serving,
+    stack,
+)
 
 if TYPE_CHECKING:
-    from playwright.async_api import Browser, Page
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+    from playwright.async_api import Page
 
 
 def url_of(cfg: BusConfig) -> str:
     return f"mqtt://{cfg.host}:{cfg.port}"
-
-
-@asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """The app on a free port in this event loop (so it shares the loop with the referee and agents)."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 15)
-
-
-@asynccontextmanager
-async def browsing(app: Any) -> AsyncIterator[tuple[str, Browser]]:
-    """The app served, and Debian's Chromium (headless) to open it, closed however the test ends."""
-    import playwright.async_api as playwright
-
-    async with serving(app) as url, playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield url, browser
-        finally:
-            await browser.close()
 
 
 async def join(page: Page, agent: str, password: str | None = None) -> None:

@@ -98,10 +98,13 @@ from backroom.human.gate import (
 )
 from backroom.human.parse import offered
 from backroom.human.render import rules_for
+from backroom.human.replay import replay_routes
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.websockets import WebSocket
+
+    from backroom.human.replay_index import ReplayIndex
 
 log = logging.getLogger("backroom.web")
 
@@ -567,6 +570,7 @@ def web_app(
     login_limit: int = 5,
     login_backoff_s: float = 2.0,
     served_hosts: Iterable[str] | None = None,
+    replay: ReplayIndex | None = None,
 ) -> Starlette:
     """The Starlette app: ``/`` the page, ``/ws`` the bridge, ``/api/matches`` the lobby as JSON.
 
@@ -586,6 +590,8 @@ def web_app(
     ``served_hosts`` (``gate.parse_hosts`` entries; default: the loopback
     names) and the hosts of ``allowed_origins``: the ``Host`` every request
     must name, else it gets 400 (a rebound DNS name, ``gate.host_allowed``).
+
+    ``replay``: a run's index, served at ``/replay`` (``backroom replay``).
     """
     from pydantic import ValidationError
     from starlette.applications import Starlette
@@ -727,6 +733,7 @@ def web_app(
             Route("/api/matches", matches),
             Route("/healthz", health),
             WebSocketRoute("/ws", ws_endpoint),
+            *(replay_routes(replay, hub) if replay is not None else []),
         ],
         middleware=[Middleware(OnlyServedHosts)],
         lifespan=lifespan,
@@ -781,8 +788,9 @@ def web_command(
     origins: str | None = None,
     hosts: str | None = None,
     trusted_proxies: str | None = None,
+    replay: ReplayIndex | None = None,
 ) -> None:
-    """Serve the page until Ctrl-C (what ``backroom web`` runs).
+    """Serve the page until Ctrl-C (what ``backroom web`` runs; ``backroom replay`` with ``replay``).
 
     With ``credentials`` (the broker's credentials directory) the server adds
     the ``web-observer`` identity for spectating and prints a token link for
@@ -827,6 +835,7 @@ def web_command(
         observer=observer,
         allowed_origins=allowed,
         served_hosts=served,
+        replay=replay,
     )
     url = f"http://{host}:{port}/"
     print(f"backroom web: {url}  (broker {broker})")
