@@ -41,8 +41,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from backroom.agents.backend import Backend
 from backroom.games import make_game
+from backroom.model.backend import Backend
 from backroom.trainer.learner import Learner, LoraSettings, Sample, StepSettings
 from backroom.trainer.memory_one import STATES  # "first", then (my last move, the other's)
 

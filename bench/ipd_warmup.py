@@ -27,9 +27,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from backroom.agents.backend import shared_backend
-from backroom.agents.model.loading import save_random_qwen
 from backroom.games import make_game
+from backroom.model.backend import shared_backend
+from backroom.model.loading import save_random_qwen
 from backroom.trainer.learner import Learner, LoraSettings, Sample, StepSettings
 
 

@@ -42,10 +42,10 @@ import asyncio
 import statistics
 import time
 
-from backroom.agents.backend import Backend, Scored, shared_backend
 from backroom.agents.local import LocalAgent
 from backroom.bus.wire import ChannelSpec, MatchEnd, MatchStart, Turn
 from backroom.games import make_game
+from backroom.model.backend import Backend, Scored, shared_backend
 
 COLLUDERS = ChannelSpec(name="colluders", members=[0, 1], eavesdroppers=[2], opens="before_act")
 MODES = {  # name: (max_batch, prefix_cache_size)

@@ -80,11 +80,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from backroom.agents.backend import Backend, shared_backend, softmax
 from backroom.agents.memory import TALK_BASELINE
-from backroom.agents.model.loading import save_random_qwen
 from backroom.bus.wire import Trace
 from backroom.games import make_game
+from backroom.model.backend import Backend, shared_backend, softmax
+from backroom.model.loading import save_random_qwen
 from backroom.trainer.learner import (
     Learner,
     LoraSettings,

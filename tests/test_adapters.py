@@ -21,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from backroom.agents.adapters import (
+from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import (
     ADAPTER_FILES,
     AdapterCache,
     AdapterRejected,
     adapter_digest,
     fetch_adapter,
 )
-from backroom.agents.backend import Backend
-from backroom.bus.wire import AdapterRef
+from backroom.model.backend import Backend
 
 from .conftest import eventually, perturbed_adapter, serve_folder
 

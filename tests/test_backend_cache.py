@@ -1,8 +1,8 @@
 """Scoring with the prompt-head cache and token trees gives the log-probs of scoring without them.
 
 ``Backend.score`` keeps the keys and values of recent prompt heads
-(``backroom.agents.model.prefix_cache``) and packs prompts that start alike
-into token trees (``backroom.agents.model.scoring``). Here the same requests
+(``backroom.model.prefix_cache``) and packs prompts that start alike
+into token trees (``backroom.model.scoring``). Here the same requests
 go through a backend with the cache (cold, a head sliced
 from a longer cached one, a head extended from a shorter one, a lone match's
 next turn, an adapter swapped under the same name) and through a twin of it
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from backroom.agents.backend import Backend
+from backroom.model.backend import Backend
 
 from .conftest import perturbed_adapter
 

@@ -102,8 +102,8 @@ def test_the_warm_up_gives_a_small_transformer_the_cooperative_prior(tmp_path: P
     import asyncio
     import random
 
-    from backroom.agents.backend import Backend, softmax
     from backroom.games import make_game
+    from backroom.model.backend import Backend, softmax
 
     model = tmp_path / "model"
     out = subprocess.run(

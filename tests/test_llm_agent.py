@@ -17,14 +17,14 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from backroom.agents.backend import Backend, shared_backend
 from backroom.agents.base import Agent
 from backroom.agents.llm import REQUESTS, LLMAgent, retry_after_seconds
 from backroom.agents.memory import PERSONAS, Memory, MemoryOptions, card_in_text, insert_strategy
-from backroom.agents.serve import running_server, serve_model_app
 from backroom.bus.broker import Broker
 from backroom.bus.wire import ChannelSpec, Delivery, MatchSpec, MatchStart, Turn
 from backroom.games import make_game
+from backroom.model.backend import Backend, shared_backend
+from backroom.model.serve import running_server, serve_model_app
 
 from .conftest import Runner, Traces, agents, loki_spec, stack
 

@@ -20,8 +20,6 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from backroom.agents.adapters import adapter_digest
-from backroom.agents.backend import Backend
 from backroom.agents.base import Agent
 from backroom.agents.local import LocalAgent, announced_key
 from backroom.bus import topics
@@ -35,6 +33,8 @@ from backroom.bus.wire import (
     Trace,
 )
 from backroom.games import make_game
+from backroom.model.adapters import adapter_digest
+from backroom.model.backend import Backend
 
 from .conftest import (
     Runner,

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-from backroom.agents.adapters import adapter_digest
-from backroom.agents.backend import Backend
-from backroom.agents.serve import KEY_ENV, check_settings, is_loopback, running_server
-from backroom.agents.serve import serve_model_app as app_of
 from backroom.bus.broker import free_port
 from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import adapter_digest
+from backroom.model.backend import Backend
+from backroom.model.serve import KEY_ENV, check_settings, is_loopback, running_server
+from backroom.model.serve import serve_model_app as app_of
 from backroom.trainer.serving import AdapterServer, announce_to_servers
 
 ROOT = Path(__file__).resolve().parent.parent

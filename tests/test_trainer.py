@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from backroom.agents.adapters import adapter_digest
 from backroom.agents.base import Agent
 from backroom.agents.local import LocalAgent
 from backroom.analysis import analyze_run
@@ -23,6 +22,7 @@ from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
 from backroom.bus.wire import Checkpoint, parse
+from backroom.model.adapters import adapter_digest
 from backroom.trainer.config import TrainConfig, parse_train_config
 from backroom.trainer.loop import train
 from backroom.trainer.store import Store
@@ -280,8 +280,8 @@ def test_adapter_server_serves_adapter_files_only(tmp_path: Path, tiny_qwen_mode
     """What agents elsewhere fetch: the two adapter files of a version, verified; nothing else."""
     import httpx
 
-    from backroom.agents.adapters import fetch_adapter
     from backroom.bus.wire import AdapterRef
+    from backroom.model.adapters import fetch_adapter
     from backroom.trainer.learner import Learner, LoraSettings
     from backroom.trainer.serving import AdapterServer
 
@@ -346,7 +346,7 @@ def test_the_processes_of_backroom_train_share_the_cores(
     trainer = [int(n) for n in pattern.findall(done.stderr)]
     host = [int(n) for n in pattern.findall((tmp_path / "run" / "logs" / "agents.log").read_text())]
     assert trainer and host, (done.stderr[-2000:], host)
-    from backroom.agents.model.loading import usable_cores
+    from backroom.model.loading import usable_cores
 
     cores = usable_cores()
     assert max(trainer) + max(host) <= max(cores, 2), (trainer, host, cores)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from backroom.agents.adapters import adapter_digest
-from backroom.agents.backend import Backend
 from backroom.agents.llm import LLMAgent
-from backroom.agents.serve import running_server, serve_model_app
 from backroom.bus.wire import AdapterRef, MatchStart, Trace, Turn
+from backroom.model.adapters import adapter_digest
+from backroom.model.backend import Backend
+from backroom.model.serve import running_server, serve_model_app
 from backroom.trainer.learner import Learner, LoraSettings, sample_of
 from backroom.trainer.serving import announce_to_servers
 

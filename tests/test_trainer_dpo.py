@@ -305,7 +305,7 @@ def check_adapter(folder: Path, model: Path, pair: Pair) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from backroom.agents.backend import Backend
+    from backroom.model.backend import Backend
 
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temp folder left
     weights = load_file(str(folder / "adapter_model.safetensors"))
@@ -325,7 +325,7 @@ def check_adapter(folder: Path, model: Path, pair: Pair) -> None:
 
 def test_train_dpo_steps_on_the_exact_token_ids(tiny_qwen_model: Path, tmp_path: Path) -> None:
     """TRL scores our ids as they are: its first-step log-probs are the base model's of our ids."""
-    from backroom.agents.backend import Backend
+    from backroom.model.backend import Backend
 
     backend = Backend(str(tiny_qwen_model), device="cpu").load()
     ace = backend.encode_chat([{"role": "user", "content": "Your card is the Ace. Message?"}])
@@ -396,7 +396,7 @@ transform: {{kind: coalition, members: [alice, bob]}}
 def test_dpo_on_a_played_loki_run(tiny_qwen_model: Path, tmp_path: Path) -> None:
     """``backroom run`` as a user runs it (Loki Kuhn, two local colluders who talk, CFR third),
     then ``run_dpo`` on it: the pairs are checked against the raw traces, and TRL trains."""
-    from backroom.agents.adapters import adapter_digest
+    from backroom.model.adapters import adapter_digest
 
     runs = tmp_path / "runs"
     runs.mkdir()

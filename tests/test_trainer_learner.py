@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from backroom.agents.backend import Backend
 from backroom.bus.wire import Trace
+from backroom.model.backend import Backend
 from backroom.trainer.learner import (
     MICRO_BATCH_TOKENS,
     Learner,

@@ -22,7 +22,7 @@ on the same model) share one ``Backend`` and its batching queue.
 
 Adapters: ``policy`` names the checkpoint stream to follow. A ``Checkpoint``
 (``uri`` = a local peft adapter folder or an http(s) folder URL, with the
-files' sha256 and size) is fetched and checked (``backroom.agents.adapters``)
+files' sha256 and size) is fetched and checked (``backroom.model.adapters``)
 and loaded while play goes on; a checkpoint whose files do not match its hash,
 or that has none, is refused (logged, counted in
 ``backroom_adapter_rejected_total``) and the agent keeps its adapter. A match
@@ -61,14 +61,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from backroom import metrics
-from backroom.agents.adapters import (
-    DEFAULT_MAX_BYTES,
-    AdapterCache,
-    AdapterRejected,
-    adapter_digest,
-    fetch_adapter,
-)
-from backroom.agents.backend import Backend, Generated, shared_backend, softmax
 from backroom.agents.base import JSON, register_agent
 from backroom.agents.memory import ChatMessage, MatchMemory, MemoryAgent
 from backroom.agents.parsing import (
@@ -91,6 +83,14 @@ from backroom.bus.wire import (
     Trace,
     Turn,
 )
+from backroom.model.adapters import (
+    DEFAULT_MAX_BYTES,
+    AdapterCache,
+    AdapterRejected,
+    adapter_digest,
+    fetch_adapter,
+)
+from backroom.model.backend import Backend, Generated, shared_backend, softmax
 
 log = logging.getLogger("backroom.agent.local")
 

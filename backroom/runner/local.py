@@ -34,7 +34,6 @@ from typing import Any
 import aiomqtt
 
 from backroom import metrics
-from backroom.agents.model.loading import THREADS_ENV, torch_threads_for
 from backroom.bus import topics
 from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import Broker, die_with_parent, read_pid, reload_broker
@@ -53,6 +52,7 @@ from backroom.bus.wire import (
     parse_all,
     parse_status,
 )
+from backroom.model.loading import THREADS_ENV, torch_threads_for
 from backroom.referee.episodes import bind_run_dir, new_run_dir
 from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
 from backroom.referee.service import IDENTITY_WINDOW_S, NOT_WRITTEN, SHUTTING_DOWN

@@ -424,7 +424,7 @@ def train_dpo(
     from peft import LoraConfig
     from trl import DPOConfig
 
-    from backroom.agents.backend import Backend
+    from backroom.model.backend import Backend
 
     lora = lora or LoraSettings()
     base = Backend(model_path, gguf_file, device, dtype).load()
@@ -599,7 +599,7 @@ def run_dpo(config: TrainConfig, run_dir: Path) -> str:
         seed=config.seed,
         activation_checkpointing=settings.activation_checkpointing,
     )
-    from backroom.agents.adapters import adapter_digest
+    from backroom.model.adapters import adapter_digest
 
     sha, size = adapter_digest(folder)
     report = {

@@ -141,7 +141,7 @@ class Learner:
         import torch
         from peft import LoraConfig, PeftModel, get_peft_model
 
-        from backroom.agents.backend import Backend
+        from backroom.model.backend import Backend
 
         torch.manual_seed(seed)
         # The agents' own loader: the same weights (a GGUF is dequantised the same
@@ -183,7 +183,7 @@ class Learner:
     #
     # The decisions of a batch share a long head (system prompt, rules), and a
     # scored decision's candidates share their whole prompt. So one forward pass
-    # packs them as the agent's scorer does (``backroom/agents/model/scoring.py``): the
+    # packs them as the agent's scorer does (``backroom/model/scoring.py``): the
     # common prefix of the micro-batch is encoded ONCE (with gradient; its
     # key/value cache is repeated for every row), and each row holds one
     # decision's own prompt tail followed by all its completions, under a 4D

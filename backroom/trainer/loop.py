@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from backroom import metrics
-from backroom.agents.adapters import adapter_digest
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import adapter_digest
 from backroom.trainer.advantages import Hyper, assign_credit
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import TrainConfig

@@ -6,17 +6,17 @@ GGUF file; by default SmolLM2-135M-Instruct as shipped inside the
 
 * ``score(prompt_ids, candidates)`` — the exact log-probability of each
   candidate completion, all candidates of all prompts of a batch in one
-  forward pass (``model/scoring.py``);
+  forward pass (``scoring.py``);
 * ``generate(prompt_ids, ...)`` — sampled free text with per-token log-probs
-  (``model/generation.py``).
+  (``generation.py``).
 
 Both encode the head their batch shares once, and keep the last few heads for
-the next batch (``model/prefix_cache.py``). Requests from every concurrent
-match go through a batching queue (``model/batcher.py``) and run in a worker
+the next batch (``prefix_cache.py``). Requests from every concurrent
+match go through a batching queue (``batcher.py``) and run in a worker
 thread, so the event loop keeps serving the bus.
 
 LoRA adapters (peft) are loaded and unloaded at run time by name
-(``model/loading.py``, with the model itself and its GGUF conversion); each
+(``loading.py``, with the model itself and its GGUF conversion); each
 request names its adapter, and rows of one batch may use different adapters —
 so a match keeps the adapter it started with while new matches already use a
 newer checkpoint.
@@ -39,23 +39,23 @@ from pathlib import Path
 from typing import Any
 
 from backroom import metrics
-from backroom.agents.model.batcher import Batcher, Request
-from backroom.agents.model.generation import (
+from backroom.model.batcher import Batcher, Request
+from backroom.model.generation import (
     Generated,
     Prompts,
     generators,
     replies,
     sample_replies,
 )
-from backroom.agents.model.loading import (
+from backroom.model.loading import (
     adapter_kwargs,
     attach_adapter,
     default_model,
     full_attention_only,
     load_model,
 )
-from backroom.agents.model.prefix_cache import PrefixCache
-from backroom.agents.model.scoring import (
+from backroom.model.prefix_cache import PrefixCache
+from backroom.model.scoring import (
     Scored,
     ScoreRequest,
     check,

@@ -56,9 +56,9 @@ from urllib.parse import unquote, urlparse
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backroom.agents.adapters import ADAPTER_FILES, AdapterRejected, adapter_digest, fetch_adapter
-from backroom.agents.backend import Backend, shared_backend
 from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import ADAPTER_FILES, AdapterRejected, adapter_digest, fetch_adapter
+from backroom.model.backend import Backend, shared_backend
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
