@@ -144,7 +144,7 @@ def require_model(what: str, model: str | None) -> None:
     Checked here, before anything starts: found missing inside a spawned agent
     it ended the run in a traceback from that process.
     """
-    from backroom.model.loading import default_model  # no torch at import
+    from backroom.model.spec import default_model  # no torch at import
 
     if model is not None:
         return
@@ -840,13 +840,13 @@ def serve_model(
     require_model("backroom serve-model", model)
     from backroom.model.loading import THREADS_ENV
     from backroom.model.serve import serve_model_command
+    from backroom.model.spec import ModelSpec
 
     if threads:
         os.environ[THREADS_ENV] = str(threads)  # applied when the model loads
 
-    serve_model_command(
-        model, gguf_file, host, port, device, api_key=api_key, adapter_dir=adapter_dir
-    )
+    spec = ModelSpec(path=model, gguf_file=gguf_file, device=device)
+    serve_model_command(spec, host, port, api_key=api_key, adapter_dir=adapter_dir)
 
 
 @app.command()

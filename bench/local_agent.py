@@ -293,7 +293,7 @@ def check_logprobs(backend: Backend, batch: list[Request], checked: int) -> None
         f"log-probs of {cands} candidates ({checked} prompts of a batch of {len(batch)}) against plain "
         "forward passes (one per prompt and candidate, no mask, no cache), max |difference|:"
     )
-    exact = Backend(backend.model_path, backend.gguf_file, device="cpu", dtype="float64").load()
+    exact = Backend(backend.spec.model_copy(update={"device": "cpu", "dtype": "float64"})).load()
     model_dtype = str(next(backend.model.parameters()).dtype).removeprefix("torch.")
     for label, b in ((model_dtype, backend), ("float64", exact)):
         batched, unbatched = differences(b, batch, checked)

@@ -23,6 +23,7 @@ from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
 from backroom.bus.wire import Checkpoint, parse
 from backroom.model.adapters import adapter_digest
+from backroom.model.spec import ModelSpec
 from backroom.trainer.config import TrainConfig, parse_train_config
 from backroom.trainer.loop import train
 from backroom.trainer.store import Store
@@ -286,9 +287,9 @@ def test_adapter_server_serves_adapter_files_only(tmp_path: Path, tiny_qwen_mode
     from backroom.trainer.serving import AdapterServer
 
     adapters = tmp_path / "adapters"
-    Learner(str(tiny_qwen_model), device="cpu", lora=LoraSettings(rank=4, alpha=8)).save(
-        adapters / "v0"
-    )
+    Learner(
+        ModelSpec(path=str(tiny_qwen_model), device="cpu"), lora=LoraSettings(rank=4, alpha=8)
+    ).save(adapters / "v0")
     (adapters / "v0" / "README.md").write_text("not served")
     (tmp_path / "secret").write_text("not served")
     sha, size = adapter_digest(adapters / "v0")

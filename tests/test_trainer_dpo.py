@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from backroom.bus.wire import ActionRecord, EpisodeRecord, MatchSpec, Trace
+from backroom.model.spec import ModelSpec
 from backroom.referee.episodes import resolve_run_dir
 from backroom.trainer.config import TrainConfig, load_train_config, parse_train_config
 from backroom.trainer.dpo import (
@@ -318,7 +319,9 @@ def check_adapter(folder: Path, model: Path, pair: Pair) -> None:
         before = base(input_ids=ids).logits
         after = PeftModel.from_pretrained(base, str(folder))(input_ids=ids).logits
     assert not torch.allclose(before, after)
-    backend = Backend(str(model), device="cpu").load()  # as an agent loads a checkpoint
+    backend = Backend(
+        ModelSpec(path=str(model), device="cpu")
+    ).load()  # as an agent loads a checkpoint
     backend.load_adapter("dpo", str(folder))
     assert backend.adapters == {"dpo": str(folder)}
 
@@ -327,7 +330,7 @@ def test_train_dpo_steps_on_the_exact_token_ids(tiny_qwen_model: Path, tmp_path:
     """TRL scores our ids as they are: its first-step log-probs are the base model's of our ids."""
     from backroom.model.backend import Backend
 
-    backend = Backend(str(tiny_qwen_model), device="cpu").load()
+    backend = Backend(ModelSpec(path=str(tiny_qwen_model), device="cpu")).load()
     ace = backend.encode_chat([{"role": "user", "content": "Your card is the Ace. Message?"}])
     ten = backend.encode_chat([{"role": "user", "content": "Your card is the 10. Message?"}])
     pairs = [
@@ -349,9 +352,8 @@ def test_train_dpo_steps_on_the_exact_token_ids(tiny_qwen_model: Path, tmp_path:
     folder = tmp_path / "adapters" / "dpo-v1"
     metrics = train_dpo(
         pairs,
-        model_path=str(tiny_qwen_model),
+        model=ModelSpec(path=str(tiny_qwen_model), device="cpu"),
         out_dir=folder,
-        device="cpu",
         lora=LoraSettings(rank=4, alpha=8),
         beta=0.5,
         lr=1e-2,

@@ -91,6 +91,7 @@ from backroom.model.adapters import (
     fetch_adapter,
 )
 from backroom.model.backend import Backend, Generated, shared_backend, softmax
+from backroom.model.spec import ModelSpec
 
 log = logging.getLogger("backroom.agent.local")
 
@@ -185,10 +186,7 @@ class LocalAgent(MemoryAgent):
         **options: Any,
     ) -> None:
         super().__init__(agent_id, seed=seed, **options)
-        self.model_path = model
-        self.gguf_file = gguf_file
-        self.device = device
-        self.dtype = dtype
+        self.spec = ModelSpec(path=model, gguf_file=gguf_file, device=device, dtype=dtype)
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.max_new_tokens = int(max_new_tokens)
@@ -219,14 +217,7 @@ class LocalAgent(MemoryAgent):
     # --- lifecycle -----------------------------------------------------------------
 
     async def setup(self) -> None:
-        self.backend = await asyncio.to_thread(
-            shared_backend,
-            self.model_path,
-            self.gguf_file,
-            self.device,
-            self.dtype,
-            **self.batching,
-        )
+        self.backend = await asyncio.to_thread(shared_backend, self.spec, **self.batching)
         self.cache = AdapterCache(self.backend, self.max_adapters)
         if self.initial_adapter:
             # The operator's own folder: trusted, but named by its digest like any version.

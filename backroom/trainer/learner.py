@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from backroom.bus.wire import Trace
+from backroom.model.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,7 @@ class Learner:
 
     def __init__(
         self,
-        model: str | None = None,
-        gguf_file: str | None = None,
-        device: str = "auto",
-        dtype: str | None = None,
+        spec: ModelSpec | None = None,
         lora: LoraSettings | None = None,
         step: StepSettings | None = None,
         adapter: str | Path | None = None,
@@ -147,7 +145,7 @@ class Learner:
         # The agents' own loader: the same weights (a GGUF is dequantised the same
         # way), the same tokenizer, bf16 on a GPU. Not ``shared_backend``: the
         # adapter is trained in place and must not leak into an agent in this process.
-        base = Backend(model, gguf_file, device, dtype).load()
+        base = Backend(spec).load()
         self.tokenizer = base.tokenizer
         self.device = base.device
         self.settings = step or StepSettings()

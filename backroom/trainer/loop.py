@@ -221,10 +221,7 @@ def build_learner(config: TrainConfig, adapter: Path | None) -> Learner:
     assert config.hp is not None
     hp = config.hp
     return Learner(
-        config.model.path,
-        config.model.gguf_file,
-        config.model.device,
-        config.model.dtype,
+        config.model,
         LoraSettings(
             config.lora.rank, config.lora.alpha, config.lora.dropout, config.lora.target_modules
         ),
