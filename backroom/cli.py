@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from backroom import metrics
-from backroom.agents.base import agent_kinds
+from backroom.agents.kinds import agent_kinds
 from backroom.bus.auth import ROLES, CredentialStore
 from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, reload_broker
 from backroom.bus.client import BusConfig, BusError, run

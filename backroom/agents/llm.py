@@ -49,7 +49,8 @@ from typing import Any
 import httpx
 from prometheus_client import Counter
 
-from backroom.agents.base import JSON, register_agent
+from backroom.agents.base import JSON
+from backroom.agents.kinds import register_agent
 from backroom.agents.memory import ChatMessage, MemoryAgent
 from backroom.agents.parsing import (
     ParseError,

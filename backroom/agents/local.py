@@ -61,7 +61,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from backroom import metrics
-from backroom.agents.base import JSON, register_agent
+from backroom.agents.base import JSON
+from backroom.agents.kinds import register_agent
 from backroom.agents.memory import ChatMessage, MatchMemory, MemoryAgent
 from backroom.agents.parsing import (
     ParseError,
