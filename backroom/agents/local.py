@@ -8,7 +8,7 @@ as a completion of the prompt, and samples from the renormalised distribution
 (``temperature`` 1: the model's own; 0: its argmax). So every answer is legal
 and its log-probability is exact. Free text (talk, prices, dict proposals) is
 sampled with a token limit and parsed like the ``llm`` kind's replies, with one
-repair round and the documented fallback (``backroom.agents.parsing``).
+repair round and the documented fallback (``backroom.agents.decisions``).
 
 Every decision publishes a ``Trace``: its seat, prompt token ids, completion
 token ids, per-token log-probs under the model (temperature 1), the adapter
@@ -62,16 +62,14 @@ from pydantic import ValidationError
 
 from backroom import metrics
 from backroom.agents.base import JSON
+from backroom.agents.decisions import budget_s, parse_or_repair
 from backroom.agents.kinds import register_agent
 from backroom.agents.memory import ChatMessage, MatchMemory, MemoryAgent
 from backroom.agents.parsing import (
-    ParseError,
     answer_format,
     choice_names,
     fallback_action,
-    format_hint,
     legal_choices,
-    parse_action,
     parse_message,
     render_choice,
 )
@@ -325,7 +323,8 @@ class LocalAgent(MemoryAgent):
             seats[start.seat] = self._play_current(owner)
         else:
             # Half the first turn's budget at most: its decision must still see the refusal.
-            wait_s = min(self.announce_wait_s, self._start_budget(start) / 2)
+            first_turn_s = budget_s(start.turn_timeout_s, self.deadline_margin_s)
+            wait_s = min(self.announce_wait_s, first_turn_s / 2)
             task = asyncio.get_running_loop().create_task(
                 self._play_named(owner, start.adapter, wait_s), name=f"adapter-{owner}"
             )
@@ -410,18 +409,13 @@ class LocalAgent(MemoryAgent):
             return None
         return played.result()[1]
 
-    def _budget(self, turn: Turn) -> float:
-        return max(0.05, turn.deadline_s - self.deadline_margin_s)
-
-    def _start_budget(self, start: MatchStart) -> float:
-        return max(0.05, start.turn_timeout_s - self.deadline_margin_s)
-
     # --- decisions ------------------------------------------------------------------
 
     async def act(self, turn: Turn) -> JSON:
         mm = self.match_memory(turn.match, turn)
         try:
-            async with asyncio.timeout(self._budget(turn)):  # the adapter's load counts too
+            # the adapter's load counts too
+            async with asyncio.timeout(budget_s(turn.deadline_s, self.deadline_margin_s)):
                 adapter, version = await self._adapter_for(turn)
                 action = await self._act(turn, mm, adapter, version)
         except (TimeoutError, AdapterRefused) as exc:
@@ -450,7 +444,7 @@ class LocalAgent(MemoryAgent):
         prompt_ids = self.backend.encode_chat(messages)
         limit = (turn.legal.get("schema") or {}).get("maxLength")
         try:
-            async with asyncio.timeout(self._budget(turn)):
+            async with asyncio.timeout(budget_s(turn.deadline_s, self.deadline_margin_s)):
                 adapter, version = await self._adapter_for(turn)
                 gen = await self.backend.generate(
                     prompt_ids,
@@ -573,23 +567,12 @@ class LocalAgent(MemoryAgent):
             seed=self.decision_seed(turn, "act"),
         )
         replies = [gen.text]
-        reason: AgentFallback | None = None
-        detail = ""
-        try:
-            action = parse_action(gen.text, turn.legal)
-            outcome = "parsed"
-        except ParseError as exc:
-            repair: list[ChatMessage] = [
-                *messages,
-                {"role": "assistant", "content": gen.text},
-                {
-                    "role": "user",
-                    "content": f"Your reply was not valid because {exc.reason}. "
-                    f"{format_hint(turn.legal, turn.prompt)}",
-                },
-            ]
-            request["repair"] = repair[len(messages) :]
-            prompt_ids = self.backend.encode_chat(repair)
+
+        async def repair(conversation: list[ChatMessage]) -> str:
+            nonlocal gen, prompt_ids
+            assert self.backend is not None
+            request["repair"] = conversation[len(messages) :]
+            prompt_ids = self.backend.encode_chat(conversation)
             gen = await self.backend.generate(
                 prompt_ids,
                 self.max_new_tokens,
@@ -599,15 +582,13 @@ class LocalAgent(MemoryAgent):
                 seed=self.decision_seed(turn, "repair"),
             )
             replies.append(gen.text)
-            try:
-                action = parse_action(gen.text, turn.legal)
-                outcome, reason = "repaired", "repaired"
-            except ParseError as exc2:
-                action = fallback_action(turn.legal, self.fallback)
-                outcome, reason, detail = "fallback", "unparseable", exc2.reason
-                self.fallbacks += 1
-        if reason is not None:
-            self.mark_fallback(turn, reason)
+            return gen.text
+
+        decided = await parse_or_repair(turn, messages, gen.text, repair, self.fallback)
+        if decided.outcome == "fallback":
+            self.fallbacks += 1
+        if decided.reason is not None:
+            self.mark_fallback(turn, decided.reason)
         await self._trace(
             turn,
             prompt_ids,
@@ -615,15 +596,9 @@ class LocalAgent(MemoryAgent):
             gen.logprobs,
             version,
             request,
-            {
-                "text": replies,
-                "action": action,
-                "outcome": outcome,
-                "reason": reason or "",
-                "detail": detail,
-            },
+            decided.record(replies),
         )
-        return action
+        return decided.action
 
     async def _trace(
         self,
