@@ -45,7 +45,7 @@ import time
 from backroom.agents.local import LocalAgent
 from backroom.bus.wire import ChannelSpec, MatchEnd, MatchStart, Turn
 from backroom.games import make_game
-from backroom.model.backend import Backend, Scored, shared_backend
+from backroom.model.backend import Backend, ModelSpec, Scored, shared_backend
 
 COLLUDERS = ChannelSpec(name="colluders", members=[0, 1], eavesdroppers=[2], opens="before_act")
 MODES = {  # name: (max_batch, prefix_cache_size)
@@ -166,7 +166,7 @@ async def main() -> None:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    backend: Backend = await asyncio.to_thread(shared_backend, dtype=args.dtype)
+    backend: Backend = await asyncio.to_thread(shared_backend, ModelSpec(dtype=args.dtype))
     print(f"model: {backend.name} on {backend.device} (loaded in {time.perf_counter() - t0:.1f} s)")
     agents = [
         LocalAgent(
