@@ -20,8 +20,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
+from backroom.agents.adapter_seats import announced_key
 from backroom.agents.base import Agent
-from backroom.agents.local import LocalAgent, announced_key
+from backroom.agents.local import LocalAgent
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.wire import (

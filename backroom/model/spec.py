@@ -14,10 +14,11 @@ misspelt key is refused with its name).
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 def default_model() -> tuple[str, str]:
@@ -53,6 +54,12 @@ class ModelSpec(BaseModel):
     dtype: str | None = Field(
         default=None, description="a torch dtype name; default bfloat16 on CUDA, float32 on a CPU"
     )
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _path_as_text(cls, value: Any) -> Any:
+        """A ``pathlib.Path`` is as good as its text (callers in Python hold paths)."""
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     def resolved(self) -> ModelSpec:
         """This spec with the default model's folder (and its GGUF file, unless one is named)

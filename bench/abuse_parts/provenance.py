@@ -68,7 +68,8 @@ async def name_unannounced_adapter(
     """
     from prometheus_client import REGISTRY
 
-    from backroom.agents.local import LocalAgent, adapter_name
+    from backroom.agents.adapter_seats import adapter_name
+    from backroom.agents.local import LocalAgent
     from backroom.agents.runtime import AgentRunner
     from backroom.bus.wire import AdapterRef
     from backroom.model.adapters import adapter_digest
