@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from backroom import metrics
-from backroom.agents.base import agent_kinds
+from backroom.agents.kinds import agent_kinds
 from backroom.bus.auth import ROLES, CredentialStore
 from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, reload_broker
 from backroom.bus.client import BusConfig, BusError, run
@@ -144,7 +144,7 @@ def require_model(what: str, model: str | None) -> None:
     Checked here, before anything starts: found missing inside a spawned agent
     it ended the run in a traceback from that process.
     """
-    from backroom.agents.model.loading import default_model  # no torch at import
+    from backroom.model.spec import default_model  # no torch at import
 
     if model is not None:
         return
@@ -830,7 +830,7 @@ def serve_model(
     ] = None,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/models, /v1/load_lora_adapter) over a local model."""
-    from backroom.agents.serve import check_settings
+    from backroom.model.serve import check_settings
 
     try:  # before the extra's check and the model's load: a refusal costs nothing
         check_settings(host, api_key, adapter_dir)
@@ -838,15 +838,15 @@ def serve_model(
         _fail(str(exc))
     require_extra("backroom serve-model", "local", SERVE_MODULES)
     require_model("backroom serve-model", model)
-    from backroom.agents.model.loading import THREADS_ENV
-    from backroom.agents.serve import serve_model_command
+    from backroom.model.loading import THREADS_ENV
+    from backroom.model.serve import serve_model_command
+    from backroom.model.spec import ModelSpec
 
     if threads:
         os.environ[THREADS_ENV] = str(threads)  # applied when the model loads
 
-    serve_model_command(
-        model, gguf_file, host, port, device, api_key=api_key, adapter_dir=adapter_dir
-    )
+    spec = ModelSpec(path=model, gguf_file=gguf_file, device=device)
+    serve_model_command(spec, host, port, api_key=api_key, adapter_dir=adapter_dir)
 
 
 @app.command()
@@ -1018,7 +1018,7 @@ def train_cmd(
         return
     require_extra("backroom train", "train", ("torch", "transformers", "peft", "trl"))
     require_model("backroom train", config.model.path)
-    from backroom.agents.model.loading import THREADS_ENV, torch_threads_for, usable_cores
+    from backroom.model.loading import THREADS_ENV, torch_threads_for, usable_cores
     from backroom.trainer.progress import train_logging
 
     if not sys.stderr.isatty():  # transformers' download/load bars: carriage returns in a file

@@ -25,7 +25,6 @@ import pytest
 from pydantic import BaseModel
 
 from backroom.agents import make_agent
-from backroom.agents.backend import Backend, shared_backend
 from backroom.agents.base import Agent
 from backroom.agents.runtime import AgentRunner
 from backroom.bus import topics
@@ -47,6 +46,7 @@ from backroom.bus.wire import (
     parse,
     parse_all,
 )
+from backroom.model.backend import Backend, shared_backend
 from backroom.referee.service import Referee
 
 if TYPE_CHECKING:
@@ -255,7 +255,7 @@ async def drained(ref: Referee, timeout: float = 10.0) -> None:
 
 def make_tiny_qwen(folder: Path) -> Path:
     """A randomly initialised 2-layer Qwen2 on SmolLM2's tokenizer (nothing downloaded): the Qwen code path, fast."""
-    from backroom.agents.model.loading import save_random_qwen
+    from backroom.model.loading import save_random_qwen
 
     return save_random_qwen(folder, shared_backend().tokenizer, "tiny")
 
@@ -273,7 +273,7 @@ def tiny_qwen_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return make_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen") / "model")
     import torch
 
-    from backroom.agents.model.loading import save_random_qwen
+    from backroom.model.loading import save_random_qwen
 
     folder = tmp_path_factory.mktemp(f"qwen-{TEST_QWEN}") / "model"
     return save_random_qwen(folder, shared_backend().tokenizer, TEST_QWEN, torch.bfloat16)

@@ -28,9 +28,9 @@ import pytest
 import yaml
 
 from backroom.agents import make_agent
-from backroom.agents.backend import Backend, shared_backend
 from backroom.bus.broker import Broker
 from backroom.bus.wire import EpisodeRecord
+from backroom.model.backend import Backend, shared_backend
 from backroom.runner.config import RunConfig, parse_config, read_yaml
 from backroom.runner.local import run_local, run_matches
 
@@ -232,7 +232,7 @@ async def test_a_paper_config_plays_on_a_server_switched_by_its_model_field(
     smol: Backend, tmp_path: Path
 ) -> None:
     """``backroom run`` of the IPD config, its ``model:`` field pointing at ``backroom serve-model``."""
-    from backroom.agents.serve import running_server, serve_model_app
+    from backroom.model.serve import running_server, serve_model_app
 
     path = ROOT / "examples" / "llm_ipd.yaml"
     async with running_server(serve_model_app(smol, "smol")) as url:

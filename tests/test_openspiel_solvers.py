@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from backroom.agents.base import make_agent
+from backroom.agents.kinds import make_agent
 from backroom.bus.wire import Turn
 from backroom.games import make_game
 from backroom.solve_cli import solve_app

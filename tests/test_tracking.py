@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backroom.agents.adapters import adapter_digest
 from backroom.agents.base import Agent
 from backroom.agents.local import LocalAgent
 from backroom.bus.broker import Broker
 from backroom.bus.client import BusConfig
+from backroom.model.adapters import adapter_digest
 from backroom.runner.config import ConfigError
 from backroom.trainer.config import MlflowSpec, WandbSpec, load_train_config, parse_train_config
 from backroom.trainer.loop import TrainError, train

@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backroom.agents.model.loading import THREADS_ENV, torch_threads_for
 from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import Broker, die_with_parent, read_pid, reload_broker
 from backroom.bus.client import BusConfig
+from backroom.model.loading import THREADS_ENV, torch_threads_for
 from backroom.runner.config import EXTERNAL, RunConfig
 from backroom.runner.results import RunError
 

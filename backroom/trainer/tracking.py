@@ -386,7 +386,7 @@ class Tracking:
         folder = self.adapters_dir / version
         if not folder.is_dir():
             return
-        from backroom.agents.adapters import adapter_digest
+        from backroom.model.adapters import adapter_digest
 
         sha, size = adapter_digest(folder)
         ref = {

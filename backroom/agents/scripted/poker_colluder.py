@@ -15,7 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from backroom.agents.base import JSON, ScriptedAgent, choices, register_agent
+from backroom.agents.base import JSON, ScriptedAgent, choices
+from backroom.agents.kinds import register_agent
 from backroom.bus.wire import Turn
 
 _PRIVATE = re.compile(r"\[Private: (\d+)\]|^(\d+)")
