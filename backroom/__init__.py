@@ -20,7 +20,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from backroom.agents.base import Agent, register_agent
+    from backroom.agents.base import Agent
+    from backroom.agents.kinds import register_agent
     from backroom.agents.runtime import AgentRunner, serve, serve_many
     from backroom.bus.client import BusConfig
     from backroom.bus.wire import Delivery, MatchEnd, MatchStart, Turn
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 #: Public name -> the module that defines it.
 _LAZY = {
     "Agent": "backroom.agents.base",
-    "register_agent": "backroom.agents.base",
+    "register_agent": "backroom.agents.kinds",
     "AgentRunner": "backroom.agents.runtime",
     "serve": "backroom.agents.runtime",
     "serve_many": "backroom.agents.runtime",

@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from backroom import metrics
-from backroom.agents.base import agent_kinds
+from backroom.agents.kinds import agent_kinds
 from backroom.bus.auth import ROLES, CredentialStore
 from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, reload_broker
 from backroom.bus.client import BusConfig, BusError, run
@@ -144,7 +144,7 @@ def require_model(what: str, model: str | None) -> None:
     Checked here, before anything starts: found missing inside a spawned agent
     it ended the run in a traceback from that process.
     """
-    from backroom.agents.model.loading import default_model  # no torch at import
+    from backroom.model.spec import default_model  # no torch at import
 
     if model is not None:
         return
@@ -830,7 +830,7 @@ def serve_model(
     ] = None,
 ) -> None:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/models, /v1/load_lora_adapter) over a local model."""
-    from backroom.agents.serve import check_settings
+    from backroom.model.serve import check_settings
 
     try:  # before the extra's check and the model's load: a refusal costs nothing
         check_settings(host, api_key, adapter_dir)
@@ -838,15 +838,15 @@ def serve_model(
         _fail(str(exc))
     require_extra("backroom serve-model", "local", SERVE_MODULES)
     require_model("backroom serve-model", model)
-    from backroom.agents.model.loading import THREADS_ENV
-    from backroom.agents.serve import serve_model_command
+    from backroom.model.loading import THREADS_ENV
+    from backroom.model.serve import serve_model_command
+    from backroom.model.spec import ModelSpec
 
     if threads:
         os.environ[THREADS_ENV] = str(threads)  # applied when the model loads
 
-    serve_model_command(
-        model, gguf_file, host, port, device, api_key=api_key, adapter_dir=adapter_dir
-    )
+    spec = ModelSpec(path=model, gguf_file=gguf_file, device=device)
+    serve_model_command(spec, host, port, api_key=api_key, adapter_dir=adapter_dir)
 
 
 @app.command()
@@ -887,6 +887,29 @@ def web(
         hosts=hosts,
         trusted_proxies=trusted_proxies,
     )
+
+
+@app.command()
+def replay(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory, or runs/<run> (its latest)")],
+    host: str = "127.0.0.1",
+    port: int = 8766,
+    broker_url: Annotated[
+        str | None, typer.Option("--broker", help="follow live matches on this broker too")
+    ] = None,
+    credentials: CredsOpt = None,
+    hosts: Annotated[str | None, typer.Option(help="as `backroom web --hosts`")] = None,
+    rebuild: Annotated[bool, typer.Option(help="index the run again from scratch")] = False,
+) -> None:
+    """See a run's matches turn by turn in a browser: who saw, heard and decided what."""
+    require_extra("backroom replay", "web", WEB_MODULES)
+    from backroom.human.replay_cli import replay_command
+    from backroom.human.replay_query import ReplayError
+
+    try:
+        replay_command(run_dir, host, port, broker_url, credentials, hosts, rebuild)
+    except (ReplayError, FileNotFoundError) as exc:
+        _fail(str(exc))
 
 
 def demo_config(naive: bool = False) -> RunConfig:
@@ -985,12 +1008,17 @@ def train_cmd(
         console.print(f"[red]bad config:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
     target = run_dir or Path("runs") / config.run
+    if config.tracking is not None:
+        from backroom.trainer.tracking import required_modules
+
+        kind = config.tracking.kind
+        require_extra(f"tracking: {{kind: {kind}}}", kind, required_modules(config.tracking))
     if config.memory_one is not None:
         _train_memory_one(config, target, resume)
         return
     require_extra("backroom train", "train", ("torch", "transformers", "peft", "trl"))
     require_model("backroom train", config.model.path)
-    from backroom.agents.model.loading import THREADS_ENV, torch_threads_for, usable_cores
+    from backroom.model.loading import THREADS_ENV, torch_threads_for, usable_cores
     from backroom.trainer.progress import train_logging
 
     if not sys.stderr.isatty():  # transformers' download/load bars: carriage returns in a file
@@ -1127,6 +1155,14 @@ def _train(
     console.print(
         f"log: {target / 'train_log.csv'}; plots: backroom analyze {target}", soft_wrap=True
     )
+    _print_tracking(config, target)
+
+
+def _print_tracking(config: TrainConfig, target: Path) -> None:
+    from backroom.trainer.tracking import tracking_summary
+
+    if config.tracking is not None and (line := tracking_summary(target)):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def _train_memory_one(config: TrainConfig, target: Path, resume: bool) -> None:
@@ -1153,8 +1189,14 @@ def _train_memory_one(config: TrainConfig, target: Path, resume: bool) -> None:
         )
         progress.step(step, f"coop {row['cooperation_rate']:.2f} P(A): {p_a}")
 
-    with progress:
-        result = memory_one.run(config, target, on_step)
+    from backroom.trainer.tracking import TrackingError
+
+    try:
+        with progress:
+            result = memory_one.run(config, target, on_step)
+    except TrackingError as exc:
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
     states = ", ".join(f"{k} {v:.2f}" for k, v in result.p_a.items())
     returns = ", ".join(f"{k} {v:.1f}" for k, v in result.returns.items())
     lines = [
@@ -1165,3 +1207,4 @@ def _train_memory_one(config: TrainConfig, target: Path, resume: bool) -> None:
     ]
     for line in lines:
         console.print(line, soft_wrap=True, markup=False, highlight=False)
+    _print_tracking(config, target)

@@ -135,7 +135,7 @@ AGENT_ERRORS = Counter(
 )
 ADAPTER_REJECTED = Counter(
     "backroom_adapter_rejected_total", "Adapters an agent refused to load, by reason", ["reason"]
-)  # reason in backroom.agents.adapters.REJECT_REASONS
+)  # reason in backroom.model.adapters.REJECT_REASONS
 WEB_REFUSED = Counter(
     "backroom_web_refused_total",
     "Requests backroom web refused, by reason",

@@ -1,6 +1,6 @@
 """Our vectorised CFR against OpenSpiel's C++ solvers, side by side in one process.
 
-    .venv/bin/python bench/cfr_vs_openspiel.py                  # 3-player Kuhn + Loki 100k
+    .venv/bin/python bench/cfr_vs_openspiel.py                  # 3-player Kuhn, Leduc, Loki 100k
     .venv/bin/python bench/cfr_vs_openspiel.py --iterations 20000 --repeats 5 --skip-loki
 
 For each pair (OpenSpiel ``CFRSolver`` vs our ``cfr``, ``CFRPlusSolver`` vs
@@ -11,7 +11,10 @@ processes on a shared machine hits both alike. NashConv of both average
 policies is taken at every checkpoint (untimed): OpenSpiel's own
 ``pyspiel.nash_conv`` for theirs, ours for ours. The run is repeated and the
 fastest repeat of each solver is reported (the least disturbed one), with
-the median alongside. Then 100,000 iterations of Loki Kuhn with our CFR+.
+the median alongside. The same for two-player Leduc poker, OpenSpiel's
+``leduc_poker`` seated through ``game: openspiel`` (our tree enumerated from
+the adapter, keyed by OpenSpiel's own information states; ``--leduc-iterations``).
+Then 100,000 iterations of Loki Kuhn with our CFR+.
 """
 
 from __future__ import annotations
@@ -28,17 +31,15 @@ from backroom.games import make_game
 from backroom.solvers.cfr import CFRSolver
 from backroom.solvers.evaluate import nash_conv
 from backroom.solvers.openspiel_compat import from_openspiel_policy
-from backroom.solvers.tree import build_tree
+from backroom.solvers.tree import GameTree, build_tree
 
 PAIRS = (("cfr", "CFRSolver"), ("cfr+", "CFRPlusSolver"))
 
 
 def run_pair(
-    algo: str, os_name: str, players: int, iterations: int, checkpoints: int
+    algo: str, os_name: str, game: Any, tree: GameTree, iterations: int, checkpoints: int
 ) -> dict[str, Any]:
     """One repeat: both solvers, interleaved by segment; times exclude NashConv checkpoints."""
-    game = pyspiel.load_game("kuhn_poker", {"players": players})
-    tree = build_tree(make_game("kuhn", variant="classic", players=players))
     theirs = getattr(pyspiel, os_name)(game)
     ours = CFRSolver(tree, algo)
     seg = max(1, iterations // checkpoints)
@@ -58,15 +59,19 @@ def run_pair(
         done += k
         their_avg = theirs.average_policy()
         our_avg = ours.average_policy()
-        diff = float(np.abs(from_openspiel_policy(tree, their_avg) - our_avg).max())
+        diff = float(np.abs(from_openspiel_policy(tree, their_avg, game) - our_avg).max())
         curve.append((done, pyspiel.nash_conv(game, their_avg), nash_conv(tree, our_avg), diff))
     return {"theirs": t_theirs, "ours": t_ours, "curve": curve}
 
 
-def bench_kuhn(players: int, iterations: int, checkpoints: int, repeats: int) -> None:
-    print(f"\n== kuhn_poker(players={players}), {iterations:,} iterations, {repeats} repeats ==")
+def bench_pairs(
+    title: str, game: Any, tree: GameTree, iterations: int, checkpoints: int, repeats: int
+) -> None:
+    print(f"\n== {title}, {iterations:,} iterations, {repeats} repeats ==")
     for algo, os_name in PAIRS:
-        runs = [run_pair(algo, os_name, players, iterations, checkpoints) for _ in range(repeats)]
+        runs = [
+            run_pair(algo, os_name, game, tree, iterations, checkpoints) for _ in range(repeats)
+        ]
         theirs = [iterations / r["theirs"] for r in runs]
         ours = [iterations / r["ours"] for r in runs]
         best_t, best_o = max(theirs), max(ours)
@@ -87,6 +92,23 @@ def bench_kuhn(players: int, iterations: int, checkpoints: int, repeats: int) ->
         )
         for it, nc_t, nc_o, diff in runs[0]["curve"]:
             print(f"  {it:9d}  {nc_t:19.3e}  {nc_o:14.3e}  {diff:19.1e}")
+
+
+def bench_kuhn(players: int, iterations: int, checkpoints: int, repeats: int) -> None:
+    game = pyspiel.load_game("kuhn_poker", {"players": players})
+    tree = build_tree(make_game("kuhn", variant="classic", players=players))
+    bench_pairs(f"kuhn_poker(players={players})", game, tree, iterations, checkpoints, repeats)
+
+
+def bench_leduc(iterations: int, checkpoints: int, repeats: int) -> None:
+    game = pyspiel.load_game("leduc_poker")
+    t0 = time.perf_counter()
+    tree = build_tree(make_game("openspiel", name="leduc_poker"))
+    print(
+        f"\nleduc_poker through game: openspiel: tree built once in "
+        f"{time.perf_counter() - t0:.2f}s: {tree.describe()}"
+    )
+    bench_pairs("leduc_poker (game: openspiel)", game, tree, iterations, checkpoints, repeats)
 
 
 def bench_loki(iterations: int) -> None:
@@ -115,10 +137,12 @@ def main() -> None:
     ap.add_argument("--checkpoints", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--players", type=int, default=3)
+    ap.add_argument("--leduc-iterations", type=int, default=1_000)
     ap.add_argument("--loki-iterations", type=int, default=100_000)
     ap.add_argument("--skip-loki", action="store_true")
     args = ap.parse_args()
     bench_kuhn(args.players, args.iterations, args.checkpoints, args.repeats)
+    bench_leduc(args.leduc_iterations, args.checkpoints, args.repeats)
     if not args.skip_loki:
         bench_loki(args.loki_iterations)
 

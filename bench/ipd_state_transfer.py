@@ -41,8 +41,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from backroom.agents.backend import Backend
 from backroom.games import make_game
+from backroom.model.backend import Backend
+from backroom.model.spec import ModelSpec
 from backroom.trainer.learner import Learner, LoraSettings, Sample, StepSettings
 from backroom.trainer.memory_one import STATES  # "first", then (my last move, the other's)
 
@@ -168,13 +169,13 @@ def main() -> None:
 
     t0 = time.perf_counter()
     learner = Learner(
-        device="cpu",
+        ModelSpec(device="cpu"),
         lora=LoraSettings(rank=32, alpha=64),
         step=StepSettings(lr=args.lr),
         seed=args.seed,
     )
     backend = Backend(
-        device="cpu"
+        ModelSpec(device="cpu")
     )  # for its chat encoding: the learner's tokenizer, no second model
     backend.tokenizer = learner.tokenizer
     ids = prompts(backend)

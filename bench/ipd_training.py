@@ -287,7 +287,7 @@ def main() -> None:
         f"scaled from the paper: rounds {args.rounds} (10), batch {args.batch} matches (128), lr {args.lr} "
         f"(3e-6), steps {args.steps}, {args.model or 'SmolLM2-135M'} (2-12B models); seeds {args.seeds}"
     )
-    from backroom.agents.model.loading import torch_threads_for, usable_cores
+    from backroom.model.loading import torch_threads_for, usable_cores
 
     cores = usable_cores()
     runs_at_once = len(args.seeds) * len(args.algorithms) if args.parallel else 1

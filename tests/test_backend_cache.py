@@ -1,8 +1,8 @@
 """Scoring with the prompt-head cache and token trees gives the log-probs of scoring without them.
 
 ``Backend.score`` keeps the keys and values of recent prompt heads
-(``backroom.agents.model.prefix_cache``) and packs prompts that start alike
-into token trees (``backroom.agents.model.scoring``). Here the same requests
+(``backroom.model.prefix_cache``) and packs prompts that start alike
+into token trees (``backroom.model.scoring``). Here the same requests
 go through a backend with the cache (cold, a head sliced
 from a longer cached one, a head extended from a shorter one, a lone match's
 next turn, an adapter swapped under the same name) and through a twin of it
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from backroom.agents.backend import Backend
+from backroom.model.backend import Backend
+from backroom.model.spec import ModelSpec
 
 from .conftest import perturbed_adapter
 
@@ -57,7 +58,7 @@ def candidates(backend: Backend) -> list[list[int]]:
 
 def twin(backend: Backend) -> Backend:
     """The same weights and adapters, without the head cache: the reference path."""
-    ref = Backend(backend.model_path, backend.gguf_file, prefix_cache_size=0)
+    ref = Backend(backend.spec, prefix_cache_size=0)
     ref.model, ref.tokenizer, ref.device = backend.model, backend.tokenizer, backend.device
     ref.adapters = backend.adapters  # the same dict: adapters loaded later are known to both
     return ref
@@ -96,7 +97,7 @@ def plain(backend: Backend, requests: list[Request]) -> list[list[list[float]]]:
 @pytest.fixture
 def tiny(tiny_qwen: tuple[Path, Path]) -> Backend:
     """A backend of its own (adapters are loaded and unloaded here), on the tiny Qwen2."""
-    return Backend(str(tiny_qwen[0]), device="cpu").load()
+    return Backend(ModelSpec(path=str(tiny_qwen[0]), device="cpu")).load()
 
 
 @pytest.fixture
@@ -110,7 +111,7 @@ def smol32(smol: Backend) -> Iterator[Backend]:
 @pytest.fixture(scope="module")
 def smol64(smol: Backend) -> Backend:
     """SmolLM2 in float64: rounding out of the way, what is left is the method's own error."""
-    return Backend(smol.model_path, smol.gguf_file, device="cpu", dtype="float64").load()
+    return Backend(smol.spec.model_copy(update={"device": "cpu", "dtype": "float64"})).load()
 
 
 #: (fixture, tolerance): float32 SmolLM2's rounding alone reaches 5e-5 (see the module doc)

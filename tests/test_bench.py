@@ -102,8 +102,8 @@ def test_the_warm_up_gives_a_small_transformer_the_cooperative_prior(tmp_path: P
     import asyncio
     import random
 
-    from backroom.agents.backend import Backend, softmax
     from backroom.games import make_game
+    from backroom.model.backend import Backend, ModelSpec, softmax
 
     model = tmp_path / "model"
     out = subprocess.run(
@@ -115,7 +115,7 @@ def test_the_warm_up_gives_a_small_transformer_the_cooperative_prior(tmp_path: P
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "random small Qwen2: P(A) 0." in out.stdout and "warm-up done" in out.stdout
-    backend = Backend(str(model), device="cpu").load()
+    backend = Backend(ModelSpec(path=str(model), device="cpu")).load()
     assert backend.model.config.hidden_size == 128
     cands = [backend.completion_ids("<A>"), backend.completion_ids("<B>")]
     game, rng = make_game("ipd", rounds=10), random.Random(7)

@@ -23,7 +23,8 @@ EXAMPLES = sorted(
     for p in (ROOT / "examples").glob("*.yaml")
     if "\nalgorithm:" not in p.read_text() and "kind: model" not in p.read_text()
 )
-LONG = {"bertrand_linear.yaml", "bertrand_logit.yaml"}
+#: openspiel_leduc: its CFR seat enumerates three-player Leduc (224k histories) on start.
+LONG = {"bertrand_linear.yaml", "bertrand_logit.yaml", "openspiel_leduc.yaml"}
 
 
 @pytest.mark.parametrize(

@@ -25,14 +25,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from backroom import metrics
-from backroom.agents.backend import Backend
 from backroom.agents.local import LocalAgent
 from backroom.agents.parsing import fallback_action
-from backroom.agents.serve import running_server
 from backroom.analysis import analyze_episodes, notes
 from backroom.bus.broker import Broker
 from backroom.bus.wire import EpisodeRecord, MatchSpec, MatchStart, Turn
 from backroom.games import make_game
+from backroom.model.backend import Backend
+from backroom.model.serve import running_server
 from backroom.referee.episodes import read_episodes, resolve_run_dir
 from backroom.referee.fallbacks import count_fallbacks, describe, has_fallback, record_moves
 from backroom.runner.config import ConfigError, parse_config

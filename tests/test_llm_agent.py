@@ -17,14 +17,15 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from backroom.agents.backend import Backend, shared_backend
 from backroom.agents.base import Agent
 from backroom.agents.llm import REQUESTS, LLMAgent, retry_after_seconds
 from backroom.agents.memory import PERSONAS, Memory, MemoryOptions, card_in_text, insert_strategy
-from backroom.agents.serve import running_server, serve_model_app
 from backroom.bus.broker import Broker
 from backroom.bus.wire import ChannelSpec, Delivery, MatchSpec, MatchStart, Turn
 from backroom.games import make_game
+from backroom.model.backend import Backend, shared_backend
+from backroom.model.serve import running_server, serve_model_app
+from backroom.model.spec import ModelSpec
 
 from .conftest import Runner, Traces, agents, loki_spec, stack
 
@@ -401,7 +402,7 @@ async def test_serve_model_loads_a_lora_adapter_at_run_time(tiny_qwen: tuple[Pat
     model_dir, adapter_dir = tiny_qwen
     # a backend of its own: the adapters this server loads stay out of the process-wide
     # backend that other files' `local` agents share
-    backend = Backend(str(model_dir), device="cpu").load()
+    backend = Backend(ModelSpec(path=str(model_dir), device="cpu")).load()
     async with (
         running_server(serve_model_app(backend, "tiny", adapter_dir=adapter_dir.parent)) as url,
         httpx.AsyncClient(base_url=url, timeout=60) as http,

@@ -28,9 +28,9 @@ import pytest
 import yaml
 
 from backroom.agents import make_agent
-from backroom.agents.backend import Backend, shared_backend
 from backroom.bus.broker import Broker
 from backroom.bus.wire import EpisodeRecord
+from backroom.model.backend import Backend, shared_backend
 from backroom.runner.config import RunConfig, parse_config, read_yaml
 from backroom.runner.local import run_local, run_matches
 
@@ -53,6 +53,7 @@ SETUPS = {
     "llm_ipd",
     "llm_split_nocomm",
     "llm_trust_and_split",
+    "llm_liars_dice",  # not a paper's: OpenSpiel's game through `game: openspiel`
 }
 IDS = [p.stem for p in LLM_EXAMPLES]
 
@@ -119,6 +120,7 @@ SHORT: dict[str, dict[str, Any]] = {
     "llm_ipd": {"matches": 3, "params.rounds": 3},
     "llm_split_nocomm": {"matches": 2, "params.rounds": 2, "model.options.max_new_tokens": 20},
     "llm_trust_and_split": {"matches": 2, "params.rounds": 2, "model.options.max_new_tokens": 8},
+    "llm_liars_dice": {"matches": 1, "model.options.max_new_tokens": 8},
 }
 
 
@@ -200,6 +202,12 @@ def check_game(
         assert any(a.phase == "talk" for a in e.actions) == stem.endswith("_talk")
         planned = {t["agent"] for t in traces if "planning" in (t["request"] or {})}
         assert planned == set(players)  # memory and planning: each firm planned
+    elif stem.startswith("llm_liars_dice"):
+        for e in eps:  # both models bid (OpenSpiel's action numbers), talk first, one wins
+            assert {a.agent for a in e.actions if a.phase == "act"} == set(players)
+            assert all(isinstance(a.action, int) for a in e.actions if a.phase == "act")
+            assert any(a.phase == "talk" for a in e.actions)
+            assert sorted(e.raw_returns) == [-1.0, 1.0]
     else:  # round robin: the model players meet each other and a baseline
         seated = [set(e.seats) for e in eps]
         assert any(s <= set(players) for s in seated) and any(s - set(players) for s in seated)
@@ -224,7 +232,7 @@ async def test_a_paper_config_plays_on_a_server_switched_by_its_model_field(
     smol: Backend, tmp_path: Path
 ) -> None:
     """``backroom run`` of the IPD config, its ``model:`` field pointing at ``backroom serve-model``."""
-    from backroom.agents.serve import running_server, serve_model_app
+    from backroom.model.serve import running_server, serve_model_app
 
     path = ROOT / "examples" / "llm_ipd.yaml"
     async with running_server(serve_model_app(smol, "smol")) as url:

@@ -20,10 +20,9 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from backroom.agents.adapters import adapter_digest
-from backroom.agents.backend import Backend
+from backroom.agents.adapter_seats import announced_key
 from backroom.agents.base import Agent
-from backroom.agents.local import LocalAgent, announced_key
+from backroom.agents.local import LocalAgent
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.wire import (
@@ -35,6 +34,8 @@ from backroom.bus.wire import (
     Trace,
 )
 from backroom.games import make_game
+from backroom.model.adapters import adapter_digest
+from backroom.model.backend import Backend
 
 from .conftest import (
     Runner,

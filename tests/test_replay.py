@@ -19,12 +19,12 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from backroom.agents.backend import shared_backend
 from backroom.agents.base import Agent, derive_seed
 from backroom.agents.llm import LLMAgent
-from backroom.agents.serve import running_server
 from backroom.bus.wire import AdapterRef, EpisodeRecord, MatchSpec, MatchStart, Turn
 from backroom.games import make_game
+from backroom.model.backend import shared_backend
+from backroom.model.serve import running_server
 from backroom.referee.episodes import read_episodes
 from backroom.referee.match import play_seed
 from backroom.runner.config import RunConfig, load_config

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from backroom.agents.base import agent_kinds
+from backroom.agents.kinds import agent_kinds
 from backroom.games import make_game, registered_games
 from backroom.runner.config import ConfigError, RunConfig, parse_config
 

@@ -18,12 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from backroom.agents.adapters import adapter_digest
-from backroom.agents.backend import Backend
-from backroom.agents.serve import KEY_ENV, check_settings, is_loopback, running_server
-from backroom.agents.serve import serve_model_app as app_of
 from backroom.bus.broker import free_port
 from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import adapter_digest
+from backroom.model.backend import Backend
+from backroom.model.serve import KEY_ENV, check_settings, is_loopback, running_server
+from backroom.model.serve import serve_model_app as app_of
+from backroom.model.spec import ModelSpec
 from backroom.trainer.serving import AdapterServer, announce_to_servers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +67,7 @@ def adapters(tiny_qwen_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture
 def backend(tiny_qwen_model: Path) -> Backend:
-    return Backend(str(tiny_qwen_model), device="cpu").load()
+    return Backend(ModelSpec(path=str(tiny_qwen_model), device="cpu")).load()
 
 
 @asynccontextmanager

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from backroom.agents.base import make_agent
+from backroom.agents.kinds import make_agent
 from backroom.bus.wire import Turn
 from backroom.games import make_game
 from backroom.games.base import CHANCE, Action, Game, GameInfo, State

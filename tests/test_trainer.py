@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from backroom.agents.adapters import adapter_digest
 from backroom.agents.base import Agent
 from backroom.agents.local import LocalAgent
 from backroom.analysis import analyze_run
@@ -23,6 +22,8 @@ from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
 from backroom.bus.wire import Checkpoint, parse
+from backroom.model.adapters import adapter_digest
+from backroom.model.spec import ModelSpec
 from backroom.trainer.config import TrainConfig, parse_train_config
 from backroom.trainer.loop import train
 from backroom.trainer.store import Store
@@ -280,15 +281,15 @@ def test_adapter_server_serves_adapter_files_only(tmp_path: Path, tiny_qwen_mode
     """What agents elsewhere fetch: the two adapter files of a version, verified; nothing else."""
     import httpx
 
-    from backroom.agents.adapters import fetch_adapter
     from backroom.bus.wire import AdapterRef
+    from backroom.model.adapters import fetch_adapter
     from backroom.trainer.learner import Learner, LoraSettings
     from backroom.trainer.serving import AdapterServer
 
     adapters = tmp_path / "adapters"
-    Learner(str(tiny_qwen_model), device="cpu", lora=LoraSettings(rank=4, alpha=8)).save(
-        adapters / "v0"
-    )
+    Learner(
+        ModelSpec(path=str(tiny_qwen_model), device="cpu"), lora=LoraSettings(rank=4, alpha=8)
+    ).save(adapters / "v0")
     (adapters / "v0" / "README.md").write_text("not served")
     (tmp_path / "secret").write_text("not served")
     sha, size = adapter_digest(adapters / "v0")
@@ -346,7 +347,7 @@ def test_the_processes_of_backroom_train_share_the_cores(
     trainer = [int(n) for n in pattern.findall(done.stderr)]
     host = [int(n) for n in pattern.findall((tmp_path / "run" / "logs" / "agents.log").read_text())]
     assert trainer and host, (done.stderr[-2000:], host)
-    from backroom.agents.model.loading import usable_cores
+    from backroom.model.loading import usable_cores
 
     cores = usable_cores()
     assert max(trainer) + max(host) <= max(cores, 2), (trainer, host, cores)

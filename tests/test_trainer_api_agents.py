@@ -13,11 +13,12 @@ from pathlib import Path
 
 import torch
 
-from backroom.agents.adapters import adapter_digest
-from backroom.agents.backend import Backend
 from backroom.agents.llm import LLMAgent
-from backroom.agents.serve import running_server, serve_model_app
 from backroom.bus.wire import AdapterRef, MatchStart, Trace, Turn
+from backroom.model.adapters import adapter_digest
+from backroom.model.backend import Backend
+from backroom.model.serve import running_server, serve_model_app
+from backroom.model.spec import ModelSpec
 from backroom.trainer.learner import Learner, LoraSettings, sample_of
 from backroom.trainer.serving import announce_to_servers
 
@@ -26,7 +27,9 @@ async def test_trainable_llm_agent_traces_what_the_server_said(
     tiny_qwen_model: Path, tmp_path: Path
 ) -> None:
     learner = Learner(
-        str(tiny_qwen_model), device="cpu", lora=LoraSettings(rank=4, alpha=8), seed=2
+        ModelSpec(path=str(tiny_qwen_model), device="cpu"),
+        lora=LoraSettings(rank=4, alpha=8),
+        seed=2,
     )
     with torch.no_grad():
         for name, p in learner.model.named_parameters():
@@ -35,7 +38,9 @@ async def test_trainable_llm_agent_traces_what_the_server_said(
     folder = learner.save(tmp_path / "adapters" / "v1")
     sha, size = adapter_digest(folder)
     ref = AdapterRef(policy="pol", version="v1", uri=str(folder), sha256=sha, size=size)
-    backend = Backend(str(tiny_qwen_model), device="cpu").load()  # the server's own copy
+    backend = Backend(
+        ModelSpec(path=str(tiny_qwen_model), device="cpu")
+    ).load()  # the server's own copy
     app = serve_model_app(backend, "tiny", adapter_dir=tmp_path / "adapters")
     async with running_server(app) as url:
         assert await announce_to_servers([url], ref) == {url: "ok"}
@@ -93,7 +98,7 @@ async def test_trainable_llm_agent_traces_what_the_server_said(
     # the learner, on the same adapter, recomputes the server's log-probs
     sample = sample_of(tuned, 1.0)
     assert sample is not None
-    same = Learner(str(tiny_qwen_model), device="cpu", adapter=folder)
+    same = Learner(ModelSpec(path=str(tiny_qwen_model), device="cpu"), adapter=folder)
     with torch.no_grad():
         (lp,), _ = same.action_logprobs([sample])
     torch.testing.assert_close(lp, torch.tensor(tuned.logprobs), atol=1e-5, rtol=0)

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from backroom.agents.adapters import adapter_digest
 from backroom.agents.base import Agent
 from backroom.agents.local import LocalAgent
 from backroom.bus.broker import Broker
 from backroom.bus.wire import Trace
+from backroom.model.adapters import adapter_digest
 from backroom.trainer.config import parse_train_config
 from backroom.trainer.loop import TrainResult, train
 from backroom.trainer.store import Store

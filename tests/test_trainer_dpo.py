@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from backroom.bus.wire import ActionRecord, EpisodeRecord, MatchSpec, Trace
+from backroom.model.spec import ModelSpec
 from backroom.referee.episodes import resolve_run_dir
 from backroom.trainer.config import TrainConfig, load_train_config, parse_train_config
 from backroom.trainer.dpo import (
@@ -305,7 +306,7 @@ def check_adapter(folder: Path, model: Path, pair: Pair) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from backroom.agents.backend import Backend
+    from backroom.model.backend import Backend
 
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temp folder left
     weights = load_file(str(folder / "adapter_model.safetensors"))
@@ -318,16 +319,18 @@ def check_adapter(folder: Path, model: Path, pair: Pair) -> None:
         before = base(input_ids=ids).logits
         after = PeftModel.from_pretrained(base, str(folder))(input_ids=ids).logits
     assert not torch.allclose(before, after)
-    backend = Backend(str(model), device="cpu").load()  # as an agent loads a checkpoint
+    backend = Backend(
+        ModelSpec(path=str(model), device="cpu")
+    ).load()  # as an agent loads a checkpoint
     backend.load_adapter("dpo", str(folder))
     assert backend.adapters == {"dpo": str(folder)}
 
 
 def test_train_dpo_steps_on_the_exact_token_ids(tiny_qwen_model: Path, tmp_path: Path) -> None:
     """TRL scores our ids as they are: its first-step log-probs are the base model's of our ids."""
-    from backroom.agents.backend import Backend
+    from backroom.model.backend import Backend
 
-    backend = Backend(str(tiny_qwen_model), device="cpu").load()
+    backend = Backend(ModelSpec(path=str(tiny_qwen_model), device="cpu")).load()
     ace = backend.encode_chat([{"role": "user", "content": "Your card is the Ace. Message?"}])
     ten = backend.encode_chat([{"role": "user", "content": "Your card is the 10. Message?"}])
     pairs = [
@@ -349,9 +352,8 @@ def test_train_dpo_steps_on_the_exact_token_ids(tiny_qwen_model: Path, tmp_path:
     folder = tmp_path / "adapters" / "dpo-v1"
     metrics = train_dpo(
         pairs,
-        model_path=str(tiny_qwen_model),
+        model=ModelSpec(path=str(tiny_qwen_model), device="cpu"),
         out_dir=folder,
-        device="cpu",
         lora=LoraSettings(rank=4, alpha=8),
         beta=0.5,
         lr=1e-2,
@@ -396,7 +398,7 @@ transform: {{kind: coalition, members: [alice, bob]}}
 def test_dpo_on_a_played_loki_run(tiny_qwen_model: Path, tmp_path: Path) -> None:
     """``backroom run`` as a user runs it (Loki Kuhn, two local colluders who talk, CFR third),
     then ``run_dpo`` on it: the pairs are checked against the raw traces, and TRL trains."""
-    from backroom.agents.adapters import adapter_digest
+    from backroom.model.adapters import adapter_digest
 
     runs = tmp_path / "runs"
     runs.mkdir()

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from backroom.agents.backend import Backend
 from backroom.bus.wire import Trace
+from backroom.model.backend import Backend
+from backroom.model.spec import ModelSpec
 from backroom.trainer.learner import (
     MICRO_BATCH_TOKENS,
     Learner,
@@ -31,7 +32,9 @@ from backroom.trainer.learner import (
 def perturbed_adapter(tiny_qwen_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A LoRA adapter with visibly non-zero weights, saved by the learner itself."""
     learner = Learner(
-        str(tiny_qwen_model), device="cpu", lora=LoraSettings(rank=4, alpha=8), seed=1
+        ModelSpec(path=str(tiny_qwen_model), device="cpu"),
+        lora=LoraSettings(rank=4, alpha=8),
+        seed=1,
     )
     with torch.no_grad():
         for name, p in learner.model.named_parameters():
@@ -42,7 +45,7 @@ def perturbed_adapter(tiny_qwen_model: Path, tmp_path_factory: pytest.TempPathFa
 
 def agent_traces(model: Path, adapter: Path) -> list[Trace]:
     """Decisions as the local agent makes them: scored <A>/<B> and sampled text, with the adapter on."""
-    backend = Backend(str(model), device="cpu").load()
+    backend = Backend(ModelSpec(path=str(model), device="cpu")).load()
     backend.load_adapter("v1", str(adapter))
 
     async def decide() -> list[Trace]:
@@ -90,7 +93,7 @@ def test_recomputed_logprobs_equal_the_traced_ones(
     traces = agent_traces(tiny_qwen_model, perturbed_adapter)
     samples = [s for t in traces if (s := sample_of(t, 1.0)) is not None]
     assert len(samples) == 6 and sum(s.scored for s in samples) == 3
-    learner = Learner(str(tiny_qwen_model), device="cpu", adapter=perturbed_adapter)
+    learner = Learner(ModelSpec(path=str(tiny_qwen_model), device="cpu"), adapter=perturbed_adapter)
     with torch.no_grad():
         now, _ = learner.action_logprobs(samples)
     for s, lp in zip(samples, now, strict=True):
@@ -127,7 +130,10 @@ def test_micro_batches_accumulate_to_the_same_step(tiny_qwen_model: Path) -> Non
     ]
     learners = [
         Learner(
-            str(tiny_qwen_model), device="cpu", lora=LoraSettings(rank=4, alpha=8), step=s, seed=3
+            ModelSpec(path=str(tiny_qwen_model), device="cpu"),
+            lora=LoraSettings(rank=4, alpha=8),
+            step=s,
+            seed=3,
         )
         for s in settings
     ]
@@ -141,15 +147,16 @@ def test_micro_batches_accumulate_to_the_same_step(tiny_qwen_model: Path) -> Non
         if "lora_" in name:
             torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-4)
     # unset, the size is the device's default (a GPU packs 8x more a pass; MICRO_BATCH_TOKENS)
-    default = Learner(str(tiny_qwen_model), device="cpu", lora=LoraSettings(rank=4, alpha=8))
+    default = Learner(
+        ModelSpec(path=str(tiny_qwen_model), device="cpu"), lora=LoraSettings(rank=4, alpha=8)
+    )
     assert default.micro_batch_tokens == MICRO_BATCH_TOKENS["cpu"] == 1024
     assert [lr.micro_batch_tokens for lr in learners] == [10_000, 40]
 
 
 def test_positive_credit_makes_the_action_more_likely(tiny_qwen_model: Path) -> None:
     learner = Learner(
-        str(tiny_qwen_model),
-        device="cpu",
+        ModelSpec(path=str(tiny_qwen_model), device="cpu"),
         lora=LoraSettings(rank=4, alpha=8),
         step=StepSettings(lr=5e-3, kl_coef=0.05),
         seed=0,
@@ -191,7 +198,9 @@ def test_a_stopped_step_applies_nothing(tiny_qwen_model: Path) -> None:
     from backroom.trainer.learner import StepInterrupted
 
     learner = Learner(
-        str(tiny_qwen_model), device="cpu", lora=LoraSettings(rank=4, alpha=8), seed=3
+        ModelSpec(path=str(tiny_qwen_model), device="cpu"),
+        lora=LoraSettings(rank=4, alpha=8),
+        seed=3,
     )
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters() if "lora_" in n}
     learner.stop.set()

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from backroom.model.spec import ModelSpec
 from backroom.trainer.learner import Learner, LoraSettings, Sample, StepSettings
 
 SETTINGS = StepSettings(lr=1e-2, micro_batch_tokens=200, kl_coef=0.05)
@@ -46,7 +47,7 @@ def rank_main(rank: int, world: int, port: int, model: str, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     learner = Learner(
-        model, device="cpu", lora=LORA, step=SETTINGS, seed=rank
+        ModelSpec(path=model, device="cpu"), lora=LORA, step=SETTINGS, seed=rank
     )  # different inits...
     sync_parameters(learner)  # ...made equal
     if rank == 0:
@@ -65,7 +66,9 @@ def test_two_ranks_take_the_same_step_as_one_process(tiny_qwen_model: Path, tmp_
     out = tmp_path / "rank0.pt"
     mp.spawn(rank_main, args=(2, port, str(tiny_qwen_model), str(out)), nprocs=2, join=True)
     parallel = torch.load(out)
-    single = Learner(str(tiny_qwen_model), device="cpu", lora=LORA, step=SETTINGS, seed=0)
+    single = Learner(
+        ModelSpec(path=str(tiny_qwen_model), device="cpu"), lora=LORA, step=SETTINGS, seed=0
+    )
     losses = [single.step(batch()).loss for _ in range(2)]
     assert parallel["loss"] == [pytest_approx(x) for x in losses]
     for name, value in lora_state(single).items():

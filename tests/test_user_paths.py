@@ -507,7 +507,7 @@ def test_an_agent_started_by_hand_says_when_it_is_connected(broker: Broker) -> N
 
 
 def test_help_lists_what_may_be_named() -> None:
-    from backroom.agents.base import agent_kinds
+    from backroom.agents.kinds import agent_kinds
     from backroom.games import registered_games
 
     top = backroom("--help").stdout

@@ -11,71 +11,32 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import uvicorn
 
 from backroom.bus.broker import Broker, free_port
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import ChannelSpec
 from backroom.games.kuhn import LOKI_CARD_NAMES, LOKI_RULES
 
-from .conftest import Runner, agents, eventually, identity, loki_spec, stack
+from .conftest import (
+    CHROMIUM,
+    Runner,
+    agents,
+    browsing,
+    eventually,
+    identity,
+    loki_spec,
+    serving,
+    stack,
+)
 
 if TYPE_CHECKING:
-    from playwright.async_api import Browser, Page
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+    from playwright.async_api import Page
 
 
 def url_of(cfg: BusConfig) -> str:
     return f"mqtt://{cfg.host}:{cfg.port}"
-
-
-@asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """The app on a free port in this event loop (so it shares the loop with the referee and agents)."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 15)
-
-
-@asynccontextmanager
-async def browsing(app: Any) -> AsyncIterator[tuple[str, Browser]]:
-    """The app served, and Debian's Chromium (headless) to open it, closed however the test ends."""
-    import playwright.async_api as playwright
-
-    async with serving(app) as url, playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield url, browser
-        finally:
-            await browser.close()
 
 
 async def join(page: Page, agent: str, password: str | None = None) -> None:
@@ -144,7 +105,9 @@ async def test_websocket_bridge_logins_and_refusals(broker: Broker, tmp_path: Pa
                 assert "token" in (await ws.recv("error"))["detail"]
                 await ws.send(op="join", agent="referee", token="s3cret")
                 assert "not an agent identity" in (await ws.recv("error"))["detail"]
-                await eventually(lambda: "a" in app.state.hub.status, 10)  # a's retained status
+                await eventually(
+                    lambda: "a" in app.state.hub.presence.names(), 10
+                )  # a's retained status
                 await ws.send(op="join", agent="a", token="s3cret")
                 assert "already online" in (await ws.recv("error"))["detail"]
                 await ws.send(op="spectate", match="no such/match")
@@ -329,7 +292,7 @@ async def test_an_online_status_left_by_a_vanished_process_stops_blocking_its_se
     (live,) = agents(("live", "random"))
     async with AgentRunner(live, identity(broker, "live"), status_refresh_s=0.4):
         app = web_app(url_of(observer), broker.dir, token="room", observer=observer)
-        app.state.hub.default_heartbeat_s = 0.4
+        app.state.hub.presence.default_heartbeat_s = 0.4
         async with serving(app) as url, Socket(url) as ws:
             loop = asyncio.get_running_loop()
             started = loop.time()
@@ -338,7 +301,7 @@ async def test_an_online_status_left_by_a_vanished_process_stops_blocking_its_se
                 await ws.send(op="join", agent=agent, token="room")
                 return await ws.recv("joined", "error")
 
-            while not {"ghost", "mute", "live"} <= set(app.state.hub.status):
+            while not {"ghost", "mute", "live"} <= app.state.hub.presence.names():
                 await asyncio.sleep(0.02)
             for agent in ("ghost", "mute", "live"):  # the retained statuses just arrived
                 assert "already online" in (await join(agent))["detail"], agent

@@ -6,7 +6,8 @@ the chat ``Delivery`` messages of the channels it is in or overhears. The
 runtime (``backroom.agents.runtime``) connects it to the bus; the same class
 runs from the CLI (``backroom agent KIND``), a script or a notebook.
 
-Kinds are registered by name so configs and the CLI can build them::
+Kinds are registered by name so configs and the CLI can build them
+(``backroom.agents.kinds``)::
 
     @register_agent("always")
     class Always(Agent): ...
@@ -17,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from backroom.bus.wire import (
     AgentFallback,
@@ -201,68 +202,10 @@ class Agent:
         return rng
 
 
-A = TypeVar("A", bound=type[Agent])
-_KINDS: dict[str, type[Agent]] = {}
-
-
 class ScriptedAgent(Agent):
     """A policy computed from the turn alone, at once: it runs inline (see ``Agent.inline``)."""
 
     inline = True
-
-
-def register_agent(name: str) -> Callable[[A], A]:
-    def deco(cls: A) -> A:
-        cls.kind = name
-        _KINDS[name] = cls
-        return cls
-
-    return deco
-
-
-#: Entry-point group naming the modules of agent kinds defined outside this package
-#: (``human``, in ``backroom.human``, which builds on this one; other distributions'
-#: kinds): importing one registers its kinds. Read from the installed metadata,
-#: so a checkout must be installed (``pip install -e .``) for them to appear.
-KIND_ENTRY_POINTS = "backroom.agents"
-_plugins_loaded = False
-
-
-def _load_plugin_kinds() -> None:
-    """Import each ``backroom.agents`` entry point once; one that fails is skipped, with a warning."""
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    import logging
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=KIND_ENTRY_POINTS):
-        if ep.name in _KINDS:
-            continue
-        try:
-            ep.load()
-        except Exception as exc:  # a broken plugin must not take the built-in kinds down
-            logging.getLogger("backroom.agents").warning(
-                "agent kind %r (%s) not loaded: %s", ep.name, ep.value, exc
-            )
-
-
-def agent_kinds() -> dict[str, type[Agent]]:
-    from backroom.agents import scripted as _scripted  # noqa: F401  (registers kinds)
-
-    _load_plugin_kinds()
-    return dict(_KINDS)
-
-
-def make_agent(kind: str, agent_id: str, **options: Any) -> Agent:
-    kinds = agent_kinds()
-    if kind not in kinds:
-        raise ValueError(f"unknown agent kind {kind!r}; known: {sorted(kinds)}")
-    try:
-        return kinds[kind](agent_id, **options)
-    except TypeError as exc:
-        raise ValueError(f"bad options for agent kind {kind!r}: {exc}") from None
 
 
 def choices(turn: Turn) -> list[JSON]:

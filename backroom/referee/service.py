@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from backroom import metrics
-from backroom.bus import topics
+from backroom.bus import presence, topics
 from backroom.bus.client import Bus, BusConfig, Will
 from backroom.bus.connection import broker_reachable
 from backroom.bus.errors import ConnectTimeout, IdentityInUse
@@ -59,7 +59,6 @@ from backroom.bus.wire import (
     dump,
     dump_episode,
     parse_all,
-    parse_status,
 )
 from backroom.games.base import registered_games
 from backroom.referee.episodes import EpisodeLog
@@ -122,6 +121,11 @@ SHUTTING_DOWN = "referee shutting down"
 NOT_WRITTEN = "episode not written"
 
 T = TypeVar("T")
+
+
+def _dropped(exc: WireError) -> None:
+    """A payload on a status topic that was no status: counted by why."""
+    metrics.STATUSES_DROPPED.labels(reason=exc.reason).inc()
 
 
 class TokenBucket:
@@ -692,17 +696,22 @@ class Referee:
             budget.charge(PAYLOAD_OVERHEAD_S, time.monotonic())
             return
         try:
-            self._follow_status(agent, payload)
+            self._follow_status(topic, payload)
         finally:
             end = time.monotonic()
             budget.charge(end - start + PAYLOAD_OVERHEAD_S, end)
 
-    def _follow_status(self, agent: str, payload: bytes) -> None:
-        try:
-            msg = parse_status(payload)
-        except WireError as exc:
-            metrics.STATUSES_DROPPED.labels(reason=exc.reason).inc()
+    def _follow_status(self, topic: str, payload: bytes) -> None:
+        """Follow an explicit ``online`` or ``offline``; no heartbeat expiry here.
+
+        A referee acts on an agent's ``offline`` (its grace, then defaults) and
+        on its turn deadlines, which catch an agent that died without a will
+        whatever its retained status says.
+        """
+        seen = presence.read(topic, payload, _dropped)
+        if seen is None:
             return
+        agent, msg = seen.name, seen.status
         if self._starting and agent == (self.config.username or "referee"):
             self._used_before = True
         if msg.kind:

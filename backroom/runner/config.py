@@ -65,7 +65,7 @@ class ConfigError(ValueError):
 
 def agent_kind_names() -> list[str]:
     """Every kind a config may name: the registered built-ins, then ``external``."""
-    from backroom.agents.base import agent_kinds
+    from backroom.agents.kinds import agent_kinds
 
     return [*sorted(agent_kinds()), EXTERNAL]
 

@@ -2,7 +2,8 @@
 
 OpenSpiel (``open_spiel``, a test extra) is imported lazily, so the solvers
 themselves never need it. Classic Kuhn's information-state strings and action
-numbers are OpenSpiel's, so a policy converts by key.
+numbers are OpenSpiel's, and an ``openspiel`` game's are OpenSpiel's own
+(:mod:`backroom.games.openspiel`), so a policy converts by key.
 """
 
 from __future__ import annotations
@@ -15,12 +16,33 @@ from backroom.solvers.tree import FloatArray, GameTree
 
 
 def openspiel_game(tree: GameTree) -> Any:
-    """The OpenSpiel game matching a classic Kuhn tree."""
+    """The OpenSpiel game a tree was built from: an ``openspiel`` game, or classic Kuhn's twin."""
     import pyspiel
 
+    if tree.game == "openspiel":
+        params = dict(tree.params)
+        game = pyspiel.load_game(str(params.pop("name")), params)
+        if game.get_type().dynamics == pyspiel.GameType.Dynamics.SIMULTANEOUS:
+            # OpenSpiel's solvers take turns; its wrapper sequentialises as our tree does
+            return pyspiel.convert_to_turn_based(game)
+        return game
     if tree.game != "kuhn" or tree.params.get("variant") != "classic":
-        raise ValueError("only classic Kuhn has an OpenSpiel twin")
+        raise ValueError("only classic Kuhn and openspiel games have an OpenSpiel twin")
     return pyspiel.load_game("kuhn_poker", {"players": int(tree.params["players"])})
+
+
+def openspiel_key(tree: GameTree, infoset: int, game: Any) -> str:
+    """OpenSpiel's key for one of our information sets.
+
+    The same string, except on OpenSpiel's turn-based wrapper of a simultaneous
+    game, which writes ``Current player: p`` above the game's own string. Both
+    sequentialise a simultaneous move alike (player 0, then 1 not seeing 0's
+    choice), so the information sets correspond one to one.
+    """
+    key = tree.infoset_key[infoset]
+    if game.get_type().short_name == "turn_based_simultaneous_game":
+        return f"Current player: {int(tree.infoset_player[infoset])}\n{key}"
+    return key
 
 
 def to_tabular_policy(tree: GameTree, sigma: FloatArray, game: Any | None = None) -> Any:
@@ -34,7 +56,7 @@ def to_tabular_policy(tree: GameTree, sigma: FloatArray, game: Any | None = None
     game = game or openspiel_game(tree)
     tab = os_policy.TabularPolicy(game)
     for i in tree.real_infosets():
-        row = tab.state_lookup[tree.infoset_key[i]]
+        row = tab.state_lookup[openspiel_key(tree, i, game)]
         s, k = int(tree.infoset_start[i]), int(tree.infoset_size[i])
         probs = np.zeros(tab.action_probability_array.shape[1])
         for a, p in zip(tree.infoset_actions[i], sigma[s : s + k], strict=True):
@@ -43,12 +65,15 @@ def to_tabular_policy(tree: GameTree, sigma: FloatArray, game: Any | None = None
     return tab
 
 
-def from_openspiel_policy(tree: GameTree, policy: Any) -> FloatArray:
+def from_openspiel_policy(tree: GameTree, policy: Any, game: Any | None = None) -> FloatArray:
     """Slot probabilities from an OpenSpiel policy: a Python ``TabularPolicy`` or a C++
-    ``pyspiel`` tabular policy (what ``CFRSolver.average_policy()`` returns)."""
+    ``pyspiel`` tabular policy (what ``CFRSolver.average_policy()`` returns).
+
+    ``game`` is the OpenSpiel game the policy is for (default: ``openspiel_game(tree)``)."""
+    game = game or openspiel_game(tree)
     out = tree.uniform()
     for i in tree.real_infosets():
-        key = tree.infoset_key[i]
+        key = openspiel_key(tree, i, game)
         if hasattr(policy, "policy_for_key"):
             row = policy.policy_for_key(key)
             probs = {a: float(row[a]) for a in range(len(row))}
@@ -64,4 +89,10 @@ def policy_json_to_tabular(tree: GameTree, policy: dict[str, dict[str, float]]) 
     return to_tabular_policy(tree, tree.sigma_from_policy(policy))
 
 
-__all__ = ["from_openspiel_policy", "openspiel_game", "policy_json_to_tabular", "to_tabular_policy"]
+__all__ = [
+    "from_openspiel_policy",
+    "openspiel_game",
+    "openspiel_key",
+    "policy_json_to_tabular",
+    "to_tabular_policy",
+]

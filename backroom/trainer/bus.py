@@ -32,7 +32,7 @@ from typing import Annotated
 from pydantic import Field, TypeAdapter, ValidationError
 
 from backroom import metrics
-from backroom.bus import topics
+from backroom.bus import presence, topics
 from backroom.bus.client import Bus, BusConfig
 from backroom.bus.wire import (
     MAX_TRACE_BYTES,
@@ -40,12 +40,10 @@ from backroom.bus.wire import (
     Checkpoint,
     Episode,
     MatchRequest,
-    Status,
     Trace,
     WireError,
     parse,
     parse_all,
-    parse_status,
 )
 from backroom.trainer.store import STORED, Request, Store
 
@@ -91,7 +89,8 @@ class TrainerBus:
         self.game = game
         self.me = config.username or "trainer"
         self.bus = Bus(config, role="trainer", persistent=True)
-        self.online: set[str] = set()
+        #: The agents' statuses; an ``online`` counts while renewed (its heartbeat).
+        self.presence = presence.Roster()
         self.follow = list(follow)
         self.checkpoints: dict[str, AdapterRef] = {}
         self._arrived = asyncio.Event()
@@ -134,13 +133,7 @@ class TrainerBus:
             metrics.TRAIN_DROPPED.labels(reason=reason).inc(n)
 
     def _on_status(self, topic: str, payload: bytes) -> None:
-        agent = topics.agent_of(topic)
-        try:
-            msg = parse_status(payload)  # capped: a status is small (wire.MAX_STATUS_BYTES)
-        except WireError:
-            return
-        if agent and isinstance(msg, Status):
-            (self.online.add if msg.state == "online" else self.online.discard)(agent)
+        if self.presence.see(topic, payload) is not None:  # capped: wire.MAX_STATUS_BYTES
             self._arrived.set()
 
     def _on_checkpoint(self, topic: str, payload: bytes) -> None:
@@ -222,9 +215,9 @@ class TrainerBus:
         return {p: self.checkpoints[p] for p in policies}
 
     async def wait_online(self, agents: Sequence[str], timeout_s: float) -> list[str]:
-        """Wait until every agent's retained status says online; return those still missing."""
-        await self._until(lambda: all(a in self.online for a in agents), timeout_s)
-        return sorted(set(agents) - self.online)
+        """Wait until every agent's status says online, renewed in time; return those still missing."""
+        await self._until(lambda: not self.presence.missing(agents), timeout_s)
+        return self.presence.missing(agents)
 
     async def wait_episodes(self, matches: Sequence[str], timeout_s: float) -> list[str]:
         """Wait until the store holds an episode for every match; return the missing ones."""

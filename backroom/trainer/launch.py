@@ -14,7 +14,7 @@ from typing import Any
 
 from backroom.bus.auth import Role
 from backroom.bus.client import BusConfig
-from backroom.runner.local import Stack, _env
+from backroom.runner.stack import Stack, env_for
 from backroom.trainer.config import TrainConfig
 
 
@@ -33,10 +33,7 @@ def referee_identity(config: TrainConfig) -> str:
 def player_options(config: TrainConfig) -> dict[str, Any]:
     assert config.hp is not None
     return {
-        "model": config.model.path,
-        "gguf_file": config.model.gguf_file,
-        "device": config.model.device,
-        "dtype": config.model.dtype,
+        **config.model.agent_options(),
         "policy": config.policy,
         "temperature": config.hp.temperature,
         "deadline_margin_s": 0.5,
@@ -64,10 +61,10 @@ def start_stack(
     stack.start_broker(broker_url, credentials, ids)
     try:
         ref = stack.identity(referee, role="referee")
-        stack.spawn("referee", ["referee", "--runs-dir", str(run_dir / "runs")], _env(ref))
+        stack.spawn("referee", ["referee", "--runs-dir", str(run_dir / "runs")], env_for(ref))
         passwords = {e["id"]: stack.identity(e["id"]).password or "" for e in entries}
         env = {
-            **_env(stack.identity(entries[0]["id"])),
+            **env_for(stack.identity(entries[0]["id"])),
             "BACKROOM_PASSWORDS": json.dumps(passwords),
             # its output is a log file: no carriage-return progress bars of model loading
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from backroom.bus.wire import Trace
+from backroom.model.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,7 @@ class Learner:
 
     def __init__(
         self,
-        model: str | None = None,
-        gguf_file: str | None = None,
-        device: str = "auto",
-        dtype: str | None = None,
+        spec: ModelSpec | None = None,
         lora: LoraSettings | None = None,
         step: StepSettings | None = None,
         adapter: str | Path | None = None,
@@ -141,13 +139,13 @@ class Learner:
         import torch
         from peft import LoraConfig, PeftModel, get_peft_model
 
-        from backroom.agents.backend import Backend
+        from backroom.model.backend import Backend
 
         torch.manual_seed(seed)
         # The agents' own loader: the same weights (a GGUF is dequantised the same
         # way), the same tokenizer, bf16 on a GPU. Not ``shared_backend``: the
         # adapter is trained in place and must not leak into an agent in this process.
-        base = Backend(model, gguf_file, device, dtype).load()
+        base = Backend(spec).load()
         self.tokenizer = base.tokenizer
         self.device = base.device
         self.settings = step or StepSettings()
@@ -183,7 +181,7 @@ class Learner:
     #
     # The decisions of a batch share a long head (system prompt, rules), and a
     # scored decision's candidates share their whole prompt. So one forward pass
-    # packs them as the agent's scorer does (``backroom/agents/model/scoring.py``): the
+    # packs them as the agent's scorer does (``backroom/model/scoring.py``): the
     # common prefix of the micro-batch is encoded ONCE (with gradient; its
     # key/value cache is repeated for every row), and each row holds one
     # decision's own prompt tail followed by all its completions, under a 4D

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from backroom import metrics
-from backroom.agents.adapters import adapter_digest
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import adapter_digest
 from backroom.trainer.advantages import Hyper, assign_credit
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import TrainConfig
@@ -58,6 +59,7 @@ from backroom.trainer.parallel import finish, follow, lead_step, sync_parameters
 from backroom.trainer.rollouts import AgentBuffer, plan_step
 from backroom.trainer.serving import AdapterServer, announce_to_servers
 from backroom.trainer.store import Joined, Store
+from backroom.trainer.tracking import Tracking, TrackingError, open_tracking
 
 log = logging.getLogger("backroom.trainer")
 
@@ -208,10 +210,7 @@ def _learner(config: TrainConfig, adapter: Path | None) -> Learner:
     assert config.hp is not None
     hp = config.hp
     return Learner(
-        config.model.path,
-        config.model.gguf_file,
-        config.model.device,
-        config.model.dtype,
+        config.model,
         LoraSettings(
             config.lora.rank, config.lora.alpha, config.lora.dropout, config.lora.target_modules
         ),
@@ -327,6 +326,7 @@ async def train(
     """Run ``config.steps`` steps (minus those already logged when resuming)."""
     await asyncio.to_thread(run_dir.mkdir, parents=True, exist_ok=True)
     store = Store(run_dir / "store.sqlite")
+    tracking = open_tracking(None, run_dir, {})  # off until the run directory is taken
     train_log = TrainLog(run_dir / "train_log.csv")
     evaluations: list[dict[str, Any]] = []
     players = list(config.players) + [b.id for b in config.evaluation.baselines]
@@ -343,6 +343,7 @@ async def train(
         run.pool = await asyncio.to_thread(resolve_pool, config)
         run.records = Records.from_store(store, run.first_step)
         players += [o.agent for o in run.pool if o.agent is not None]
+        tracking = await _open_tracking(config, run_dir)
         learner = run.learner
         sync_parameters(learner)  # data-parallel ranks start from rank 0's adapter
         async with TrainerBus(bus_config, store, config.game, live_policies(run.pool)) as tb:
@@ -355,11 +356,14 @@ async def train(
                 raise TrainError(f"agents not online after {online_timeout_s:.0f}s: {missing}")
             # a kill after the store logged a step may have cost its CSV row and evaluation
             train_log.catch_up(store.steps())
+            await asyncio.to_thread(tracking.catch_up, run_dir)
             last = run.first_step - 1
             if last >= 0 and entrant_due(config, last):  # a kill may have come before its file
                 await asyncio.to_thread(send_entrant, config, run_dir, last, run.current)
             if last >= 0 and evaluation_due(config, last) and last not in evaluated_steps(run_dir):
-                evaluations.append(await _evaluate_and_log(tb, store, config, last, run, run_dir))
+                evaluations.append(
+                    await _evaluate_and_log(tb, store, config, last, run, run_dir, tracking)
+                )
             for step in range(run.first_step, config.steps):
                 planned = store.requests(step=step, kind="train") or plan_step(
                     config,
@@ -401,6 +405,7 @@ async def train(
                 run.records.add_joined(joined)
                 _export(row, stats.tokens)
                 train_log.append(row)
+                await asyncio.to_thread(tracking.rows, [row])
                 for gone in run.buffer.offer(step, run.current):
                     if gone.version != ref.version:
                         await tb.retract(gone)  # no match will name it again
@@ -417,21 +422,46 @@ async def train(
                 )
                 if evaluation_due(config, step):
                     evaluations.append(
-                        await _evaluate_and_log(tb, store, config, step, run, run_dir)
+                        await _evaluate_and_log(tb, store, config, step, run, run_dir, tracking)
                     )
         return TrainResult(run_dir, len(store.steps()), run.current.version, evaluations)
     finally:
         finish()  # data-parallel ranks stop with the leader
         store.close()
+        await asyncio.to_thread(tracking.close, sys.exc_info()[1])
         if server is not None:
             server.__exit__(None, None, None)
 
 
+async def _open_tracking(config: TrainConfig, run_dir: Path) -> Tracking:
+    """After ``open_run`` (which refuses a directory holding another run: that run's
+    tracker stays as it was), before the bus: a tracker that cannot open stops the run."""
+    try:
+        return await asyncio.to_thread(
+            open_tracking,
+            config.tracking,
+            run_dir,
+            config.model_dump(mode="json"),
+            None,
+            run_dir / "adapters",
+        )
+    except TrackingError as exc:
+        raise TrainError(str(exc)) from None
+
+
 async def _evaluate_and_log(
-    tb: TrainerBus, store: Store, config: TrainConfig, step: int, run: Run, run_dir: Path
+    tb: TrainerBus,
+    store: Store,
+    config: TrainConfig,
+    step: int,
+    run: Run,
+    run_dir: Path,
+    tracking: Tracking,
 ) -> dict[str, Any]:
     pool = await _pool_now(tb, run, 60.0)
-    return await evaluate_and_log(tb, store, config, step, run.current, pool, run_dir)
+    result = await evaluate_and_log(tb, store, config, step, run.current, pool, run_dir)
+    await asyncio.to_thread(tracking.evaluations, [result])
+    return result
 
 
 async def _pool_now(tb: TrainerBus, run: Run, timeout_s: float) -> list[Opponent]:

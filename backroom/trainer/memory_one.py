@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -52,6 +53,7 @@ from backroom.trainer.advantages import (
     loo_advantages,
     sum_of_rewards,
 )
+from backroom.trainer.tracking import open_tracking
 
 if TYPE_CHECKING:
     from backroom.trainer.config import TrainConfig
@@ -315,36 +317,42 @@ def run(config: TrainConfig, run_dir: Path, on_step: StepHook | None = None) -> 
     if holds_run(run_dir):
         raise FileExistsError(f"{run_dir} already holds a run; pass another --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with log_path.open("w", newline="") as f:
-        writer: csv.DictWriter[str] | None = None
+    # opened first: a tracker that cannot start stops the run before it trains
+    tracking = open_tracking(config.tracking, run_dir, config.model_dump(mode="json"))
+    try:
+        t0 = time.perf_counter()
+        with log_path.open("w", newline="") as f:
+            writer: csv.DictWriter[str] | None = None
 
-        def logged(step: int, row: dict[str, float]) -> None:
-            nonlocal writer
-            line: dict[str, Any] = {"step": step, **row}
-            if writer is None:
-                writer = csv.DictWriter(f, fieldnames=list(line))
-                writer.writeheader()
-            writer.writerow(line)
-            if on_step is not None:
-                on_step(step, row)
+            def logged(step: int, row: dict[str, float]) -> None:
+                nonlocal writer
+                line: dict[str, Any] = {"step": step, **row}
+                if writer is None:
+                    writer = csv.DictWriter(f, fieldnames=list(line))
+                    writer.writeheader()
+                writer.writerow(line)
+                if on_step is not None:
+                    on_step(step, row)
 
-        result = train(settings, config.seed, logged)
-    seconds = time.perf_counter() - t0
-    evaluation = {
-        "step": config.steps - 1,
-        "version": "final",
-        "missing": 0,
-        "against": {name: {"learner": ret} for name, ret in result.returns.items()},
-    }
-    (run_dir / "evaluations.jsonl").write_text(json.dumps(evaluation) + "\n")
-    summary = {
-        "settings": asdict(settings),
-        "seed": config.seed,
-        "seconds": seconds,
-        "policy": result.verdict,
-        "p_a": result.p_a,
-        "returns": result.returns,
-    }
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+            result = train(settings, config.seed, logged)
+        seconds = time.perf_counter() - t0
+        evaluation = {
+            "step": config.steps - 1,
+            "version": "final",
+            "missing": 0,
+            "against": {name: {"learner": ret} for name, ret in result.returns.items()},
+        }
+        (run_dir / "evaluations.jsonl").write_text(json.dumps(evaluation) + "\n")
+        summary = {
+            "settings": asdict(settings),
+            "seed": config.seed,
+            "seconds": seconds,
+            "policy": result.verdict,
+            "p_a": result.p_a,
+            "returns": result.returns,
+        }
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        tracking.catch_up(run_dir)  # the rows all at once: the run took seconds
+    finally:
+        tracking.close(sys.exc_info()[1])
     return result

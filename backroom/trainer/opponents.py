@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from backroom.agents.adapters import adapter_digest
 from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import adapter_digest
 from backroom.trainer.config import OpponentEntry, PfspSpec, TrainConfig
 from backroom.trainer.store import Joined, Store
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import httpx
 
-from backroom.agents.adapters import ADAPTER_FILES
-from backroom.agents.serve import KEY_ENV
 from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import ADAPTER_FILES
+from backroom.model.serve import KEY_ENV
 
 log = logging.getLogger("backroom.trainer")
 

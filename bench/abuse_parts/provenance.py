@@ -39,8 +39,8 @@ def _model_and_adapter(root: Path) -> tuple[Path, Path]:
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2ForCausalLM
 
-    from backroom.agents.backend import shared_backend
-    from backroom.agents.model.loading import save_random_qwen
+    from backroom.model.backend import shared_backend
+    from backroom.model.loading import save_random_qwen
 
     model_dir = save_random_qwen(root / "model", shared_backend().tokenizer, "tiny")
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
@@ -68,10 +68,11 @@ async def name_unannounced_adapter(
     """
     from prometheus_client import REGISTRY
 
-    from backroom.agents.adapters import adapter_digest
-    from backroom.agents.local import LocalAgent, adapter_name
+    from backroom.agents.adapter_seats import adapter_name
+    from backroom.agents.local import LocalAgent
     from backroom.agents.runtime import AgentRunner
     from backroom.bus.wire import AdapterRef
+    from backroom.model.adapters import adapter_digest
 
     def rejected() -> float:
         labels = {"reason": "unannounced"}

@@ -170,8 +170,8 @@ async def drip_checkpoint(url: str, creds_dir: Path, seconds: float) -> dict[str
     Held when ``fetch_adapter`` gives up within ``seconds`` with ``fetch_failed``.
     ``url`` and ``creds_dir`` are unused: the attack needs no broker.
     """
-    from backroom.agents.adapters import AdapterRejected, fetch_adapter
     from backroom.bus.wire import AdapterRef
+    from backroom.model.adapters import AdapterRejected, fetch_adapter
 
     config = b"{}"
 

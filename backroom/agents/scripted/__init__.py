@@ -1,13 +1,2 @@
-"""Scripted agent kinds. Importing this package registers them all."""
-
-from backroom.agents import llm as llm
-from backroom.agents import local as local
-from backroom.agents.scripted import basic as basic
-from backroom.agents.scripted import beauty as beauty
-from backroom.agents.scripted import bertrand as bertrand
-from backroom.agents.scripted import cfr as cfr
-from backroom.agents.scripted import ipd as ipd
-from backroom.agents.scripted import kuhn_colluder as kuhn_colluder
-from backroom.agents.scripted import kuhn_team as kuhn_team
-from backroom.agents.scripted import split as split
-from backroom.agents.scripted import trust_split as trust_split
+"""Scripted agent kinds: policies computed from the turn alone (``backroom.agents.kinds``
+imports these modules on first use; importing this package registers nothing)."""

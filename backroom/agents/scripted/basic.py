@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from backroom.agents.base import JSON, ScriptedAgent, choices, register_agent
+from backroom.agents.base import JSON, ScriptedAgent, choices
+from backroom.agents.kinds import register_agent
 from backroom.bus.wire import Turn
 from backroom.games.base import ActionSpec
 from backroom.solvers.policy_file import read_policy

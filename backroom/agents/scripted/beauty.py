@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from backroom.agents.base import JSON, ScriptedAgent, register_agent
+from backroom.agents.base import JSON, ScriptedAgent
+from backroom.agents.kinds import register_agent
 from backroom.bus.wire import Turn
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from backroom.agents.base import JSON, ScriptedAgent, register_agent
+from backroom.agents.base import JSON, ScriptedAgent
+from backroom.agents.kinds import register_agent
 from backroom.bus.wire import Turn
 from backroom.games.bertrand_market import Equilibrium, equilibrium_prices
 

@@ -12,7 +12,7 @@ import asyncio
 import json
 from typing import Any
 
-from backroom.agents.base import register_agent
+from backroom.agents.kinds import register_agent
 from backroom.agents.scripted.basic import TableAgent
 
 #: Most iterations an agent will spend solving on start (about 10 s for Loki Kuhn).

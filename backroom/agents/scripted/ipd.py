@@ -6,7 +6,8 @@ with ``action: A`` or ``action: B`` (the IPD's legal choices are "A" and "B").
 
 from __future__ import annotations
 
-from backroom.agents.base import JSON, ScriptedAgent, register_agent
+from backroom.agents.base import JSON, ScriptedAgent
+from backroom.agents.kinds import register_agent
 from backroom.bus.wire import Turn
 
 COOPERATE, DEFECT = "A", "B"

@@ -10,7 +10,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backroom.agents.base import JSON, ScriptedAgent, choices, register_agent
+from backroom.agents.base import JSON, ScriptedAgent, choices
+from backroom.agents.kinds import register_agent
 from backroom.bus.wire import Turn
 
 _CARD = re.compile(r"my card is (\d+)")

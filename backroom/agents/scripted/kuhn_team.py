@@ -24,7 +24,8 @@ import logging
 import re
 from typing import Any
 
-from backroom.agents.base import JSON, choices, register_agent
+from backroom.agents.base import JSON, choices
+from backroom.agents.kinds import register_agent
 from backroom.agents.scripted.basic import TableAgent
 from backroom.bus.wire import MatchStart, Turn
 from backroom.games.base import make_game

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from backroom.agents.base import JSON, ScriptedAgent, register_agent
+from backroom.agents.base import JSON, ScriptedAgent
+from backroom.agents.kinds import register_agent
 from backroom.bus.wire import Turn
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from backroom.agents.base import JSON, ScriptedAgent, register_agent
+from backroom.agents.base import JSON, ScriptedAgent
+from backroom.agents.kinds import register_agent
 from backroom.bus.wire import Turn
 from backroom.games.trust_and_split import BEATS, HANDS
 

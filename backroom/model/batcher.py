@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from backroom.agents.model.generation import Generated
-from backroom.agents.model.scoring import Scored, ScoreRequest
+from backroom.model.generation import Generated
+from backroom.model.scoring import Scored, ScoreRequest
 
 log = logging.getLogger("backroom.backend")
 

@@ -6,17 +6,17 @@ GGUF file; by default SmolLM2-135M-Instruct as shipped inside the
 
 * ``score(prompt_ids, candidates)`` — the exact log-probability of each
   candidate completion, all candidates of all prompts of a batch in one
-  forward pass (``model/scoring.py``);
+  forward pass (``scoring.py``);
 * ``generate(prompt_ids, ...)`` — sampled free text with per-token log-probs
-  (``model/generation.py``).
+  (``generation.py``).
 
 Both encode the head their batch shares once, and keep the last few heads for
-the next batch (``model/prefix_cache.py``). Requests from every concurrent
-match go through a batching queue (``model/batcher.py``) and run in a worker
+the next batch (``prefix_cache.py``). Requests from every concurrent
+match go through a batching queue (``batcher.py``) and run in a worker
 thread, so the event loop keeps serving the bus.
 
 LoRA adapters (peft) are loaded and unloaded at run time by name
-(``model/loading.py``, with the model itself and its GGUF conversion); each
+(``loading.py``, with the model itself and its GGUF conversion); each
 request names its adapter, and rows of one batch may use different adapters —
 so a match keeps the adapter it started with while new matches already use a
 newer checkpoint.
@@ -35,27 +35,25 @@ import logging
 import threading
 import weakref
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from backroom import metrics
-from backroom.agents.model.batcher import Batcher, Request
-from backroom.agents.model.generation import (
+from backroom.model.batcher import Batcher, Request
+from backroom.model.generation import (
     Generated,
     Prompts,
     generators,
     replies,
     sample_replies,
 )
-from backroom.agents.model.loading import (
+from backroom.model.loading import (
     adapter_kwargs,
     attach_adapter,
-    default_model,
     full_attention_only,
     load_model,
 )
-from backroom.agents.model.prefix_cache import PrefixCache
-from backroom.agents.model.scoring import (
+from backroom.model.prefix_cache import PrefixCache
+from backroom.model.scoring import (
     Scored,
     ScoreRequest,
     check,
@@ -64,8 +62,9 @@ from backroom.agents.model.scoring import (
     pack,
     softmax,
 )
+from backroom.model.spec import ModelSpec
 
-__all__ = ["Backend", "Generated", "Scored", "default_model", "shared_backend", "softmax"]
+__all__ = ["Backend", "Generated", "ModelSpec", "Scored", "shared_backend", "softmax"]
 
 log = logging.getLogger("backroom.backend")
 
@@ -75,10 +74,8 @@ class Backend:
 
     def __init__(
         self,
-        model: str | None = None,
-        gguf_file: str | None = None,
-        device: str = "auto",
-        dtype: str | None = None,
+        spec: ModelSpec | None = None,
+        *,
         max_batch: int = 32,
         batch_window_ms: float = 5.0,
         max_batch_tokens: int = 16384,
@@ -87,13 +84,8 @@ class Backend:
         prefix_cache_size: int = 8,
         row_tokens: int = 1024,
     ) -> None:
-        if model is None:
-            model, default_file = default_model()
-            gguf_file = gguf_file or default_file
-        self.model_path = model
-        self.gguf_file = gguf_file
-        self.device_name = device
-        self.dtype_name = dtype
+        #: The model this backend holds, its default filled in (``ModelSpec.resolved``).
+        self.spec = (spec or ModelSpec()).resolved()
         self.max_batch = max(1, int(max_batch))
         self.batch_window_s = max(0.0, float(batch_window_ms)) / 1000.0
         self.max_batch_tokens = max_batch_tokens
@@ -134,8 +126,7 @@ class Backend:
 
     @property
     def name(self) -> str:
-        base = self.gguf_file or Path(self.model_path).name
-        return base.removesuffix(".gguf")
+        return self.spec.name
 
     # --- loading ---------------------------------------------------------------------
 
@@ -143,9 +134,7 @@ class Backend:
         """Load tokenizer and model (blocking; call once, in a thread from async code)."""
         if self.model is not None:
             return self
-        loaded = load_model(
-            self.model_path, self.gguf_file, self.device_name, self.dtype_name, self.gguf_cache
-        )
+        loaded = load_model(self.spec, self.gguf_cache)
         self.tokenizer, self.device = loaded.tokenizer, loaded.device
         self.model = loaded.model
         if not full_attention_only(self.model):
@@ -349,26 +338,17 @@ class Backend:
         return await fut
 
 
-_SHARED: dict[tuple[Any, ...], Backend] = {}
+_SHARED: dict[ModelSpec, Backend] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_backend(
-    model: str | None = None,
-    gguf_file: str | None = None,
-    device: str = "auto",
-    dtype: str | None = None,
-    **options: Any,
-) -> Backend:
+def shared_backend(spec: ModelSpec | None = None, **options: Any) -> Backend:
     """The process-wide backend for a model (loaded on first use), so agents share one copy and one batch."""
-    if model is None:
-        model, default_file = default_model()
-        gguf_file = gguf_file or default_file
-    key = (str(model), gguf_file, device, dtype)
+    key = (spec or ModelSpec()).resolved()
     with _SHARED_LOCK:
         b = _SHARED.get(key)
         if b is None:
-            b = _SHARED[key] = Backend(model, gguf_file, device, dtype, **options)
+            b = _SHARED[key] = Backend(key, **options)
         else:
             for k, v in options.items():  # batching knobs: the latest asker's
                 if k == "batch_window_ms":

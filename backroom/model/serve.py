@@ -56,9 +56,10 @@ from urllib.parse import unquote, urlparse
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backroom.agents.adapters import ADAPTER_FILES, AdapterRejected, adapter_digest, fetch_adapter
-from backroom.agents.backend import Backend, shared_backend
 from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import ADAPTER_FILES, AdapterRejected, adapter_digest, fetch_adapter
+from backroom.model.backend import Backend, shared_backend
+from backroom.model.spec import ModelSpec
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -424,11 +425,9 @@ async def running_server(app: Any, host: str = "127.0.0.1", port: int = 0) -> As
 
 
 def serve_model_command(
-    model: str | None,
-    gguf_file: str | None,
+    spec: ModelSpec,
     host: str,
     port: int,
-    device: str,
     *,
     api_key: str | None = None,
     adapter_dir: Path | None = None,
@@ -442,6 +441,6 @@ def serve_model_command(
 
     api_key = api_key or os.environ.get(KEY_ENV) or None
     check_settings(host, api_key, adapter_dir)
-    backend = shared_backend(model, gguf_file, device)
+    backend = shared_backend(spec)
     app = serve_model_app(backend, api_key=api_key, adapter_dir=adapter_dir)
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlparse
 from backroom.bus.wire import AdapterRef
 
 if TYPE_CHECKING:
-    from backroom.agents.backend import Backend
+    from backroom.model.backend import Backend
 
 log = logging.getLogger("backroom.adapters")
 

@@ -1,0 +1,47 @@
+"""``backroom replay RUN_DIR``: index a run, then serve ``backroom web``'s app with the replay mounted.
+
+Apart from ``replay.py`` because it builds the whole app (``web.web_app``),
+which itself mounts ``replay.replay_routes``.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from backroom.human.replay_index import INDEX_FILE, ReplayIndex
+from backroom.human.web import served_names, server_config, web_app, web_command
+from backroom.referee.episodes import resolve_run_dir
+
+
+def replay_command(
+    run_dir: Path,
+    host: str,
+    port: int,
+    broker: str | None,
+    credentials: Path | None,
+    hosts: str | None = None,
+    rebuild: bool = False,
+) -> None:
+    """Index the run (once; later only what was appended), then serve the page until Ctrl-C."""
+    import uvicorn
+
+    from backroom.bus.client import run
+
+    if rebuild:
+        for suffix in ("", "-wal", "-shm"):
+            (resolve_run_dir(run_dir) / f"{INDEX_FILE}{suffix}").unlink(missing_ok=True)
+    index = ReplayIndex(run_dir)
+    known = sum(index.facets()["reasons"].values())
+    print(
+        f"backroom replay: {index.run_dir} ({known:,} matches in its index {index.path.name}; "
+        "what was appended since is indexed now, and the page lists matches as they are indexed)"
+    )
+    threading.Thread(target=index.refresh, name="replay-index", daemon=True).start()
+    if broker is not None:
+        print(f"  the page: http://{host}:{port}/replay (following live matches on {broker})")
+        web_command(broker, host, port, credentials, hosts=hosts, replay=index)
+        return
+    app = web_app("mqtt://127.0.0.1", replay=index, served_hosts=served_names(host, hosts))
+    print(f"  the page: http://{host}:{port}/replay  (offline; --broker URL follows live matches)")
+    run(uvicorn.Server(server_config(app, host, port)).serve())

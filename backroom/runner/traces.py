@@ -1,0 +1,134 @@
+"""A run's ``traces.jsonl``: what trainable agents said they decided, kept only from their seats.
+
+A ``TraceLog`` is a context manager: the file is closed however the run
+ends, a failed or stopped run's too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
+
+from backroom import metrics
+from backroom.bus.wire import MAX_TRACE_BYTES, Trace, WireError, parse
+
+#: Bytes of traces one run records in its traces.jsonl; past it, traces are counted, not written.
+TRACES_MAX_BYTES = 1024**3
+
+
+class TraceLog:
+    """Appends to ``path`` the traces of this run's matches, each decision once, up to ``max_bytes``.
+
+    ``seats_of`` maps an attempt id of the run to the seats of its match
+    (None: not this run's); ``notice`` hears once when the bound is reached.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        seats_of: Callable[[str], Sequence[str] | None],
+        max_bytes: int = TRACES_MAX_BYTES,
+        notice: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.seats_of = seats_of
+        self.max_bytes = max_bytes
+        self.notice = notice or (lambda _msg: None)
+        self.file: BinaryIO | None = None
+        self.last_turn: dict[
+            tuple[str, str, int | None], int
+        ] = {}  # (attempt, agent, seat) -> turn
+        self.written: Counter[str] = Counter()  # agent -> bytes of its traces written
+        self.bound_told = False
+
+    def __enter__(self) -> TraceLog:
+        self.file = self.path.open("ab")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def on_trace(self, topic: str, payload: bytes) -> None:
+        """Record a trace of this run, only as the agent its topic names and only from its seat.
+
+        Any identity may publish on its own ``traces/{agent}`` topic (the ACL
+        proves that much), and what it writes inside is its own word: an
+        unseated agent could sign its traces "alice". So the sender is the
+        topic's agent, the trace must say the same, and the match must seat
+        that agent (at ``trace.seat``, when given); anything else is dropped
+        and counted in ``backroom_traces_rejected_total``.
+
+        A seated agent's word is bounded too (it could write gigabytes of
+        valid traces): a trace over ``MAX_TRACE_BYTES`` is dropped unread;
+        each decision is written once: a seat decides its turns in order and
+        its traces come in order on one connection, so a turn not after the
+        last one written for that seat is a repeat (a redelivery, a replay);
+        and the run writes at most ``max_bytes``, then says so once.
+        """
+        if self.file is None:
+            return
+        if len(payload) > MAX_TRACE_BYTES:
+            metrics.TRACES_REJECTED.labels(reason="oversized").inc()
+            return
+        try:
+            msg = parse(payload, MAX_TRACE_BYTES)
+        except WireError:
+            return
+        seats = self.seats_of(msg.match or "") if isinstance(msg, Trace) else None
+        if not isinstance(msg, Trace) or seats is None:
+            return  # not a trace of this run
+        sender = topic.rsplit("/", 1)[-1]
+        reason = self._refusal(msg, sender, seats, len(payload))
+        if reason is not None:
+            metrics.TRACES_REJECTED.labels(reason=reason).inc()
+            return
+        self.last_turn[(msg.match or "", sender, msg.seat)] = msg.turn
+        self.written[sender] += len(payload) + 1
+        self.file.write(payload.rstrip(b"\n") + b"\n")
+
+    def _refusal(self, msg: Trace, sender: str, seats: Sequence[str], size: int) -> str | None:
+        """Why ``msg`` is not written (a ``backroom_traces_rejected_total`` reason), or None."""
+        key = (msg.match or "", sender, msg.seat)
+        if msg.agent != sender:
+            return "forged"
+        if sender not in seats or (
+            msg.seat is not None and not (0 <= msg.seat < len(seats) and seats[msg.seat] == sender)
+        ):
+            return "not_seated"
+        if key in self.last_turn and msg.turn <= self.last_turn[key]:
+            return "duplicate"
+        if self.written.total() + size + 1 > self.max_bytes:
+            if not self.bound_told:
+                self.bound_told = True
+                self._tell_bound()
+            return "run_bound"
+        return None
+
+    def _tell_bound(self) -> None:
+        most = [f"{a} wrote the most ({n:,} bytes)" for a, n in self.written.most_common(1)]
+        self.notice(
+            f"traces.jsonl reached this run's bound of {self.max_bytes:,} bytes: "
+            f"later traces are not recorded (backroom_traces_rejected_total"
+            f'{{reason="run_bound"}})' + "".join(f"; {m}" for m in most)
+        )
+
+
+def seats_by_attempt(
+    slot_of: Mapping[str, str], seats: Mapping[str, Sequence[str]]
+) -> Callable[[str], Sequence[str] | None]:
+    """``TraceLog.seats_of`` for a run: an attempt's match, then that match's seats."""
+
+    def seats_of(attempt: str) -> Sequence[str] | None:
+        match = slot_of.get(attempt)
+        return None if match is None else seats[match]
+
+    return seats_of

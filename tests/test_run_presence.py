@@ -1,0 +1,180 @@
+"""``backroom run`` and presence: a stale retained ``online`` is no agent; a failed run closes its files.
+
+Issue 23, items 1 and 5: only the web applied the heartbeat expiry, so a
+retained ``online`` left by an agent that died without its will made the run
+start as if it were there (and default its seats in every match).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from backroom.bus.broker import Broker
+from backroom.bus.client import Bus
+from backroom.bus.topics import status
+from backroom.bus.wire import Status
+from backroom.cli import demo_config
+from backroom.runner.config import RunConfig, parse_config
+from backroom.runner.local import RunError, run_matches
+from tests.conftest import agents, eventually, identity, load_factor, stack
+
+
+def _config(run: str) -> RunConfig:
+    data = demo_config().model_dump()
+    data.update(run=run, matches=2, concurrency=2, turn_timeout_s=3.0)
+    return parse_config(data, source="test")
+
+
+async def _leave_stale_online(broker: Broker, name: str, heartbeat_s: float) -> None:
+    """Say ``online`` (retained, renewed every ``heartbeat_s``) and vanish without a will or an offline."""
+    async with Bus(identity(broker, name)) as bus:
+        online = Status(state="online", kind="scripted", heartbeat_s=heartbeat_s)
+        await bus.publish(status(name), online, retain=True)
+
+
+async def test_a_stale_retained_online_of_a_dead_agent_does_not_count_as_present(
+    broker: Broker, tmp_path: Path
+) -> None:
+    await _leave_stale_online(broker, "carol", heartbeat_s=0.05)  # overdue after 0.15 s
+    notices: list[str] = []
+    timeout = 4.0 * load_factor()
+    run = asyncio.create_task(
+        run_matches(
+            _config("stale"),
+            identity(broker, "runner", "runner"),
+            ["alice", "bob", "carol"],
+            ready_timeout_s=timeout,
+            on_notice=notices.append,
+            external=["carol"],
+        )
+    )
+    # The runner read carol's retained status, waited 0.2 s, and no longer believes it:
+    # it says whom it waits for (a believed "online" says nothing).
+    await eventually(lambda: any("carol to connect" in n for n in notices), 10 * load_factor())
+    players = agents(("alice", "kuhn-colluder"), ("bob", "kuhn-colluder"))
+    async with stack(broker, tmp_path / "runs", players):  # a referee: all but carol is there
+        with pytest.raises(RunError, match=r"not online after .*\['carol'\]"):
+            await asyncio.wait_for(run, timeout + 30)
+    assert not (tmp_path / "runs" / "stale").exists()  # no match was played
+
+
+async def test_an_agent_that_renews_its_online_counts_as_present(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """The control: the same run with carol alive (renewing) plays its matches."""
+    players = agents(("alice", "kuhn-colluder"), ("bob", "kuhn-colluder"), ("carol", "random"))
+    async with stack(broker, tmp_path / "runs", players):
+        got = await asyncio.wait_for(
+            run_matches(
+                _config("alive"),
+                identity(broker, "runner", "runner"),
+                ["alice", "bob", "carol"],
+                ready_timeout_s=10 * load_factor(),
+            ),
+            60,
+        )
+    assert [e.reason for e in got] == ["normal", "normal"]
+
+
+def _open_paths() -> set[str]:
+    fds = Path("/proc/self/fd")
+    paths = set()
+    for fd in fds.iterdir():
+        try:
+            paths.add(os.readlink(fd))
+        except OSError:
+            continue
+    return paths
+
+
+async def test_a_failed_run_closes_its_traces_file(broker: Broker, tmp_path: Path) -> None:
+    traces = tmp_path / "traces.jsonl"
+    with pytest.raises(RunError, match="not online"):
+        await run_matches(
+            _config("nobody"),
+            identity(broker, "runner", "runner"),
+            ["alice"],
+            ready_timeout_s=0.5,
+            traces_path=traces,
+        )
+    assert traces.exists() and str(traces) not in _open_paths()
+
+
+async def test_a_run_stopped_mid_play_closes_its_traces_file(
+    broker: Broker, tmp_path: Path
+) -> None:
+    traces = tmp_path / "traces.jsonl"
+    stop = asyncio.Event()
+    players = agents(("alice", "kuhn-colluder"), ("bob", "kuhn-colluder"), ("carol", "random"))
+    async with stack(broker, tmp_path / "runs", players):
+        run = asyncio.create_task(
+            run_matches(
+                _config("stopped"),
+                identity(broker, "runner", "runner"),
+                ["alice", "bob", "carol"],
+                traces_path=traces,
+                on_episode=lambda _ep, _n: stop.set(),
+                stop=stop,
+            )
+        )
+        await eventually(lambda: str(traces) in _open_paths(), 10 * load_factor())
+        await asyncio.wait_for(run, 60)
+    assert str(traces) not in _open_paths()
+    assert all(json.loads(line) for line in traces.read_text().splitlines())
+
+
+async def test_the_trainer_does_not_count_a_stale_online_either(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """``backroom train`` waits for its players through the same roster as the run."""
+    from backroom.agents.runtime import AgentRunner
+    from backroom.trainer.bus import TrainerBus
+    from backroom.trainer.store import Store
+
+    await _leave_stale_online(broker, "ghost", heartbeat_s=0.05)
+    (live,) = agents(("live", "random"))
+    trainer = identity(broker, "trainer", "trainer")
+    with Store(tmp_path / "store.sqlite") as store:
+        async with (
+            AgentRunner(live, identity(broker, "live")),
+            TrainerBus(trainer, store, "ipd") as tb,
+        ):
+            # Its retained "online" counts for one window from its arrival, then lapses.
+            await eventually(lambda: "ghost" in tb.presence.names(), 10 * load_factor())
+            await eventually(lambda: not tb.presence.is_online("ghost"), 10 * load_factor())
+            assert await tb.wait_online(["ghost", "live"], 1.0) == ["ghost"]
+
+
+def test_the_roster_holds_an_online_for_three_periods_and_an_offline_not_at_all() -> None:
+    from backroom.bus import presence
+    from backroom.bus.wire import dump
+
+    now = [0.0]
+    roster = presence.Roster(default_heartbeat_s=10.0, clock=lambda: now[0])
+    renewing = dump(Status(state="online", kind="random", heartbeat_s=1.0))
+    silent = dump(Status(state="online", kind="raw"))
+    roster.see(status("alice"), renewing)
+    roster.see(status("mute"), silent)
+    now[0] = 2.9
+    assert roster.online() == {"alice", "mute"} and roster.kind("alice") == "random"
+    now[0] = 3.0  # three of alice's periods: gone; mute is held to the default
+    assert roster.missing(["alice", "mute", "nobody"]) == ["alice", "nobody"]
+    roster.see(status("alice"), renewing)  # renewed: counts again from its arrival
+    assert roster.is_online("alice")
+    roster.see(status("alice"), dump(Status(state="offline", kind="random")))
+    assert not roster.is_online("alice") and roster.names() == {"alice", "mute"}
+    now[0] = 30.0
+    assert not roster.is_online("mute")
+    forever = presence.Roster(default_heartbeat_s=None, clock=lambda: now[0])
+    forever.see(status("referee"), dump(Status(state="online", kind="referee")))
+    now[0] = 1e9  # declares no period, and this reader assumes none: it never lapses
+    assert forever.is_online("referee")
+    dropped: list[str] = []
+    assert presence.read(status("x"), b"{not json", lambda e: dropped.append(e.reason)) is None
+    assert presence.read("backroom/v1/control/matches", renewing) is None
+    assert dropped == ["malformed"]
