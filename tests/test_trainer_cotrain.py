@@ -11,6 +11,10 @@ first run), whose seats are never trained.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,7 @@ from backroom.trainer.config import parse_train_config
 from backroom.trainer.loop import TrainResult, train
 from backroom.trainer.store import Store
 
-from .conftest import TEST_DEVICE, agents, identity, stack
+from .conftest import TEST_DEVICE, agents, identity, load_factor, stack
 from .test_trainer import tiny_config_data
 
 
@@ -227,3 +231,56 @@ async def test_grpo_exploits_a_naive_opponent_not_a_reciprocating_one(
     assert last[0] < first[0] - 0.2 and last[0] < 0.3, (first, last)
     # against tit-for-tat over 3 rounds defecting costs more than it takes: it cooperates more
     assert last[1] >= first[1] and last[1] > last[0] + 0.3, (first, last)
+
+
+@pytest.mark.slow  # two `backroom train` processes with their referees and agent hosts, ~1 min
+def test_two_backroom_train_processes_co_train_from_the_examples(
+    broker: Broker, tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    """The commands docs/training.md gives, shortened: each process starts its own referee and
+    agents on the shared broker, trains its own policy against the other's, and hands its
+    checkpoints to the league directory."""
+    root = Path(__file__).resolve().parent.parent / "examples"
+    league = tmp_path / "league"
+    short = [
+        f"model.path={tiny_qwen_model}",
+        f"model.device={TEST_DEVICE}",
+        "steps=2",
+        "hyper.batch_size=2",
+        "params.rounds=2",
+        "evaluation.every=2",
+        "evaluation.matches=1",
+        "lora.rank=4",
+        "lora.alpha=8",
+        f"league.dir={league}",
+        "league.every=1",
+    ]
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "backroom", "train", str(root / f"ipd_cotrain_{name}.yaml")]
+            + ["--broker", broker.url, "--credentials", str(broker.dir), "--threads", "1"]
+            + ["--run-dir", str(tmp_path / name)]
+            + [arg for s in short for arg in ("--set", s)],
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name in ("adalign", "grpo")
+    }
+    outputs = {name: p.communicate(timeout=400 * load_factor())[0] for name, p in procs.items()}
+    for name, p in procs.items():
+        assert p.returncode == 0, outputs[name][-3000:]
+    for name, other in (("adalign", "cotrain-grpo"), ("grpo", "cotrain-aa")):
+        evaluation = json.loads(
+            (tmp_path / name / "evaluations.jsonl").read_text().splitlines()[-1]
+        )
+        assert f"policy-{other}" in evaluation["against"], evaluation
+        with Store(tmp_path / name / "store.sqlite") as store:
+            assert [v for _, v, _ in store.steps()] == ["v1", "v2"]
+    assert sorted(p.name for p in (league / "entrants.d").iterdir()) == [
+        "cotrain-aa-v1.yaml",
+        "cotrain-aa-v2.yaml",
+        "cotrain-grpo-v1.yaml",
+        "cotrain-grpo-v2.yaml",
+    ]
