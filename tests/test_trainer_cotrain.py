@@ -5,7 +5,9 @@ with its own policy, players and run directory, share one broker and one
 referee and play each other: each names the other's current adapter on the
 opponent seat and trains only its own seat. Then a third learner trains
 against a fixed pool (an always-cooperating agent and a frozen adapter of the
-first run), whose seats are never trained.
+first run), whose seats are never trained. Slow: a GRPO learner exploits
+always-cooperate and not tit-for-tat; two ``backroom train`` processes
+co-train from the examples over a shared broker.
 """
 
 from __future__ import annotations
@@ -279,8 +281,8 @@ def test_two_backroom_train_processes_co_train_from_the_examples(
         with Store(tmp_path / name / "store.sqlite") as store:
             assert [v for _, v, _ in store.steps()] == ["v1", "v2"]
     assert sorted(p.name for p in (league / "entrants.d").iterdir()) == [
-        "cotrain-aa-v1.yaml",
-        "cotrain-aa-v2.yaml",
-        "cotrain-grpo-v1.yaml",
-        "cotrain-grpo-v2.yaml",
+        "cotrain-aa.v1.yaml",
+        "cotrain-aa.v2.yaml",
+        "cotrain-grpo.v1.yaml",
+        "cotrain-grpo.v2.yaml",
     ]

@@ -222,15 +222,19 @@ def test_every_nth_checkpoint_becomes_a_league_entrant_file(tmp_path: Path) -> N
     run_dir = tmp_path / "run"
     fake_adapter(run_dir / "adapters" / "v2", "x")
     path = send_entrant(config, run_dir, 1, ref("v2"))
-    assert path == league / "entrants.d" / "grpo-v2.yaml"
-    assert [p.name for p in path.parent.iterdir()] == ["grpo-v2.yaml"]  # no temporary left
+    assert path == league / "entrants.d" / "grpo.v2.yaml"
+    assert [p.name for p in path.parent.iterdir()] == ["grpo.v2.yaml"]  # no temporary left
     entrant = yaml.safe_load(path.read_text())
     assert entrant["format"] == 1 and entrant["version"] == "v2" and entrant["step"] == 1
     assert entrant["from_run"] == str(run_dir.resolve()) and entrant["algorithm"] == "grpo"
     agent = AgentEntry.model_validate(entrant["agent"])  # seatable as it is
-    assert agent.id == "grpo-v2" and agent.kind == "local"
+    assert agent.id == "grpo.v2" and agent.kind == "local"
     assert agent.options["adapter"] == str((run_dir / "adapters" / "v2").resolve())
     assert "policy" not in agent.options  # frozen: it never follows the trainer's checkpoints
+    # the same agent as a league's `from_run` entrant names and seats it (`<id>.vN`)
+    same = entrant["entrant"]
+    assert (same["id"], same["from_run"], same["versions"]) == ("grpo", entrant["from_run"], ["v2"])
+    assert {**same["options"], "adapter": agent.options["adapter"]} == agent.options
 
 
 def test_backroom_train_starts_the_pools_agents() -> None:

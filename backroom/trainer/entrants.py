@@ -7,7 +7,9 @@ per entrant, ``<league dir>/entrants.d/<name>.yaml``, written atomically
 record; a resumed trainer writes the same file again with the same content.
 The record's ``agent`` is an agent entry a run config or a league seats as
 it is: a ``local`` agent on the run's base model with that adapter folder,
-frozen (no ``policy``: it never follows the trainer's later checkpoints).
+frozen (no ``policy``: it never follows the trainer's later checkpoints);
+``entrant`` says the same as a league config's ``from_run`` entrant
+(``versions: [vN]``), which seats that very agent, named ``<id>.vN``.
 The format is documented in docs/training.md ("Sending checkpoints to a league").
 """
 
@@ -39,7 +41,8 @@ def entrant_record(
     assert config.league is not None
     from backroom.trainer.launch import player_options
 
-    name = f"{config.league.name or config.run}-{ref.version}"
+    prefix = config.league.name or config.run
+    name = f"{prefix}.{ref.version}"  # as a league names the versions of a ``from_run`` entrant
     folder = run_dir / "adapters" / ref.version
     options = {k: v for k, v in player_options(config).items() if k != "policy" and v is not None}
     return {
@@ -49,6 +52,13 @@ def entrant_record(
             "id": name,
             "kind": "local",
             "options": {**options, "adapter": str(folder.resolve())},
+        },
+        "entrant": {
+            "id": prefix,
+            "kind": "local",
+            "options": options,
+            "from_run": str(run_dir.resolve()),
+            "versions": [ref.version],
         },
         "from_run": str(run_dir.resolve()),
         "run": config.run,
