@@ -28,7 +28,7 @@ from backroom.bus.broker import Broker
 from backroom.bus.wire import Trace
 from backroom.model.adapters import adapter_digest
 from backroom.trainer.config import parse_train_config
-from backroom.trainer.loop import TrainResult, train
+from backroom.trainer.loop import TrainError, TrainResult, train
 from backroom.trainer.store import Store
 
 from .conftest import TEST_DEVICE, agents, identity, load_factor, stack
@@ -119,6 +119,22 @@ async def test_two_trainers_co_train_on_one_bus_each_training_only_its_own_polic
     # evaluation played the other policy too
     assert set(results[0].evaluations[-1]["against"]) == {"self", "policy-gr"}
     assert set(results[1].evaluations[-1]["against"]) == {"self", "policy-aa"}
+
+
+async def test_a_co_trained_policy_nobody_trains_stops_the_run_saying_so(
+    broker: Broker, tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    config = parse_train_config(cotrain_data(tiny_qwen_model, "solo", "ghost", "grpo"))
+    async with stack(broker, tmp_path / "runs", [*learners(tiny_qwen_model, "solo")]):
+        with pytest.raises(TrainError, match=r"opponents: no checkpoint of policies \['ghost'\]"):
+            await train(
+                config,
+                tmp_path / "solo",
+                identity(broker, "trainer-solo", "trainer"),
+                online_timeout_s=2 * load_factor(),
+            )
+    with Store(tmp_path / "solo" / "store.sqlite") as store:
+        assert store.requests() == []  # nothing was asked for
 
 
 async def test_a_fixed_pool_is_played_and_never_trained(

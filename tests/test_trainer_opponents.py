@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from backroom.bus.wire import AdapterRef
+from backroom.model.adapters import AdapterRejected
 from backroom.runner.config import AgentEntry, ConfigError
 from backroom.trainer.config import PfspSpec, parse_train_config
 from backroom.trainer.entrants import entrant_due, send_entrant
 from backroom.trainer.opponents import (
     Opponent,
-    OpponentError,
     Records,
     draw,
     pfsp_weights,
@@ -187,10 +187,19 @@ def test_frozen_run_versions_resolve_with_digests_under_their_own_policy(tmp_pat
     assert [o.label for o in pool] == ["frozen aa v0", "frozen aa v2"]
     assert pool[0].ref is not None and pool[1].ref is not None
     assert pool[0].ref.sha256 != pool[1].ref.sha256
-    with pytest.raises(OpponentError, match=r"opponents\[0\]\.versions: \['v3'\]"):
-        resolve_pool(parse_train_config(data(opponents=[{"run": str(run), "versions": ["v3"]}])))
-    with pytest.raises(OpponentError, match=r"opponents\[0\]\.run: .* holds no adapters"):
-        resolve_pool(parse_train_config(data(opponents=[{"run": str(tmp_path / "none")}])))
+    # refused when the config is read, naming the field
+    with pytest.raises(ConfigError, match=r"opponents\[0\]\.versions: \['v3'\]"):
+        parse_train_config(data(opponents=[{"run": str(run), "versions": ["v3"]}]))
+    with pytest.raises(ConfigError, match=r"opponents\[0\]\.run: .* holds no adapters"):
+        parse_train_config(data(opponents=[{"run": str(tmp_path / "none")}]))
+    (run / "adapters" / "v11").mkdir()  # a version folder without its files (a torn copy)
+    with pytest.raises(ConfigError, match=r"opponents\[0\]\.run: .*v11 lacks adapter_"):
+        parse_train_config(data(opponents=[{"run": str(run)}]))
+    # and if the files go after that, when the run starts
+    (run / "adapters" / "v11").rmdir()
+    (run / "adapters" / "v10" / "adapter_config.json").unlink()
+    with pytest.raises(AdapterRejected, match="missing_files"):
+        resolve_pool(last)
 
 
 def test_records_rebuilt_from_the_store_count_only_used_matches(tmp_path: Path) -> None:

@@ -419,6 +419,13 @@ def parse_train_config(data: Any, source: str = "config") -> TrainConfig:
         raise ConfigError(
             f"{source}: players: the game has {game.new_initial_state(0).num_players} seats"
         )
+    if config.opponents:
+        from backroom.trainer.opponents import OpponentError, check_frozen
+
+        try:
+            check_frozen(config)
+        except OpponentError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
     if config.memory_one is not None:
         paper = {"reward": 3.0, "temptation": 5.0, "sucker": 0.0, "punishment": 1.0}
         if config.game != "ipd":

@@ -35,7 +35,7 @@ import numpy as np
 from backroom import metrics
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import AdapterRef
-from backroom.model.adapters import adapter_digest
+from backroom.model.adapters import AdapterRejected, adapter_digest
 from backroom.trainer.advantages import Hyper, assign_credit
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import TrainConfig
@@ -54,7 +54,14 @@ from backroom.trainer.learner import (
     StepStats,
     sample_of,
 )
-from backroom.trainer.opponents import Opponent, Records, live_policies, resolve_pool, with_current
+from backroom.trainer.opponents import (
+    Opponent,
+    OpponentError,
+    Records,
+    live_policies,
+    resolve_pool,
+    with_current,
+)
 from backroom.trainer.parallel import finish, follow, lead_step, sync_parameters
 from backroom.trainer.rollouts import AgentBuffer, plan_step
 from backroom.trainer.serving import AdapterServer, announce_to_servers
@@ -340,7 +347,10 @@ async def train(
         base_url = server.public_url if server else None
         logged = [(step, version) for step, version, _ in store.steps()]
         run = await asyncio.to_thread(open_run, config, run_dir, logged, resume, base_url)
-        run.pool = await asyncio.to_thread(resolve_pool, config)
+        try:
+            run.pool = await asyncio.to_thread(resolve_pool, config)
+        except (OpponentError, AdapterRejected) as exc:  # its files went since the config was read
+            raise TrainError(str(exc)) from None
         run.records = Records.from_store(store, run.first_step)
         players += [o.agent for o in run.pool if o.agent is not None]
         tracking = await _open_tracking(config, run_dir)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from backroom.bus.wire import AdapterRef
-from backroom.model.adapters import adapter_digest
+from backroom.model.adapters import ADAPTER_FILES, adapter_digest
 from backroom.trainer.config import OpponentEntry, PfspSpec, TrainConfig
 from backroom.trainer.store import Joined, Store
 
@@ -72,6 +72,21 @@ def _versions(run: Path, wanted: list[str] | str, where: str) -> list[str]:
     if missing := [v for v in wanted if v not in have]:
         raise OpponentError(f"{where}.versions: {missing} not in {folder} (it has {have})")
     return list(wanted)
+
+
+def check_frozen(config: TrainConfig) -> None:
+    """Refuse, when the config is read, frozen runs and versions that are not there."""
+    for i, entry in enumerate(config.opponents):
+        if entry.run is None:
+            continue
+        run = Path(entry.run)
+        for version in _versions(run, entry.versions, f"opponents[{i}]"):
+            if missing := [
+                n for n in ADAPTER_FILES if not (run / "adapters" / version / n).is_file()
+            ]:
+                raise OpponentError(
+                    f"opponents[{i}].run: {run / 'adapters' / version} lacks {', '.join(missing)}"
+                )
 
 
 def resolve_pool(config: TrainConfig) -> list[Opponent]:
