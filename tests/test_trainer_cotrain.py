@@ -29,6 +29,7 @@ from backroom.bus.wire import Trace
 from backroom.model.adapters import adapter_digest
 from backroom.trainer.config import parse_train_config
 from backroom.trainer.loop import TrainError, TrainResult, train
+from backroom.trainer.opponents import Records
 from backroom.trainer.store import Store
 
 from .conftest import TEST_DEVICE, agents, identity, load_factor, stack
@@ -185,6 +186,9 @@ async def test_a_fixed_pool_is_played_and_never_trained(
                     assert other is not None and (other.policy, other.version) == ("naive", "v1")
                     assert other.sha256 == before["v1"]
         assert labels == {"agent coop", "frozen naive v1"}
+        # PFSP's record: every training match against a pool member, as used by the steps
+        record = Records.from_store(store, before_step=2)
+        assert set(record.matches) == labels and sum(record.matches.values()) == 8
         # the frozen seat was played by the named version (its traces say so), and never trained
         frozen_seats = [
             t
