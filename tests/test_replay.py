@@ -25,10 +25,10 @@ from backroom.agents.llm import LLMAgent
 from backroom.agents.serve import running_server
 from backroom.bus.wire import AdapterRef, EpisodeRecord, MatchSpec, MatchStart, Turn
 from backroom.games import make_game
-from backroom.referee.episodes import read_episodes
 from backroom.referee.match import play_seed
 from backroom.runner.config import RunConfig, load_config
 from backroom.runner.local import run_local
+from backroom.runs import read_episodes
 from backroom.trainer.config import parse_train_config
 from backroom.trainer.rollouts import plan_step
 

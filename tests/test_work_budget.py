@@ -23,7 +23,8 @@ from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
 from backroom.bus.wire import MAX_STATUS_BYTES, Error, Status, dump
-from backroom.referee.service import Referee, WorkBudget
+from backroom.referee.budgets import WorkBudget
+from backroom.referee.service import Referee
 
 from .conftest import RawAgent, drained, identity, load_factor
 
@@ -106,7 +107,7 @@ async def test_statuses_share_the_outbox_budget_and_big_ones_are_dropped_unread(
         await mal.published(topics.status("mallory"), huge, retain=True)
         await drained(ref)
         assert sample("backroom_statuses_dropped_total", reason="oversized") - big == 1
-        ref._inputs["mallory"].tokens = 1e-9  # what is left after a flood: one more payload
+        ref.budgets.input("mallory").tokens = 1e-9  # what is left after a flood: one more payload
         for i in range(20):
             state = "offline" if i % 2 else "online"
             await mal.bus.publish(topics.status("mallory"), Status(state=state, kind="raw"))

@@ -20,7 +20,6 @@ from rich.table import Table
 from backroom.analysis import beauty, bertrand, kuhn, social
 from backroom.analysis.episodes import PLAYED, Episode, by_game, load_episodes, played
 from backroom.games.base import make_game, registered_games
-from backroom.referee.episodes import LATEST, resolve_run_dir
 from backroom.referee.fallbacks import (
     count_fallbacks,
     has_fallback,
@@ -28,6 +27,7 @@ from backroom.referee.fallbacks import (
     warning_lines,
 )
 from backroom.referee.fallbacks import reasons as fallback_reasons
+from backroom.runs import LATEST, resolve_run_dir
 
 __all__ = ["analyze_episodes", "analyze_run", "load_episodes", "notes", "render_tables"]
 

@@ -35,7 +35,9 @@ from backroom.bus.wire import (
     Chat,
     Delivery,
     DeliveryRecord,
+    EndReason,
     EpisodeRecord,
+    ErrorReason,
     Event,
     Fallback,
     MatchEnd,
@@ -114,12 +116,12 @@ class MatchReferee(Protocol):
     def reject(
         self,
         agent: str,
-        reason: str,
+        reason: ErrorReason,
         detail: str,
         match: str | None = None,
         ref_seq: int | None = None,
     ) -> None: ...
-    async def finished(self, match: Match, record: EpisodeRecord) -> None: ...
+    async def finished(self, match: Match | None, record: EpisodeRecord) -> None: ...
 
 
 class Match:
@@ -169,7 +171,8 @@ class Match:
     # --- the match loop ---------------------------------------------------------
 
     async def run(self) -> None:
-        reason, detail = "normal", ""
+        reason: EndReason = "normal"
+        detail = ""
         try:
             self.start()
             await self.opening_talk()
@@ -405,8 +408,13 @@ class Match:
         seat = waiting[0]
         p = self.pending[seat]
         if msg.turn != p.turn:
-            reason = "late" if msg.turn is not None and msg.turn < p.turn else "bad_turn"
-            return self.reject(agent, msg, reason, f"turn {msg.turn} is not the open turn {p.turn}")
+            late = msg.turn is not None and msg.turn < p.turn
+            return self.reject(
+                agent,
+                msg,
+                "late" if late else "bad_turn",
+                f"turn {msg.turn} is not the open turn {p.turn}",
+            )
         if isinstance(msg, Chat):
             if p.phase != "talk":
                 return self.reject(agent, msg, "wrong_phase", "this turn wants an action, not chat")
@@ -466,7 +474,7 @@ class Match:
         self.free_chat_used[(channel.name, seat)] = used + 1
         self.deliver(seat, channel, msg.text)
 
-    def reject(self, agent: str, msg: Action | Chat, reason: str, detail: str) -> None:
+    def reject(self, agent: str, msg: Action | Chat, reason: ErrorReason, detail: str) -> None:
         self.invalid_inputs += 1
         self.referee.reject(agent, reason, detail, match=self.id, ref_seq=msg.seq)
 
@@ -540,7 +548,7 @@ class Match:
         self.public_sent_at = time.monotonic()
         self.referee.public_due.pop(self.id, None)
 
-    async def finish(self, reason: str, detail: str) -> None:
+    async def finish(self, reason: EndReason, detail: str) -> None:
         state = self.state
         terminal = state.is_terminal()
         raw = (
@@ -565,7 +573,7 @@ class Match:
             round_rewards=list(state.round_rewards),
             raw_returns=raw,
             returns=returns,
-            reason=reason,  # type: ignore[arg-type]
+            reason=reason,
             detail=detail,
             timeouts=self.timeouts,
             invalid_inputs=self.invalid_inputs,

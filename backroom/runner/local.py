@@ -42,7 +42,9 @@ from backroom.bus.client import Bus, BusConfig
 from backroom.bus.connection import broker_reachable
 from backroom.bus.errors import BusError
 from backroom.bus.wire import (
+    IDENTITY_WINDOW_S,
     MAX_TRACE_BYTES,
+    SHUTTING_DOWN,
     EpisodeRecord,
     Event,
     MatchRequest,
@@ -53,10 +55,9 @@ from backroom.bus.wire import (
     parse_all,
     parse_status,
 )
-from backroom.referee.episodes import bind_run_dir, new_run_dir
 from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
-from backroom.referee.service import IDENTITY_WINDOW_S, NOT_WRITTEN, SHUTTING_DOWN
 from backroom.runner.config import EXTERNAL, RunConfig
+from backroom.runs import bind_run_dir, new_run_dir
 
 #: Seconds into the wait for processes to come online before the runner says who is missing.
 SLOW_START_S = 10.0
@@ -652,7 +653,7 @@ async def run_matches(
             if record.match == current[match_id]:  # not asked for again already
                 ask_again(match_id, "voided")  # its referee stopped: not the match's doing
             return
-        if record.reason == "error" and record.detail.startswith(NOT_WRITTEN):
+        if record.not_written:
             # The referee cannot write the run's file (a full disk, a broken run
             # directory): every later match would go the same way. Fail now, saying why.
             unwritten.append(f"referee {record.referee} could not write match {match_id}: ")

@@ -107,13 +107,12 @@ def build_samples(
     run of a seed, so an interrupted and resumed run ends with the adapter of one
     that ran through (to the agents' scoring precision: tests/test_trainer.py).
     """
-    assert config.hp is not None
+    assert config.hp is not None and config.algorithm != "dpo"  # dpo: trainer.dpo, no rollouts
     hp = config.hp
     episodes = sorted(episodes, key=lambda ep: ep.record.match)
-    algorithm = "grpo" if config.algorithm == "dpo" else config.algorithm
     credit = assign_credit(
         episodes,
-        algorithm,
+        config.algorithm,
         Hyper(
             discount=hp.discount,
             reward_norm=hp.reward_norm,
