@@ -171,7 +171,9 @@ class RawAgent:
         else:
             await drained(referee)
             assert referee.bus is not None
-            await referee.bus.publish(topics.inbox(self.id), Error(match=tag, reason="barrier"))
+            await referee.bus.publish(
+                topics.inbox(self.id), Error(match=tag, reason="unknown_match")
+            )
         await self._until(lambda: tag in self._marked, timeout)
 
     async def published(
