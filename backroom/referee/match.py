@@ -16,7 +16,6 @@ agent the referee writes down unchecked, and it can only mark its own moves.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import random
 import time
@@ -26,7 +25,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from backroom import metrics
+from backroom import metrics, seeds
 from backroom.bus import topics
 from backroom.bus.wire import (
     Action,
@@ -75,21 +74,6 @@ class Observer(Protocol):
     """A latency histogram (a prometheus child)."""
 
     def observe(self, amount: float) -> None: ...
-
-
-def play_seed(spec: MatchSpec) -> int:
-    """The seed a match's agents sample from (``MatchStart.seed``): its own, rerun after rerun.
-
-    A CRN group's members share ``spec.seed`` so they deal alike; if their
-    agents sampled alike too, the group would play one match k times (and a
-    GRPO group would have no spread to learn from). So past the group's first
-    match, the seed is mixed with ``crn_index`` by a fixed hash (not Python's
-    ``hash``, which varies per process).
-    """
-    if spec.crn_index == 0:
-        return spec.seed
-    digest = hashlib.blake2b(f"{spec.seed}/crn/{spec.crn_index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1  # non-negative, fits a signed 64-bit int
 
 
 class MatchReferee(Protocol):
@@ -150,7 +134,7 @@ class Match:
                 max_messages=1000,
             )
         self.state: State = self.game.new_initial_state(spec.seed)
-        self.rng = random.Random(spec.seed ^ 0x5EED)
+        self.rng = random.Random(seeds.referee_rng_seed(spec.seed))
         self.turn_no = 0
         self.seq = 0
         self.pending: dict[int, Pending] = {}  # seats the open turn still waits on
@@ -210,7 +194,7 @@ class Match:
                     channels=mine,
                     turn_timeout_s=self.spec.turn_timeout_s,
                     adapter=self.spec.adapters[seat] if seat < len(self.spec.adapters) else None,
-                    seed=play_seed(self.spec),
+                    seed=seeds.play_seed(self.spec.seed, self.spec.crn_index),
                 ),
             )
         self.public("started", {"game": self.spec.game, "seats": list(self.spec.seats)})
