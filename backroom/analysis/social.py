@@ -25,6 +25,7 @@ from typing import Any
 
 from backroom.analysis.episodes import Episode
 from backroom.analysis.plotting import figure, save
+from backroom.games.ipd import COOPERATE
 
 GAMES = ("ipd", "split_nocomm", "trust_and_split")
 
@@ -37,7 +38,7 @@ def _ipd_rounds(ep: Episode) -> list[dict[str, Any]]:
     out = []
     for h in ep["final_observations"][0]["history"]:
         moves = [h["mine"], h["theirs"]]  # seat 0's view: mine is seat 0
-        out.append({"optimum": optimum, "cooperative": [m == "A" for m in moves]})
+        out.append({"optimum": optimum, "cooperative": [m == COOPERATE for m in moves]})
     return out
 
 

@@ -548,9 +548,8 @@ def parse_all(
     one pass of pydantic-core, stopped at the first bad message, and the whole
     batch is refused with that one ``WireError`` (its index in the detail).
     A writer that follows the schema never sends a bad message, so nothing a
-    well-behaved sender batched is lost; judging a hostile array element by
-    element cost the referee seconds per 64 KB (issue 22). ``max_bytes``
-    bounds the whole payload, ``MAX_BATCH_MESSAGES`` its length.
+    well-behaved sender batched is lost (docs/operations.md, *Incidents*).
+    ``max_bytes`` bounds the whole payload, ``MAX_BATCH_MESSAGES`` its length.
     """
     if len(payload) > max_bytes:
         return [WireError("oversized", f"payload of {len(payload)} bytes exceeds {max_bytes}")]

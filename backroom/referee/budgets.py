@@ -68,13 +68,11 @@ class WorkBudget:
     """Seconds of the loop one identity may use: ``burst`` at once, then ``share`` of each second.
 
     A payload is charged after it was handled, with the seconds it held the
-    loop: a payload cheap in bytes and dear to judge pays what it cost (a byte
-    budget let 64 KB that took 2.6 s through as 64 KB). The balance may go
-    below zero; nothing more is read from that identity until the clock has
-    paid the debt back. The clock refills only the time between one
-    payload's end and the next one's start: the seconds a payload held the
-    loop earn it nothing (a byte budget refilled by the wall clock paid a
-    stalled referee's sender for the stall).
+    loop: a payload cheap in bytes and dear to judge pays what it cost. The
+    balance may go below zero; nothing more is read from that identity until
+    the clock has paid the debt back. The clock refills only the time between
+    one payload's end and the next one's start: the seconds a payload held the
+    loop earn it nothing (docs/operations.md, *Incidents*: why not bytes).
     """
 
     __slots__ = ("at", "burst", "share", "tokens")

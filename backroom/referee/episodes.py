@@ -27,8 +27,8 @@ class EpisodeLog:
         """Whether a request carrying ``key`` may have its record written in ``runs/<run>/<stamp>``.
 
         Any runner-role identity may send requests, and a run's name and stamp
-        are in every episode it publishes: by naming them, a runner made a
-        referee append into another run's file. A stamped directory is bound
+        are in every episode it publishes: by naming them, a runner could make
+        a referee append into another run's file. A stamped directory is bound
         to the key of its run (``bind_run_dir``; here, at the first request
         that names it with a key) and takes records only from requests with
         that key. A directory never bound takes keyless requests (scripts,
@@ -113,10 +113,8 @@ class EpisodeLog:
 
 
 def write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data``: ``os.write`` may write less than asked (a full disk, a signal).
-
-    A short write ignored left a torn record, fsync'd and reported written.
-    """
+    """Write all of ``data``: ``os.write`` may write less than asked (a full disk, a signal),
+    and a short write ignored would leave a torn record, fsync'd and reported written."""
     view = memoryview(data)
     while view:
         n = os.write(fd, view)

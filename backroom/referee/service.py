@@ -362,9 +362,8 @@ class Referee:
         """A request for a match this referee runs or ran: say ``running``, or publish again.
 
         Episodes published while the runner's session was lost (a broker
-        killed) reach nobody, and a request asked again used to be dropped in
-        silence: the runner waited for ever. Its episode goes out again now
-        (counted in ``backroom_episodes_republished_total``); one past
+        killed) reach nobody, so the runner asks again: its episode goes out
+        again (counted in ``backroom_episodes_republished_total``); one past
         ``REPUBLISH_MEMORY_BYTES`` is not kept, and the runner then asks for the
         match under a new id.
         """
@@ -657,11 +656,10 @@ class Referee:
     async def _write(self, record: EpisodeRecord, record_json: bytes) -> EpisodeRecord:
         """Append ``record`` to its run's file; the ``error`` record to publish when that fails.
 
-        A full disk or a broken run directory used to be logged per match and
-        the episode never published, so the runner waited for ever. The episode
-        still goes out, as an ``error`` naming the ``OSError`` (its play kept,
-        for the record) and marked ``not_written``: the runner fails the run
-        with that reason.
+        On a full disk or a broken run directory the episode still goes out,
+        as an ``error`` naming the ``OSError`` (its play kept, for the record)
+        and marked ``not_written``: the runner fails the run with that reason
+        rather than wait for a record that never comes.
         """
         try:
             await self.episodes.append(record.run, record_json, record.spec.run_stamp)

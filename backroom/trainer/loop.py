@@ -35,6 +35,7 @@ from backroom import metrics
 from backroom.agents.adapters import adapter_digest
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import AdapterRef
+from backroom.games.ipd import COOPERATE
 from backroom.trainer.advantages import Hyper, assign_credit
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import TrainConfig
@@ -94,7 +95,7 @@ def cooperation_rate(game: str, episodes: Sequence[Joined]) -> float | None:
         for a in ep.record.actions
         if a.phase == "act" and a.seat in ep.request.trainable
     ]
-    return sum(1 for m in moves if m == "A") / len(moves) if moves else None
+    return sum(1 for m in moves if m == COOPERATE) / len(moves) if moves else None
 
 
 def build_samples(
@@ -516,7 +517,7 @@ async def _evaluate(
             a.action for ep in eps for a in ep.record.actions if a.phase == "act" and a.seat == 0
         ]
         coop = (
-            sum(1 for m in moves if m == "A") / len(moves)
+            sum(1 for m in moves if m == COOPERATE) / len(moves)
             if config.game == "ipd" and moves
             else None
         )

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from backroom.agents.base import JSON, ScriptedAgent, register_agent
 from backroom.bus.wire import Turn
-
-COOPERATE, DEFECT = "A", "B"
+from backroom.games.ipd import COOPERATE, DEFECT
 
 
 @register_agent("tit-for-tat")
