@@ -19,7 +19,6 @@ import logging
 import os
 import socket
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
@@ -37,13 +36,11 @@ from backroom.bus.wire import (
     BROKER_LOST,
     FORGOTTEN,
     IDENTITY_WINDOW_S,
-    MAX_PAYLOAD_BYTES,
     RUNNING,
     SHUTTING_DOWN,
     Action,
     Chat,
     EpisodeRecord,
-    Error,
     ErrorReason,
     Event,
     MatchRequest,
@@ -63,16 +60,11 @@ from backroom.referee.budgets import (
     Budgets,
 )
 from backroom.referee.episodes import EpisodeLog
+from backroom.referee.finished import Finished, asker, refusal_record
 from backroom.referee.group import RefereeGroup
+from backroom.referee.inputs import Judge
 from backroom.referee.match import Match
 
-#: How many finished match ids a referee remembers, to answer late messages and drop duplicate requests.
-FINISHED_MEMORY = 10_000
-#: Bytes of finished matches' episodes a referee keeps, newest first, to publish again
-#: when a runner asks again (its session was lost while they went out: ``_request``).
-REPUBLISH_MEMORY_BYTES = 64 << 20
-#: Seconds between two publications of one match's episode again, however often it is asked.
-REPUBLISH_EVERY_S = 5.0
 #: Seconds after a reconnect during which seats of agents whose status says offline
 #: still wait for them (instead of getting the default at once, past their grace): a
 #: broker that went away sent everyone's will, and agents come back on their own
@@ -108,13 +100,8 @@ class Referee:
         self._public_timer: asyncio.TimerHandle | None = None
         self.matches: dict[str, Match] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.finished_ids: OrderedDict[str, None] = OrderedDict()
-        #: Finished match -> (game, record JSON) as published, within ``REPUBLISH_MEMORY_BYTES``.
-        self.published: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
-        self._published_bytes = 0
-        #: Match -> who asked for it (``reply_to``, ``run_key``): only they may have it again.
-        self._askers: dict[str, tuple[str | None, str | None]] = {}
-        self._republished_at: dict[str, float] = {}  # match -> monotonic time of its last
+        self.past = Finished()
+        self.finished_ids = self.past.ids  # match ids finished here, oldest first
         self.offline: set[str] = set()
         self.offline_since: dict[str, float] = {}  # agent -> monotonic time its status said offline
         self.kinds: dict[str, str] = {}
@@ -122,13 +109,7 @@ class Referee:
         self._counters: dict[tuple[str, str], Any] = {}
         self._latency: dict[tuple[str, str], Any] = {}
         self.budgets = Budgets(error_burst, error_rate_per_s, input_burst_s, input_share)
-        #: Seconds the payload being judged spent in its matches' own work (not charged).
-        self._match_s = 0.0
-        self._refused = 0  # refusals so far (``reject``): a refused move is charged to its sender
-        # While an outbox payload is judged: its sender, its first refusal, how many more.
-        self._judging: str | None = None
-        self._held: Error | None = None
-        self._held_more = 0
+        self.judge = Judge(self.budgets, self.send_to)
         self.peers = RefereeGroup(self.name, self._on_request, self._announce, self.log)
         self.bus: Bus | None = None
         self.idle = asyncio.Event()
@@ -348,7 +329,7 @@ class Referee:
             self._publish_refusal(msg, str(exc))
             return
         self.matches[match.id] = match
-        self._askers[match.id] = (msg.reply_to, msg.run_key)
+        self.past.asked(match.id, asker(msg))
         if msg.reply_to:
             # "identity": whose status tells the runner when this referee is gone
             # (its will), and with it the matches it accepted.
@@ -368,7 +349,7 @@ class Referee:
         match under a new id.
         """
         assert self.bus is not None
-        if not msg.again or (msg.reply_to, msg.run_key) != self._askers.get(msg.match):
+        if not msg.again or not self.past.asked_by(msg.match, asker(msg)):
             # A redelivery, or someone else naming the match: an episode (up to 16 MB) goes
             # to every reader, so only the asker's own `again` gets it.
             return
@@ -377,71 +358,33 @@ class Referee:
                 running = Event(match=msg.match, kind=RUNNING, data={"referee": self.id})
                 self.send(topics.inbox(msg.reply_to), running, batch=msg.reply_batches)
             return
-        kept = self.published.get(msg.match)
+        kept = self.past.published.get(msg.match)
         if kept is None:
             if msg.reply_to:  # finished here, no longer kept: the runner asks under a new id
                 gone = Event(match=msg.match, kind=FORGOTTEN, data={"referee": self.id})
                 self.send(topics.inbox(msg.reply_to), gone, batch=msg.reply_batches)
             return
-        now = time.monotonic()
-        if now - self._republished_at.get(msg.match, -REPUBLISH_EVERY_S) < REPUBLISH_EVERY_S:
+        if not self.past.republish_due(msg.match):
             return
-        self._republished_at[msg.match] = now
         game, record_json = kept
         metrics.EPISODES_REPUBLISHED.inc()
         self._counter("out", "episode").inc()
         self.bus.publish(topics.episodes(game), dump_episode(msg.match, record_json), batch=True)
-
-    def _keep_published(self, match: str, game: str, record_json: bytes) -> None:
-        self.published[match] = (game, record_json)
-        self._published_bytes += len(record_json)
-        while self._published_bytes > REPUBLISH_MEMORY_BYTES and self.published:
-            gone, (_, old) = self.published.popitem(last=False)
-            self._published_bytes -= len(old)
-            self._republished_at.pop(gone, None)
 
     async def _run_match(self, match: Match) -> None:
         try:
             await match.run()
         finally:
             self.matches.pop(match.id, None)
-            self.finished_ids[match.id] = None
-            while len(self.finished_ids) > FINISHED_MEMORY:
-                forgotten, _ = self.finished_ids.popitem(last=False)
-                self._askers.pop(forgotten, None)
+            self.past.add(match.id)
             if not self.matches:
                 self.idle.set()
 
     def _on_outbox(self, topic: str, payload: bytes) -> None:
-        """Judge every message of one payload; answer its refusals with one ``Error`` at most.
-
-        A 64 KB batch holds some 21,000 ``{}``: answering each would turn one
-        message from an agent into thousands from the referee. Every refusal
-        is still counted (``backroom_invalid_inputs_total``, the match's
-        ``invalid_inputs``); the reply names the first and how many more.
-        """
+        """Judge every message of one payload (``referee.inputs``): one ``Error`` at most."""
         agent = topics.agent_of(topic)
-        if agent is None:
-            return
-        with self.budgets.admit(agent) as ticket:
-            if not ticket.open:
-                metrics.INPUTS_DROPPED.inc()
-                share = self.budgets.input_share
-                detail = f"over {share:.0%} of the referee's time: payload dropped unread"
-                self._send_error(agent, Error(reason="rate_limited", detail=detail))
-                return
-            self._judging, self._match_s = agent, 0.0
-            try:
-                for msg in parse_all(payload, MAX_PAYLOAD_BYTES):
-                    self._from_agent(agent, msg)
-                held, more = self._held, self._held_more
-                if held is not None:
-                    if more:
-                        held.detail = f"{held.detail} (and {more} more refused in the same payload)"
-                    self._send_error(agent, held)
-            finally:
-                ticket.uncharged = self._match_s
-                self._judging, self._held, self._held_more = None, None, 0
+        if agent is not None:
+            self.judge.outbox(agent, payload, self._from_agent)
 
     def _from_agent(self, agent: str, msg: Any) -> None:
         if isinstance(msg, WireError):
@@ -472,27 +415,14 @@ class Referee:
                 msg.match,
                 msg.seq,
             )
-        start, refused = time.monotonic(), self._refused
-        match.on_message(agent, msg)
-        if self._refused == refused:  # an accepted move: the match's work, not the sender's
-            self._match_s += time.monotonic() - start
+        with self.judge.match_work():
+            match.on_message(agent, msg)
 
     def _on_status(self, topic: str, payload: bytes) -> None:
-        """Follow an identity's status, out of the same budget as its outbox.
-
-        A status costs the loop too (an ``offline`` visits every match), so a
-        flood of online/offline flips or of big statuses is dropped past the
-        budget and counted (``backroom_statuses_dropped_total``); what is lost
-        is the sender's own presence, renewed by its next status.
-        """
+        """Follow an identity's status, out of the same budget as its outbox (``Judge.status``)."""
         agent = topics.agent_of(topic)
-        if agent is None:
-            return
-        with self.budgets.admit(agent) as ticket:
-            if not ticket.open:
-                metrics.STATUSES_DROPPED.labels(reason="over_budget").inc()
-                return
-            self._follow_status(agent, payload)
+        if agent is not None:
+            self.judge.status(agent, lambda: self._follow_status(agent, payload))
 
     def _follow_status(self, agent: str, payload: bytes) -> None:
         try:
@@ -602,28 +532,8 @@ class Referee:
         match: str | None = None,
         ref_seq: int | None = None,
     ) -> None:
-        """Count a refused message and answer it (once per payload, within the agent's budget).
-
-        A refusal inside a match (not your turn, an illegal action) is the sender's cost:
-        ``_refused`` tells ``_from_agent`` not to take its time off the sender's charge.
-        """
-        self._refused += 1
-        metrics.INVALID_INPUTS.labels(reason=reason).inc()
-        error = Error(match=match, reason=reason, detail=detail, ref_seq=ref_seq)
-        if self._judging == agent:
-            if self._held is None:
-                self._held = error
-            else:
-                self._held_more += 1
-            return
-        self._send_error(agent, error)
-
-    def _send_error(self, agent: str, error: Error) -> None:
-        """Send ``error`` if ``agent``'s token bucket has a token; else drop it and count it."""
-        if self.budgets.may_error(agent):
-            self.send_to(agent, error)
-        else:
-            metrics.ERRORS_DROPPED.inc()
+        """Count a refused message and answer it (``Judge.reject``)."""
+        self.judge.reject(agent, reason, detail, match, ref_seq)
 
     async def finished(
         self, match: Match | None, record: EpisodeRecord, write: bool = True
@@ -648,7 +558,7 @@ class Referee:
                 ).inc()
         assert self.bus is not None
         self._counter("out", "episode").inc()
-        self._keep_published(record.match, record.game, record_json)
+        self.past.keep(record.match, record.game, record_json)
         self.bus.publish(
             topics.episodes(record.game), dump_episode(record.match, record_json), batch=True
         )
@@ -678,29 +588,9 @@ class Referee:
         """A request the referee cannot run still gets an episode, an ``error`` without play.
 
         ``write=False``: published only (the run directory it names is not the requester's)."""
-        now = time.time()
-        record = EpisodeRecord(
-            match=msg.match,
-            run=msg.spec.run,
-            referee=self.id,
-            spec=msg.spec,
-            game=msg.spec.game,
-            params=msg.spec.params,
-            seed=msg.spec.seed,
-            crn_group=msg.spec.crn_group,
-            seats=list(msg.spec.seats),
-            actions=[],
-            deliveries=[],
-            round_rewards=[],
-            raw_returns=[0.0] * len(msg.spec.seats),
-            returns=[0.0] * len(msg.spec.seats),
-            reason="error",
-            detail=f"refused: {why}",
-            started_at=now,
-            ended_at=now,
-        )
-        self.finished_ids[msg.match] = None
-        self._askers[msg.match] = (msg.reply_to, msg.run_key)
+        record = refusal_record(msg, self.id, why)
+        self.past.add(msg.match)
+        self.past.asked(msg.match, asker(msg))
         self._spawn(self.finished(None, record, write=write))
 
     def _spawn(self, coro: Any) -> None:
