@@ -93,7 +93,7 @@ def foreign_records(
 
     A run plays one game, but its episodes.jsonl takes whatever a referee was
     asked to write there: a well-formed record of another game, or one whose
-    seats do not fit its game, crashed the measures (``KeyError``,
+    seats do not fit its game, would crash the measures (``KeyError``,
     ``IndexError``). With ``one_game`` (a run's own directory) the run's game
     is the game of most records (the first one's on a tie) and records of any
     other game are skipped (``other_game``); a list of several runs' records

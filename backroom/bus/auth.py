@@ -186,7 +186,7 @@ class CredentialStore:
 
         Several processes write one store: two ``backroom train --credentials DIR``
         started in the same second each add their identities. Without the lock one
-        add was lost, and the two shared one temporary file (``passwd.tmp``).
+        add would be lost, and the two would share one temporary file (``passwd.tmp``).
         """
         self.dir.mkdir(parents=True, exist_ok=True)
         if fcntl is None:
