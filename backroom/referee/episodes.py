@@ -33,7 +33,7 @@ class EpisodeLog:
         that names it with a key) and takes records only from requests with
         that key. A directory never bound takes keyless requests (scripts,
         runners before keys); one that cannot be read is left to the write,
-        whose failure is reported (``Referee._write``).
+        whose failure is reported (``Referee._write``, in ``referee.service``).
         """
         run_dir = self.runs_dir / run / stamp
         digest = key_digest(key) if key else None
