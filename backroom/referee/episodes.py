@@ -9,9 +9,12 @@ finish while a write is under way are committed together in the next write
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 
+from backroom import metrics
+from backroom.bus.wire import EpisodeRecord
 from backroom.runs import EPISODES_FILE, LATEST, RUN_KEY_FILE, key_digest, point_latest
 
 
@@ -33,7 +36,7 @@ class EpisodeLog:
         that names it with a key) and takes records only from requests with
         that key. A directory never bound takes keyless requests (scripts,
         runners before keys); one that cannot be read is left to the write,
-        whose failure is reported (``Referee._write``, in ``referee.service``).
+        whose failure is reported (``EpisodeLog.commit``).
         """
         run_dir = self.runs_dir / run / stamp
         digest = key_digest(key) if key else None
@@ -69,6 +72,29 @@ class EpisodeLog:
     def path(self, run: str, stamp: str | None = None) -> Path:
         """``runs/<run>/<stamp>/episodes.jsonl``; without a stamp, ``runs/<run>/episodes.jsonl``."""
         return self.runs_dir / run / (stamp or "") / EPISODES_FILE
+
+    async def commit(
+        self, record: EpisodeRecord, record_json: bytes, log: logging.Logger
+    ) -> EpisodeRecord:
+        """Append ``record`` to its run's file; the ``error`` record to publish when that fails.
+
+        On a full disk or a broken run directory the episode still goes out,
+        as an ``error`` naming the ``OSError`` (its play kept, for the record)
+        and marked ``not_written``: the runner fails the run with that reason
+        rather than wait for a record that never comes.
+        """
+        try:
+            await self.append(record.run, record_json, record.spec.run_stamp)
+        except OSError as exc:
+            metrics.EPISODES_NOT_WRITTEN.inc()
+            where = self.path(record.run, record.spec.run_stamp)
+            log.error("match %s: episode not written to %s: %r", record.match, where, exc)
+            was = f"{record.reason}: {record.detail}" if record.detail else record.reason
+            detail = f"episode not written to {where}: {exc!r} (the match ended {was})"
+            return record.model_copy(
+                update={"reason": "error", "detail": detail, "not_written": True}
+            )
+        return record
 
     async def append(self, run: str, record_json: bytes, stamp: str | None = None) -> None:
         """Return once the record (serialised once, by the caller, for disk and bus alike) is on disk."""

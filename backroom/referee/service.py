@@ -64,6 +64,7 @@ from backroom.referee.finished import Finished, asker, refusal_record
 from backroom.referee.group import RefereeGroup
 from backroom.referee.inputs import Judge
 from backroom.referee.match import Match
+from backroom.referee.public import PublicPacer
 
 #: Seconds after a reconnect during which seats of agents whose status says offline
 #: still wait for them (instead of getting the default at once, past their grace): a
@@ -95,9 +96,8 @@ class Referee:
         self.log = logging.getLogger("backroom.referee")
         self.episodes = EpisodeLog(runs_dir)
         self.offline_grace_s = offline_grace_s
-        self.public_interval_s = public_interval_s
-        self.public_due: dict[str, Match] = {}
-        self._public_timer: asyncio.TimerHandle | None = None
+        self.public = PublicPacer(public_interval_s)
+        self.public_due = self.public.due  # matches whose public events wait (``Match``)
         self.matches: dict[str, Match] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.past = Finished()
@@ -477,33 +477,8 @@ class Referee:
         self.bus.publish(topic, msg, batch=batch)
 
     def public_pending(self, match: Match) -> None:
-        """``match`` queued public events: send them at most every ``public_interval_s``.
-
-        Each match's public topic is its own MQTT message, so sending after
-        every turn would cost a packet per move and match. Instead a match's
-        events leave together ``public_interval_s`` after its previous public
-        message (the first: after it started), and at its end; a match played
-        within the interval costs one message. Spectators see events at most
-        that late. With an interval of 0 every turn flushes at once.
-        """
-        if self.public_interval_s <= 0:
-            match.flush_public()
-            return
-        self.public_due[match.id] = match
-        if self._public_timer is None:
-            loop = asyncio.get_running_loop()
-            self._public_timer = loop.call_later(self.public_interval_s / 4, self._flush_public)
-
-    def _flush_public(self) -> None:
-        self._public_timer = None
-        now = time.monotonic()
-        for match in list(self.public_due.values()):
-            if now - match.public_sent_at >= self.public_interval_s:
-                match.flush_public()
-        if self.public_due:
-            self._public_timer = asyncio.get_running_loop().call_later(
-                self.public_interval_s / 4, self._flush_public
-            )
+        """``match`` queued public events: they leave at the pace of ``referee.public``."""
+        self.public.pending(match)
 
     def send_to(self, agent: str, msg: BaseModel) -> None:
         self.send(topics.inbox(agent), msg, batch=agent in self.batching)
@@ -545,7 +520,7 @@ class Referee:
         """
         record_json = record.model_dump_json().encode()  # the longest message: serialised once
         if write:
-            written = await self._write(record, record_json)
+            written = await self.episodes.commit(record, record_json, self.log)
             if written is not record:
                 record, record_json = written, written.model_dump_json().encode()
         # A refused request may name any game: the label takes registered ones only.
@@ -562,27 +537,6 @@ class Referee:
         self.bus.publish(
             topics.episodes(record.game), dump_episode(record.match, record_json), batch=True
         )
-
-    async def _write(self, record: EpisodeRecord, record_json: bytes) -> EpisodeRecord:
-        """Append ``record`` to its run's file; the ``error`` record to publish when that fails.
-
-        On a full disk or a broken run directory the episode still goes out,
-        as an ``error`` naming the ``OSError`` (its play kept, for the record)
-        and marked ``not_written``: the runner fails the run with that reason
-        rather than wait for a record that never comes.
-        """
-        try:
-            await self.episodes.append(record.run, record_json, record.spec.run_stamp)
-        except OSError as exc:
-            metrics.EPISODES_NOT_WRITTEN.inc()
-            where = self.episodes.path(record.run, record.spec.run_stamp)
-            self.log.error("match %s: episode not written to %s: %r", record.match, where, exc)
-            was = f"{record.reason}: {record.detail}" if record.detail else record.reason
-            detail = f"episode not written to {where}: {exc!r} (the match ended {was})"
-            return record.model_copy(
-                update={"reason": "error", "detail": detail, "not_written": True}
-            )
-        return record
 
     def _publish_refusal(self, msg: MatchRequest, why: str, write: bool = True) -> None:
         """A request the referee cannot run still gets an episode, an ``error`` without play.
