@@ -11,8 +11,7 @@ and answers.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from backroom import metrics
 from backroom.bus.wire import MAX_PAYLOAD_BYTES, Error, ErrorReason, Message, WireError, parse_all
@@ -71,12 +70,10 @@ class Judge:
                 return
             follow()
 
-    @contextmanager
-    def match_work(self) -> Iterator[None]:
-        """A move handed to its match: its time is the match's work, not the sender's,
-        unless the match refused it (not your turn, an illegal action)."""
-        start, refused = time.monotonic(), self.refused
-        yield
+    def moved(self, start: float, refused: int) -> None:
+        """A move handed to its match at ``start`` (``refused`` refusals before) is done: its
+        time is the match's work, not the sender's, unless the match refused it (not your
+        turn, an illegal action). Not a context manager: this is every move's path."""
         if self.refused == refused:
             self._match_s += time.monotonic() - start
 

@@ -415,8 +415,9 @@ class Referee:
                 msg.match,
                 msg.seq,
             )
-        with self.judge.match_work():
-            match.on_message(agent, msg)
+        start, refused = time.monotonic(), self.judge.refused
+        match.on_message(agent, msg)
+        self.judge.moved(start, refused)
 
     def _on_status(self, topic: str, payload: bytes) -> None:
         """Follow an identity's status, out of the same budget as its outbox (``Judge.status``)."""
