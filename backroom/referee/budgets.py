@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 #: Error replies an identity may get at once, and how fast its budget refills
@@ -95,13 +93,27 @@ class WorkBudget:
         self.at = max(self.at, now)
 
 
-@dataclass
 class Ticket:
     """One payload's admission: ``open`` when it may be handled; ``uncharged`` are seconds of
-    its handling that were not the sender's doing (the matches' own work on its moves)."""
+    its handling that were not the sender's doing (the matches' own work on its moves).
+    Leaving the ``with`` block charges the budget (a class, not a generator: every payload
+    takes this path)."""
 
-    open: bool
-    uncharged: float = 0.0
+    __slots__ = ("budget", "open", "start", "uncharged")
+
+    def __init__(self, budget: WorkBudget, start: float) -> None:
+        self.budget = budget
+        self.start = start
+        self.open = budget.open(start)
+        self.uncharged = 0.0
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = time.monotonic()
+        spent = end - self.start - self.uncharged if self.open else 0.0
+        self.budget.charge(spent + PAYLOAD_OVERHEAD_S, end)
 
 
 class _Lru(Generic[V]):
@@ -151,20 +163,13 @@ class Budgets:
         now = time.monotonic()
         return self._errors.get(agent, now).take(now)
 
-    @contextmanager
-    def admit(self, agent: str) -> Iterator[Ticket]:
-        """Admit one payload of ``agent``'s, and charge it the loop time it took.
+    def admit(self, agent: str) -> Ticket:
+        """Admit one payload of ``agent``'s (``with budgets.admit(agent) as ticket``), and
+        charge it the loop time it took when the block ends.
 
         A payload past the budget is not to be handled (``ticket.open`` is
         false) and costs only ``PAYLOAD_OVERHEAD_S``; one handled costs the
         seconds it held the loop, less ``ticket.uncharged``, plus the overhead.
         """
-        budget = self.input(agent)
         start = time.monotonic()
-        ticket = Ticket(open=budget.open(start))
-        try:
-            yield ticket
-        finally:
-            end = time.monotonic()
-            spent = end - start - ticket.uncharged if ticket.open else 0.0
-            budget.charge(spent + PAYLOAD_OVERHEAD_S, end)
+        return Ticket(self._inputs.get(agent, start), start)

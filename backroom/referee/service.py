@@ -524,8 +524,9 @@ class Referee:
             written = await self.episodes.commit(record, record_json, self.log)
             if written is not record:
                 record, record_json = written, written.model_dump_json().encode()
-        # A refused request may name any game: the label takes registered ones only.
-        game = record.game if record.game in registered_games() else metrics.OTHER
+        # A refused request (no match) may name any game: the label takes registered ones only.
+        known = match is not None or record.game in registered_games()
+        game = record.game if known else metrics.OTHER
         metrics.MATCHES_FINISHED.labels(game=game, outcome=record.reason).inc()
         for action in record.actions:
             if action.fallback is not None:  # a closed set of reasons, a closed set of kinds
