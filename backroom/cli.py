@@ -382,7 +382,8 @@ def referee(
     referee takes a name of it that no other process holds (replicas of one
     compose service, which share one env file; docs/operations.md).
     """
-    from backroom.referee.service import Referee, claim_pooled
+    from backroom.referee.pool import claim_pooled
+    from backroom.referee.service import Referee
 
     _setup_logging(verbose)
     metrics.serve(metrics_port)
@@ -758,7 +759,7 @@ def analyze(
     """
     from backroom.analysis import analyze_run
     from backroom.analysis.report import print_result
-    from backroom.referee.episodes import resolve_run_dir
+    from backroom.runs import resolve_run_dir
 
     if not run_dir.exists():
         raise typer.BadParameter(f"{run_dir} does not exist")

@@ -14,9 +14,9 @@ import pytest
 
 from backroom.bus.wire import EpisodeRecord
 from backroom.cli import demo_config
-from backroom.referee.episodes import read_episodes
 from backroom.runner.config import RunConfig, load_config
 from backroom.runner.local import Stack, identities, run_local, run_matches, start_processes
+from backroom.runs import read_episodes
 
 
 def test_demo_config_200_matches_through_separate_processes(tmp_path: Path) -> None:

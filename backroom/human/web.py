@@ -71,6 +71,7 @@ from backroom.bus import presence, topics
 from backroom.bus.auth import ID_PATTERN, CredentialStore
 from backroom.bus.broker import reload_broker
 from backroom.bus.client import Bus, BusConfig, BusError, Will
+from backroom.bus.errors import LoginRefused
 from backroom.bus.wire import (
     MATCH_ID,
     Action,
@@ -188,7 +189,7 @@ class SeatSession:
         # Subscribed before connecting, so the inbox subscription exists before the
         # on-connect hook announces "online" (a referee may send the moment it sees that).
         await self.bus.subscribe(topics.inbox(self.agent), self._on_inbox)
-        await self.bus.__aenter__()
+        await self.bus.open()
 
     async def _announce(self) -> None:
         assert self.bus is not None
@@ -308,9 +309,9 @@ class WebHub:
             await bus.subscribe(topics.ALL_PUBLIC, self._on_public)
             await bus.subscribe(topics.ALL_STATUS, self._on_status)
             try:
-                await bus.__aenter__()
-            except BusError as exc:
-                if "refused login" not in str(exc) or attempt == 19:
+                await bus.open()
+            except LoginRefused:
+                if attempt == 19:
                     raise
                 await asyncio.sleep(0.1 * (attempt + 1))
                 continue
@@ -466,12 +467,11 @@ class WebHub:
                 session = SeatSession(self, config)
                 try:
                     await session.open()
+                except LoginRefused:
+                    await session.close()
+                    raise WrongSecret(f"the broker refused {agent!r} with that password") from None
                 except BusError as exc:
                     await session.close()
-                    if "refused login" in str(exc):
-                        raise WrongSecret(
-                            f"the broker refused {agent!r} with that password"
-                        ) from None
                     raise JoinError(f"could not connect as {agent!r}: {exc}") from None
                 self.seats[agent] = session
             if session.linger is not None:
