@@ -175,6 +175,14 @@ TRAIN_DROPPED = Counter(
 )
 
 
+# Leagues (``backroom league``): an agent label, bounded by the league's own entrant list.
+RATING = Gauge(
+    "backroom_rating", "An entrant's openskill rating (mu) in a league", ["league", "agent"]
+)
+RATING_SIGMA = Gauge(
+    "backroom_rating_sigma", "The uncertainty (sigma) of an entrant's league rating", ["league", "agent"]
+)
+
 def serve(port: int | None, host: str | None = None) -> WSGIServer | None:
     """Serve /metrics on ``host:port`` (port 0 or None: do not serve); return the server.
 
