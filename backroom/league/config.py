@@ -50,8 +50,8 @@ class Entrant(AgentEntry):
     from_run: str | None = Field(
         default=None, description="a training run directory whose adapter versions play (local)"
     )
-    versions: str | list[str] = Field(
-        default="all", description="all, last, every N, or a list of versions (v0, v10, ...)"
+    versions: str | list[str] | None = Field(
+        default=None, description="all (the default), last, every N, or a list (v0, v10, ...)"
     )
     optional: bool = Field(
         default=False, description="played only while online when a session starts (people)"
@@ -60,7 +60,7 @@ class Entrant(AgentEntry):
     @model_validator(mode="after")
     def _run_fields(self) -> Entrant:
         if self.from_run is None:
-            if "versions" in self.model_fields_set:
+            if self.versions is not None:
                 raise ValueError("`versions` picks adapters of `from_run`; give from_run too")
             return self
         if self.kind != "local":
@@ -92,7 +92,7 @@ class Entrant(AgentEntry):
             return list(self.versions)
         if self.versions == "last":
             return found[-1:]
-        if self.versions == "all":
+        if self.versions in (None, "all"):
             return found
         every = int(_EVERY.match(self.versions).group(1))  # type: ignore[union-attr]
         if every < 1:
