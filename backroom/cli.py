@@ -871,6 +871,10 @@ def web(
             "(default $BACKROOM_WEB_TRUSTED_PROXIES; none)"
         ),
     ] = None,
+    league: Annotated[
+        list[Path] | None,
+        typer.Option("--league", help="a league directory whose standings /league shows (repeat)"),
+    ] = None,
 ) -> None:
     """Play and watch matches in a browser, bridged to the bus with each seat's own identity."""
     require_extra("backroom web", "web", WEB_MODULES)
@@ -888,6 +892,7 @@ def web(
         credentials,
         hosts=hosts,
         trusted_proxies=trusted_proxies,
+        leagues=league or [],
     )
 
 

@@ -97,6 +97,7 @@ from backroom.human.gate import (
     parse_hosts,
     parse_origins,
 )
+from backroom.human.league_page import league_routes
 from backroom.human.parse import offered
 from backroom.human.render import rules_for
 
@@ -576,6 +577,7 @@ def web_app(
     login_limit: int = 5,
     login_backoff_s: float = 2.0,
     served_hosts: Iterable[str] | None = None,
+    leagues: Iterable[Path] = (),
 ) -> Starlette:
     """The Starlette app: ``/`` the page, ``/ws`` the bridge, ``/api/matches`` the lobby as JSON.
 
@@ -736,6 +738,7 @@ def web_app(
             Route("/api/matches", matches),
             Route("/healthz", health),
             WebSocketRoute("/ws", ws_endpoint),
+            *league_routes(list(leagues), headers),  # /league: human/league_page.py
         ],
         middleware=[Middleware(OnlyServedHosts)],
         lifespan=lifespan,
@@ -790,6 +793,7 @@ def web_command(
     origins: str | None = None,
     hosts: str | None = None,
     trusted_proxies: str | None = None,
+    leagues: Iterable[Path] = (),
 ) -> None:
     """Serve the page until Ctrl-C (what ``backroom web`` runs).
 
@@ -836,12 +840,15 @@ def web_command(
         observer=observer,
         allowed_origins=allowed,
         served_hosts=served,
+        leagues=leagues,
     )
     url = f"http://{host}:{port}/"
     print(f"backroom web: {url}  (broker {broker})")
     if token:
         print(f"  players: open {url}#token={token} and enter an agent id of {credentials}")
     print("  or enter an agent id and its password (`backroom credentials add ID` prints it)")
+    if leagues:
+        print(f"  league standings: {url}league")
     if allowed:
         print(f"  pages of {', '.join(allowed)} may connect too ({ORIGINS_ENV})")
     if observer is None:
