@@ -180,8 +180,11 @@ RATING = Gauge(
     "backroom_rating", "An entrant's openskill rating (mu) in a league", ["league", "agent"]
 )
 RATING_SIGMA = Gauge(
-    "backroom_rating_sigma", "The uncertainty (sigma) of an entrant's league rating", ["league", "agent"]
+    "backroom_rating_sigma",
+    "The uncertainty (sigma) of an entrant's league rating",
+    ["league", "agent"],
 )
+
 
 def serve(port: int | None, host: str | None = None) -> WSGIServer | None:
     """Serve /metrics on ``host:port`` (port 0 or None: do not serve); return the server.

@@ -103,7 +103,9 @@ async def test_six_ipd_agents_rank_in_round_robin_payoff_order(tmp_path: Path) -
     assert len(results) == summary.played
     for r in results:
         names = list(dict.fromkeys(r.seats))
-        teams = model.rate([[state[a]] for a in names], scores=[r.returns[r.seats.index(a)] for a in names])
+        teams = model.rate(
+            [[state[a]] for a in names], scores=[r.returns[r.seats.index(a)] for a in names]
+        )
         for a, team in zip(names, teams, strict=True):
             state[a] = team[0]
     for row in game["ratings"]:
@@ -120,7 +122,9 @@ async def test_crn_seat_swaps_cancel_chance_and_always_bet_exploitability(tmp_pa
         {
             "league": "kuhn-crn",
             "seed": 3,
-            "games": [{"game": "kuhn", "params": {"variant": "classic", "players": 2}, "seeds": 40}],
+            "games": [
+                {"game": "kuhn", "params": {"variant": "classic", "players": 2}, "seeds": 40}
+            ],
             "entrants": [
                 {"id": "rnd-a", "kind": "random"},
                 {"id": "rnd-b", "kind": "random"},
@@ -346,16 +350,63 @@ BAD_CONFIGS = [
     ({"games": [{"game": "chess"}]}, "games.0.game: unknown game 'chess'"),
     ({"games": [{"game": "ipd", "params": {"roundz": 3}}]}, "games.0.params.roundz"),
     ({"games": [{"game": "ipd", "seeds": 0}]}, "games.0.seeds"),
-    ({"entrants": [{"id": "a", "kind": "always", "options": {"action": "C"}}, {"id": "b", "kind": "random"}]}, "entrants.0.options.action: ipd: ipd has no action 'C'"),
-    ({"entrants": [{"id": "a", "kind": "nope"}, {"id": "b", "kind": "random"}]}, "entrants.0.kind: unknown agent kind 'nope'"),
-    ({"entrants": [{"id": "a", "kind": "random"}, {"id": "a", "kind": "random"}]}, "entrants: agent ids must be unique"),
-    ({"entrants": [{"id": "a", "kind": "local", "from_run": "/nonexistent"}, {"id": "b", "kind": "random"}]}, "entrants.0.from_run: /nonexistent/adapters is no directory"),
-    ({"entrants": [{"id": "a", "kind": "random", "from_run": "x"}, {"id": "b", "kind": "random"}]}, "`from_run` gives adapters to a `local` model"),
-    ({"entrants": [{"id": "a", "kind": "local", "from_run": "x", "versions": "some"}, {"id": "b", "kind": "random"}]}, "versions 'some'"),
-    ({"schedule": {"kind": "adaptive"}}, "schedule: Value error, an adaptive schedule needs `budget`"),
+    (
+        {
+            "entrants": [
+                {"id": "a", "kind": "always", "options": {"action": "C"}},
+                {"id": "b", "kind": "random"},
+            ]
+        },
+        "entrants.0.options.action: ipd: ipd has no action 'C'",
+    ),
+    (
+        {"entrants": [{"id": "a", "kind": "nope"}, {"id": "b", "kind": "random"}]},
+        "entrants.0.kind: unknown agent kind 'nope'",
+    ),
+    (
+        {"entrants": [{"id": "a", "kind": "random"}, {"id": "a", "kind": "random"}]},
+        "entrants: agent ids must be unique",
+    ),
+    (
+        {
+            "entrants": [
+                {"id": "a", "kind": "local", "from_run": "/nonexistent"},
+                {"id": "b", "kind": "random"},
+            ]
+        },
+        "entrants.0.from_run: /nonexistent/adapters is no directory",
+    ),
+    (
+        {
+            "entrants": [
+                {"id": "a", "kind": "random", "from_run": "x"},
+                {"id": "b", "kind": "random"},
+            ]
+        },
+        "`from_run` gives adapters to a `local` model",
+    ),
+    (
+        {
+            "entrants": [
+                {"id": "a", "kind": "local", "from_run": "x", "versions": "some"},
+                {"id": "b", "kind": "random"},
+            ]
+        },
+        "versions 'some'",
+    ),
+    (
+        {"schedule": {"kind": "adaptive"}},
+        "schedule: Value error, an adaptive schedule needs `budget`",
+    ),
     ({"schedule": {"kind": "round_robin", "budget": 3}}, "`budget` is for kind: adaptive"),
-    ({"games": [{"game": "kuhn", "params": {"players": 3}}]}, "games.0: a match seats 3 entrants, and the league has 2"),
-    ({"games": [{"game": "beauty_contest", "params": {"players": 5}, "group": 2}]}, "games.0.group"),
+    (
+        {"games": [{"game": "kuhn", "params": {"players": 3}}]},
+        "games.0: a match seats 3 entrants, and the league has 2",
+    ),
+    (
+        {"games": [{"game": "beauty_contest", "params": {"players": 5}, "group": 2}]},
+        "games.0.group",
+    ),
     ({"league": "a b"}, "league: String should match pattern"),
     ({"entrants": [{"id": "a", "kind": "random"}]}, "entrants: List should have at least 2 items"),
 ]

@@ -64,7 +64,9 @@ class Entrant(AgentEntry):
                 raise ValueError("`versions` picks adapters of `from_run`; give from_run too")
             return self
         if self.kind != "local":
-            raise ValueError(f"`from_run` gives adapters to a `local` model, not kind {self.kind!r}")
+            raise ValueError(
+                f"`from_run` gives adapters to a `local` model, not kind {self.kind!r}"
+            )
         if isinstance(self.versions, str) and not (
             self.versions in ("all", "last") or _EVERY.match(self.versions)
         ):

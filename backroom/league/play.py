@@ -109,8 +109,10 @@ class LeagueSummary:
         return self.played / self.seconds if self.seconds > 0 else 0.0
 
 
-def open_store(config: LeagueConfig, directory: Path, resume: bool) -> LeagueStore:
-    """The league's store; a directory holding another league, or one without --resume, is refused."""
+def open_store(config: LeagueConfig, directory: Path, resume: bool) -> tuple[Path, LeagueStore]:
+    """The league's directory (absolute) and store; a directory holding another league, or one
+    without --resume, is refused."""
+    directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / STORE
     existed = path.exists()
@@ -126,7 +128,7 @@ def open_store(config: LeagueConfig, directory: Path, resume: bool) -> LeagueSto
     store.set_meta("league", config.league)
     store.set_meta("config", config.model_dump_json())
     (directory / CONFIG).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    return store
+    return directory, store
 
 
 class League:
@@ -153,7 +155,12 @@ class League:
 
     def spec_rows(self, slots: list[Slot]) -> list[tuple[str, str, str, MatchSpec]]:
         return [
-            (s.key, s.game, s.group, match_spec(self.config, self.games[s.game], s, self.players[s.game]))
+            (
+                s.key,
+                s.game,
+                s.group,
+                match_spec(self.config, self.games[s.game], s, self.players[s.game]),
+            )
             for s in slots
         ]
 
@@ -272,11 +279,12 @@ async def run_league(
 ) -> LeagueSummary:
     """Play the league's pending matches in ``directory`` (its store, standings, runs/)."""
     notice = on_notice or (lambda _m: None)
-    directory = Path(directory).resolve()
-    store = open_store(config, directory, resume)
+    directory, store = open_store(config, Path(directory), resume)
     league = League(config, directory, store, notice, on_result)
     try:
-        await _session(league, broker_url, credentials_dir, spawn, metrics_port, ready_timeout_s, stop)
+        await _session(
+            league, broker_url, credentials_dir, spawn, metrics_port, ready_timeout_s, stop
+        )
     finally:
         league.publish(running=False)
         store.close()

@@ -102,9 +102,7 @@ def plot_h2h(title: str, h2h: dict[str, Any], out: Path, name: str) -> str:
     import numpy as np
 
     agents = h2h["agents"]
-    data = np.array(
-        [[np.nan if x is None else x for x in row] for row in h2h["mean"]], dtype=float
-    )
+    data = np.array([[np.nan if x is None else x for x in row] for row in h2h["mean"]], dtype=float)
     size = 1.5 + 0.7 * len(agents)
     fig = figure(size + 1.5, size)
     ax = fig.add_subplot()

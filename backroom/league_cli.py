@@ -49,6 +49,12 @@ def register(app: typer.Typer, console: Console) -> None:
         refresh: Annotated[
             bool, typer.Option(help="show: recompute the standings from the store first")
         ] = False,
+        hold: Annotated[
+            bool,
+            typer.Option(
+                help="after the league, keep serving its rating gauges until stopped (compose)"
+            ),
+        ] = False,
     ) -> None:
         """Rate agents against each other: play a league (CONFIG.yaml) or show one (show DIR)."""
         if target == SHOW:
@@ -56,11 +62,24 @@ def register(app: typer.Typer, console: Console) -> None:
                 raise typer.BadParameter("`backroom league show DIR` needs the league directory")
             show(directory, plots, refresh, console)
             return
-        play(Path(target), out, resume, broker_url, credentials, spawn, metrics_port, ready_timeout, console)
+        if directory is not None:
+            raise typer.BadParameter(f"a league plays into --dir DIR, not {directory}")
+        play(
+            Path(target),
+            out,
+            resume,
+            broker_url,
+            credentials,
+            spawn,
+            metrics_port,
+            ready_timeout,
+            hold,
+            console,
+        )
 
 
 def show(directory: Path, plots: bool, refresh: bool, console: Console) -> None:
-    from backroom.league.show import plot_standings, print_standings
+    from backroom.analysis.league import plot_standings, print_standings
     from backroom.league.standings import read_standings, refresh_standings
 
     try:
@@ -83,13 +102,14 @@ def play(
     spawn: bool,
     metrics_port: int,
     ready_timeout: float,
+    hold: bool,
     console: Console,
 ) -> None:
     from backroom import metrics
+    from backroom.analysis.league import print_standings
     from backroom.bus.client import run
     from backroom.league.config import load_league
     from backroom.league.play import LeagueError, run_league
-    from backroom.league.show import print_standings
     from backroom.runner.config import ConfigError
 
     try:
@@ -132,7 +152,13 @@ def play(
             f"of play), {summary.pending} pending; `backroom league show {directory}` for plots"
         )
         if summary.skipped:
-            notice(f"optional entrants not online (their matches wait): {', '.join(summary.skipped)}")
+            notice(
+                f"optional entrants not online (their matches wait): {', '.join(summary.skipped)}"
+            )
+        if hold and not stop.is_set():
+            console.print("holding: the rating gauges stay served until Ctrl-C or SIGTERM")
+            loop.add_signal_handler(signal.SIGTERM, stop.set)
+            await stop.wait()
 
     try:
         run(main())
