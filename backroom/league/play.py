@@ -47,6 +47,7 @@ from backroom.referee.service import IDENTITY_WINDOW_S
 from backroom.runner.config import RunConfig
 from backroom.runner.local import (
     Faults,
+    PlayClock,
     RunError,
     Stack,
     already_online,
@@ -101,7 +102,8 @@ class LeagueSummary:
     pending: int = 0  # scheduled matches still without a result
     skipped: list[str] = field(default_factory=list)  # optional entrants not online
     faults: Faults = field(default_factory=Faults)
-    seconds: float = 0.0  # first request out to last episode in, summed over batches
+    seconds: float = 0.0  # first request out to last episode in, summed over batches (as
+    # `backroom run` counts its rate: process start-up is not play)
     standings: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -209,7 +211,7 @@ class League:
             ]
             if not specs:
                 continue
-            t0 = time.perf_counter()
+            clock = PlayClock()
             await run_matches(
                 batch_config(self.config, game, specs),
                 bus_config,
@@ -217,9 +219,11 @@ class League:
                 stack,
                 self.on_episode,
                 faults=self.summary.faults,
+                clock=clock,
                 **run,
             )
-            self.summary.seconds += time.perf_counter() - t0
+            if clock.ended > clock.started > 0:  # first request out to last episode in
+                self.summary.seconds += clock.ended - clock.started
             if run.get("stop") is not None and run["stop"].is_set():
                 return
 
