@@ -401,7 +401,15 @@ BAD_CONFIGS = [
     ({"schedule": {"kind": "round_robin", "budget": 3}}, "`budget` is for kind: adaptive"),
     (
         {"games": [{"game": "kuhn", "params": {"players": 3}}]},
-        "games.0: a match seats 3 entrants, and the league has 2",
+        "games.0: a match seats 3 entrants, and 2 play it",
+    ),
+    (
+        {"games": [{"game": "ipd", "entrants": ["a", "zed"]}]},
+        "games.0.entrants: 'zed' is no entrant",
+    ),
+    (
+        {"games": [{"game": "ipd", "channels": [{"name": "c", "members": [0, 1]}]}]},
+        "games.0.channels.0.members: [0, 1]: name agents that play ipd",
     ),
     (
         {"games": [{"game": "beauty_contest", "params": {"players": 5}, "group": 2}]},
@@ -422,6 +430,32 @@ def test_bad_league_configs_name_the_field(change: dict[str, Any], message: str)
     with pytest.raises(ConfigError) as err:
         parse_league({**base, **change}, source="l.yaml")
     assert message.replace("Value error, ", "") in str(err.value)
+
+
+def test_channels_follow_their_members_to_whatever_seats_they_hold(tmp_path: Path) -> None:
+    from backroom.league.schedule import channels
+
+    config = parse_league(
+        {
+            "league": "loki",
+            "games": [
+                {
+                    "game": "kuhn",
+                    "params": {"variant": "loki"},
+                    "entrants": ["x", "y", "z", "w"],
+                    "channels": [{"name": "team", "members": ["x", "y"], "eavesdroppers": ["z"]}],
+                }
+            ],
+            "entrants": [{"id": n, "kind": "random"} for n in ("x", "y", "z", "w", "solo")],
+        }
+    )
+    game = config.games[0]
+    (spec,) = channels(game, ["z", "y", "x"])
+    assert (spec.members, spec.eavesdroppers) == ([1, 2], [0])
+    assert channels(game, ["x", "z", "w"]) == []  # one member seated: no channel
+    slots = round_robin(config)
+    assert all("solo" not in s.pairing for s in slots)  # not an entrant of this game
+    assert len(slots) == 4 * 6  # C(4, 3) pairings x 3! seat orders
 
 
 def test_entrant_scores_average_the_seats_an_entrant_holds() -> None:

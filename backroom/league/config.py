@@ -30,6 +30,7 @@ from backroom.runner.config import (
     MODEL,
     AgentEntry,
     ModelChoice,
+    RunChannel,
     _field_errors,
     _message,
     always_refusal,
@@ -131,6 +132,13 @@ class LeagueGame(BaseModel):
         default=None, ge=2, description="entrants per match (default: the game's players)"
     )
     seat_orders: Literal["auto", "all", "rotations"] = "auto"
+    entrants: list[str] | None = Field(
+        default=None, description="the entrants (their ids) that play this game; default: all"
+    )
+    channels: list[RunChannel] = Field(
+        default_factory=list,
+        description="private channels by agent id, open in the matches that seat two members",
+    )
 
     @field_validator("game")
     @classmethod
@@ -215,14 +223,12 @@ class LeagueConfig(BaseModel):
         if dup := sorted({a for a in agents if agents.count(a) > 1}):
             errors.append((("entrants",), f"agent ids must be unique; repeated: {dup}"))
         for g, game in enumerate(self.games):
-            errors += self._check_game(g, game, len(agents))
+            errors += self._check_game(g, game)
         if errors:
             raise _field_errors(errors)
         return self
 
-    def _check_game(
-        self, g: int, game: LeagueGame, n_agents: int
-    ) -> list[tuple[tuple[str | int, ...], str]]:
+    def _check_game(self, g: int, game: LeagueGame) -> list[tuple[tuple[str | int, ...], str]]:
         try:
             engine = build_game(game.game, game.params)
         except ValidationError as exc:
@@ -234,14 +240,42 @@ class LeagueConfig(BaseModel):
             errors.append(
                 (("games", g, "group"), f"{game.game} seats {players}; {group} does not divide it")
             )
-        if group > n_agents:
+        known = [e.id for e in self.entrants]
+        for name in game.entrants or []:
+            if name not in known:
+                errors.append((("games", g, "entrants"), f"{name!r} is no entrant ({known})"))
+        playing = self.game_agents(game)
+        if len(playing) < group:
             errors.append(
-                (("games", g), f"a match seats {group} entrants, and the league has {n_agents}")
+                (("games", g), f"a match seats {group} entrants, and {len(playing)} play it")
             )
+        for c, channel in enumerate(game.channels):
+            for field in ("members", "eavesdroppers"):
+                bad = [m for m in getattr(channel, field) if m not in playing]
+                if bad:
+                    errors.append(
+                        (
+                            ("games", g, "channels", c, field),
+                            f"{bad}: name agents that play {game.key} (by id; seats rotate)",
+                        )
+                    )
         for i, e in enumerate(self.entrants):
+            if game.entrants is not None and e.id not in game.entrants:
+                continue
             if e.kind == ALWAYS and (why := always_refusal(engine, e.options.get("action"))):
                 errors.append((("entrants", i, "options", "action"), f"{game.key}: {why}"))
         return errors
+
+    def game_agents(self, game: LeagueGame) -> list[str]:
+        """The agents that play ``game`` (its ``entrants``, versions expanded), in config order."""
+        out = []
+        for e in self.entrants:
+            if game.entrants is None or e.id in game.entrants:
+                try:
+                    out += [a.id for a in e.agents()]
+                except ValueError:
+                    continue  # reported at entrants.N.from_run
+        return out
 
     def agents(self) -> list[AgentEntry]:
         """Every agent the league seats, ``from_run`` versions expanded, in config order."""

@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from backroom.bus.wire import MatchSpec, RewardTransform
+from backroom.bus.wire import ChannelSpec, MatchSpec, RewardTransform
 from backroom.league.config import MAX_PERMUTATIONS, LeagueConfig, LeagueGame
 from backroom.runner.config import build_game
 
@@ -85,7 +85,8 @@ def round_robin(config: LeagueConfig, agents: Iterable[str] | None = None) -> li
     ids = [a.id for a in config.agents()] if agents is None else list(agents)
     out: list[Slot] = []
     for game in config.games:
-        pairs = pairings(ids, group_size(game))
+        playing = set(config.game_agents(game))
+        pairs = pairings([a for a in ids if a in playing], group_size(game))
         for k in range(game.seeds):
             for p in pairs:
                 out += group_slots(game, p, k)
@@ -110,7 +111,8 @@ def adaptive_pick(
     """
     scored: list[tuple[float, str, tuple[str, ...], LeagueGame]] = []
     for game in config.games:
-        for p in pairings(agents, group_size(game)):
+        playing = set(config.game_agents(game))
+        for p in pairings([a for a in agents if a in playing], group_size(game)):
             n = played.get((game.key, p), 0)
             score = sum(sigma[a] ** 2 for a in p) / (1 + n)
             scored.append((-score, game.key, p, game))
@@ -124,12 +126,34 @@ def adaptive_pick(
     return out
 
 
+def channels(game: LeagueGame, seats: Sequence[str]) -> list[ChannelSpec]:
+    """The game's channels in one seating: those with two members seated, by their seats."""
+    out = []
+    for c in game.channels:
+        members = [i for i, a in enumerate(seats) if a in c.members]
+        if len({seats[i] for i in members}) < 2:
+            continue  # a channel of one member seated is no channel
+        out.append(
+            ChannelSpec(
+                name=c.name,
+                members=members,
+                eavesdroppers=[i for i, a in enumerate(seats) if a in c.eavesdroppers],
+                opens=c.opens,
+                max_messages=c.max_messages,
+                max_chars=c.max_chars,
+            )
+        )
+    return out
+
+
 def match_spec(config: LeagueConfig, game: LeagueGame, slot: Slot, players: int) -> MatchSpec:
     group = len(slot.order)
+    seats = [slot.order[i % group] for i in range(players)]
     return MatchSpec(
         game=game.game,
         params=game.params,
-        seats=[slot.order[i % group] for i in range(players)],
+        seats=seats,
+        channels=channels(game, seats),
         transform=RewardTransform(kind="none", members=[]),
         turn_timeout_s=config.turn_timeout_s,
         on_timeout=config.on_timeout,
