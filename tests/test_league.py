@@ -466,3 +466,43 @@ def test_entrant_scores_average_the_seats_an_entrant_holds() -> None:
 def test_league_config_round_trips_through_its_store(tmp_path: Path) -> None:
     config = parse_league(ipd_league(tmp_path))
     assert LeagueConfig.model_validate_json(config.model_dump_json()) == config
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_league_examples_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from backroom.league.config import load_league
+
+    for run in ("ipd-quick", "ipd-quick-grpo"):  # what examples/league_ipd.yaml reads
+        for v in range(4):
+            (tmp_path / "runs" / run / "adapters" / f"v{v}").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    ipd = load_league(EXAMPLES / "league_ipd.yaml")
+    assert [a.id for a in ipd.agents()][-4:] == ["aa.v0", "aa.v3", "grpo.v0", "grpo.v3"]
+    assert len(load_league(EXAMPLES / "league_compose.yaml").agents()) == 3
+    kuhn = load_league(EXAMPLES / "league_kuhn.yaml")
+    assert {a.id: a.kind for a in kuhn.agents()}["llm"] == "local"
+
+
+async def test_kuhn_example_league_plays_with_its_llm_seat_scripted(tmp_path: Path) -> None:
+    """examples/league_kuhn.yaml as shipped, one deal per pairing, the LLM seat played by the
+    `random` kind (tests/test_llm_examples.py covers model seats): both games, the colluders'
+    channel, each game's ratings and exploitability among its own entrants."""
+    data = yaml.safe_load((EXAMPLES / "league_kuhn.yaml").read_text())
+    data["model"] = {"kind": "random"}
+    for game in data["games"]:
+        game["seeds"] = 1
+    summary = await run_league(parse_league(data), tmp_path / "league")
+    assert summary.played == 6 * 2 + 10 * 6 and summary.pending == 0
+    games = summary.standings["games"]
+    classic = {e["agent"] for e in games["classic"]["exploitability"]}
+    assert classic == {r["agent"] for r in games["classic"]["ratings"]}
+    assert classic == {"cfr", "always-bet", "random", "llm"}
+    loki = {e["agent"] for e in games["loki"]["exploitability"]}
+    assert loki == {"cfr-loki", "colluder-a", "colluder-b", "random", "llm"}
+    assert len(summary.standings["overall"]) == 7
+    with LeagueStore(tmp_path / "league" / STORE) as store:
+        both = [r for r in store.records("loki") if {"colluder-a", "colluder-b"} <= set(r.seats)]
+    # the colluders' channel carried their cards in every match that seated both
+    assert both and all(any(d.channel == "colluders" for d in r.deliveries) for r in both)

@@ -181,11 +181,8 @@ class League:
         """Commit the results so far and rewrite standings.json (and the gauges)."""
         self.store.flush()
         self.last_flush = time.monotonic()
-        games = [(g.key, g.game, g.params) for g in self.config.games]
         # Exploitability replays every counted match: once, at the end, not every flush.
-        doc = standings(
-            self.store, self.config.league, games, self.agents, running, exploit=not running
-        )
+        doc = standings(self.store, self.config, running, exploit=not running)
         write_standings(self.directory, doc)
         rows = doc.get("overall") or next(iter(doc["games"].values()))["ratings"]
         for row in rows:

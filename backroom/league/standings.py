@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from backroom.league.config import LeagueConfig
 from backroom.league.exploit import league_exploitability, solvable
 from backroom.league.ratings import Rating, Ratings, head_to_head
 from backroom.league.store import LeagueStore, Result
@@ -74,23 +75,25 @@ def game_standings(
 
 
 def standings(
-    store: LeagueStore,
-    league: str,
-    games: list[tuple[str, str, dict[str, Any]]],
-    agents: list[str],
-    running: bool,
-    exploit: bool = True,
+    store: LeagueStore, config: LeagueConfig, running: bool, exploit: bool = True
 ) -> dict[str, Any]:
-    """The whole document; ``games`` is (key, engine, params) per game of the league."""
+    """The whole document: each game's standings among the agents that play it."""
     results = store.results()
+    agents = [a.id for a in config.agents()]
     per_game = {
-        key: game_standings(
-            store, key, engine, params, [r for r in results if r.game == key], agents, exploit
+        g.key: game_standings(
+            store,
+            g.key,
+            g.game,
+            g.params,
+            [r for r in results if r.game == g.key],
+            config.game_agents(g),
+            exploit,
         )
-        for key, engine, params in games
+        for g in config.games
     }
     doc: dict[str, Any] = {
-        "league": league,
+        "league": config.league,
         "updated": time.time(),
         "running": running,
         "scheduled": store.scheduled_count(),
@@ -99,7 +102,7 @@ def standings(
         "agents": agents,
         "games": per_game,
     }
-    if len(games) > 1:
+    if len(config.games) > 1:
         overall = Ratings(list(agents))
         for r in results:
             overall.add(r)
@@ -125,8 +128,6 @@ def read_standings(directory: Path) -> dict[str, Any]:
 
 def refresh_standings(directory: Path, running: bool = False) -> dict[str, Any]:
     """Recompute standings.json from the store (with exploitability) and return it."""
-    from backroom.league.config import LeagueConfig
-
     path = Path(directory) / STORE
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: is {directory} a league directory?")
@@ -135,8 +136,6 @@ def refresh_standings(directory: Path, running: bool = False) -> dict[str, Any]:
         if text is None:
             raise FileNotFoundError(f"{path} holds no league config")
         config = LeagueConfig.model_validate_json(text)
-        games = [(g.key, g.game, g.params) for g in config.games]
-        agents = [a.id for a in config.agents()]
-        doc = standings(store, config.league, games, agents, running)
+        doc = standings(store, config, running)
     write_standings(Path(directory), doc)
     return doc
