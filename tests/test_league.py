@@ -502,6 +502,9 @@ async def test_kuhn_example_league_plays_with_its_llm_seat_scripted(tmp_path: Pa
     loki = {e["agent"] for e in games["loki"]["exploitability"]}
     assert loki == {"cfr-loki", "colluder-a", "colluder-b", "random", "llm"}
     assert len(summary.standings["overall"]) == 7
+    fallbacks = summary.standings["fallbacks"]  # counted and shown, none for scripted play
+    assert set(fallbacks) == {a.id for a in parse_league(data).agents()}
+    assert all(c["fallbacks"] == 0 and c["moves"] > 0 for c in fallbacks.values())
     with LeagueStore(tmp_path / "league" / STORE) as store:
         both = [r for r in store.records("loki") if {"colluder-a", "colluder-b"} <= set(r.seats)]
     # the colluders' channel carried their cards in every match that seated both

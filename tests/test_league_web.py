@@ -48,6 +48,7 @@ async def test_league_page_shows_a_finished_league_and_follows_a_running_one(
         mu = await done.locator("tr[data-agent=d1] td.mu").inner_text()
         assert float(mu) == round(finished.standings["games"]["ipd"]["ratings"][0]["mu"], 2)
         assert await done.locator("[data-testid=h2h-ipd] tr").count() == 7
+        assert "(fallbacks): none" in await done.locator("[data-testid=fallbacks]").inner_text()
 
         stop = asyncio.Event()
         task = asyncio.create_task(run_league(parse_league(live), live_dir, stop=stop))

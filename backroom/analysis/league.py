@@ -83,6 +83,18 @@ def print_standings(doc: dict[str, Any], console: Console) -> None:
             console.print(exploit_table(f"{key}: exploitability", game["exploitability"]))
     if "overall" in doc:
         console.print(ratings_table("all games: ratings", doc["overall"]))
+    fallbacks = doc.get("fallbacks")
+    if fallbacks is not None:
+        moved = {a: c for a, c in fallbacks.items() if c["fallbacks"]}
+        console.print(
+            "moves not the agent's own choice (fallbacks): "
+            + (
+                ", ".join(f"{a} {c['fallbacks']} of {c['moves']}" for a, c in moved.items())
+                or "none"
+            )
+        )
+        for line in doc.get("warnings", []):
+            console.print(line, style="yellow", markup=False, highlight=False)
 
 
 def plot_ratings(title: str, rows: list[dict[str, Any]], out: Path, name: str) -> str:
@@ -107,7 +119,10 @@ def plot_h2h(title: str, h2h: dict[str, Any], out: Path, name: str) -> str:
     fig = figure(size + 1.5, size)
     ax = fig.add_subplot()
     lim = float(np.nanmax(np.abs(data))) if np.isfinite(data).any() else 1.0
-    image = ax.imshow(data, cmap="RdBu", vmin=-lim or -1, vmax=lim or 1)
+    if np.isfinite(data).any() and float(np.nanmin(data)) >= 0:  # payoffs, not gains and losses
+        image = ax.imshow(data, cmap="Blues", vmin=0, vmax=lim or 1)
+    else:
+        image = ax.imshow(data, cmap="RdBu", vmin=-lim or -1, vmax=lim or 1)
     ax.set_xticks(range(len(agents)), agents, rotation=45, ha="right")
     ax.set_yticks(range(len(agents)), agents)
     for i in range(len(agents)):

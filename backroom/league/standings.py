@@ -20,6 +20,7 @@ from backroom.league.config import LeagueConfig
 from backroom.league.exploit import league_exploitability, solvable
 from backroom.league.ratings import Rating, Ratings, head_to_head
 from backroom.league.store import LeagueStore, Result
+from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
 
 STANDINGS = "standings.json"
 STORE = "league.sqlite"
@@ -102,6 +103,14 @@ def standings(
         "agents": agents,
         "games": per_game,
     }
+    if exploit:  # the end of a session: every record read once more
+        counts = count_fallbacks(
+            (a.agent, fallback_of(a.fallback, a.timed_out))
+            for record in store.records()
+            for a in record.actions
+        )
+        doc["fallbacks"] = counts
+        doc["warnings"] = warning_lines(counts)
     if len(config.games) > 1:
         overall = Ratings(list(agents))
         for r in results:

@@ -248,10 +248,10 @@ class LeagueStore:
             for s, k, g, grp, seats, rets, reason in rows
         ]
 
-    def records(self, game: str) -> Iterator[EpisodeRecord]:
-        """The full episode records of ``game``'s results, in counted order (for policies)."""
+    def records(self, game: str | None = None) -> Iterator[EpisodeRecord]:
+        """The full episode records of ``game``'s results (all: None), in counted order."""
         for (text,) in self._db.execute(
-            "SELECT record FROM results WHERE game = ? ORDER BY seq", (game,)
+            "SELECT record FROM results WHERE ?1 IS NULL OR game = ?1 ORDER BY seq", (game,)
         ):
             yield EpisodeRecord.model_validate_json(text)
 
