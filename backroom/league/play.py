@@ -10,8 +10,9 @@ round of CRN groups per call and re-rates between rounds.
 Episodes come back to ``on_episode``, which maps each to its scheduled
 match by its CRN group and seat order (``schedule.slot_of``) and hands it to
 the store, which keeps the first result of each match. Every ``FLUSH_S`` the
-store commits and ``standings.json`` is rewritten, so ``show``, the web page
-and the gauges follow the league while it plays.
+store commits, and every ``STANDINGS_S`` ``standings.json`` is rewritten
+(ratings updated with the new results only), so ``show``, the web page and the
+gauges follow the league while it plays.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from backroom.league.schedule import (
     round_robin,
     slot_of,
 )
-from backroom.league.standings import CONFIG, STORE, standings, write_standings
+from backroom.league.standings import CONFIG, STORE, Standings, write_standings
 from backroom.league.store import FLUSH_S, LeagueStore
 from backroom.referee.episodes import bind_run_dir, new_run_dir
 from backroom.referee.service import IDENTITY_WINDOW_S
@@ -58,6 +59,10 @@ from backroom.runner.local import (
 )
 
 Notice = Callable[[str], None]
+
+#: Seconds between rewrites of standings.json (and the gauges) while a league plays; the
+#: store commits every ``FLUSH_S``.
+STANDINGS_S = 1.0
 
 
 class LeagueError(RuntimeError):
@@ -152,8 +157,9 @@ class League:
         self.games = {g.key: g for g in config.games}
         self.players = {g.key: players_of(g) for g in config.games}
         self.summary = LeagueSummary(directory)
-        self.last_flush = time.monotonic()
+        self.last_flush = self.last_publish = time.monotonic()
         self.agents = [a.id for a in config.agents()]
+        self.standings = Standings(store, config)
 
     def spec_rows(self, slots: list[Slot]) -> list[tuple[str, str, str, MatchSpec]]:
         return [
@@ -174,15 +180,19 @@ class League:
             self.summary.played += 1
             if self.on_result is not None:
                 self.on_result(self.summary.played)
-        if time.monotonic() - self.last_flush > FLUSH_S:
+        now = time.monotonic()
+        if now - self.last_publish > STANDINGS_S:
             self.publish(running=True)
+        elif now - self.last_flush > FLUSH_S:
+            self.store.flush()
+            self.last_flush = now
 
     def publish(self, running: bool) -> dict[str, Any]:
         """Commit the results so far and rewrite standings.json (and the gauges)."""
         self.store.flush()
-        self.last_flush = time.monotonic()
+        self.last_flush = self.last_publish = time.monotonic()
         # Exploitability replays every counted match: once, at the end, not every flush.
-        doc = standings(self.store, self.config, running, exploit=not running)
+        doc = self.standings.update().doc(running, exploit=not running)
         write_standings(self.directory, doc)
         rows = doc.get("overall") or next(iter(doc["games"].values()))["ratings"]
         for row in rows:

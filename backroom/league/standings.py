@@ -40,83 +40,99 @@ def rating_json(r: Rating) -> dict[str, Any]:
     }
 
 
-def game_standings(
-    store: LeagueStore,
-    game: str,
-    engine: str,
-    params: dict[str, Any],
-    results: list[Result],
-    agents: list[str],
-    exploit: bool,
-) -> dict[str, Any]:
-    ratings = Ratings(list(agents))
-    for r in results:
-        ratings.add(r)
-    table = ratings.table()
-    order = [r.agent for r in table]
-    out: dict[str, Any] = {
-        "game": engine,
-        "params": params,
-        "results": len(results),
-        "ratings": [rating_json(r) for r in table],
-        "head_to_head": head_to_head(results, order).to_json(),
-    }
-    if exploit and solvable(engine, params) and results:
-        out["exploitability"] = [
-            {
-                "agent": e.agent,
-                "value": e.value,
-                "visited": e.visited,
-                "states": e.states,
-                "decisions": e.decisions,
-            }
-            for e in league_exploitability(engine, params, store.records(game))
-        ]
-    return out
+def exploitability_json(
+    store: LeagueStore, key: str, engine: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "agent": e.agent,
+            "value": e.value,
+            "visited": e.visited,
+            "states": e.states,
+            "decisions": e.decisions,
+        }
+        for e in league_exploitability(engine, params, store.records(key))
+    ]
+
+
+class Standings:
+    """Ratings kept up to date result by result (``update`` reads only the new rows).
+
+    A running league rewrites its standings every group commit; rating every
+    result again each time would cost the league its pace as it grows (the
+    rating of n results is O(n)). So the ratings are updated in counted order
+    with each new result, which is the same sequence of openskill calls as
+    rating them all at once.
+    """
+
+    def __init__(self, store: LeagueStore, config: LeagueConfig) -> None:
+        self.store = store
+        self.config = config
+        self.agents = [a.id for a in config.agents()]
+        self.games = {g.key: g for g in config.games}
+        self.ratings = {g.key: Ratings(config.game_agents(g)) for g in config.games}
+        self.overall = Ratings(list(self.agents))
+        self.results: dict[str, list[Result]] = {g.key: [] for g in config.games}
+        self.counted = 0
+        self.seq = 0
+
+    def update(self) -> Standings:
+        for r in self.store.results(after=self.seq):
+            self.seq = r.seq
+            self.counted += 1
+            if r.game not in self.games:
+                continue  # a game no longer in the config: counted, not shown
+            self.results[r.game].append(r)
+            self.ratings[r.game].add(r)
+            self.overall.add(r)
+        return self
+
+    def game(self, key: str, exploit: bool) -> dict[str, Any]:
+        g = self.games[key]
+        table = self.ratings[key].table()
+        results = self.results[key]
+        out: dict[str, Any] = {
+            "game": g.game,
+            "params": g.params,
+            "results": len(results),
+            "ratings": [rating_json(r) for r in table],
+            "head_to_head": head_to_head(results, [r.agent for r in table]).to_json(),
+        }
+        if exploit and solvable(g.game, g.params) and results:
+            out["exploitability"] = exploitability_json(self.store, key, g.game, g.params)
+        return out
+
+    def doc(self, running: bool, exploit: bool = True) -> dict[str, Any]:
+        """The whole document; ``exploit``: with exploitability and fallbacks (they read every
+        record, so a running league leaves them to its end)."""
+        doc: dict[str, Any] = {
+            "league": self.config.league,
+            "updated": time.time(),
+            "running": running,
+            "scheduled": self.store.scheduled_count(),
+            "counted": self.counted,
+            "counters": self.store.counters(),
+            "agents": self.agents,
+            "games": {key: self.game(key, exploit) for key in self.games},
+        }
+        if exploit:
+            counts = count_fallbacks(
+                (a.agent, fallback_of(a.fallback, a.timed_out))
+                for record in self.store.records()
+                for a in record.actions
+            )
+            doc["fallbacks"] = counts
+            doc["warnings"] = warning_lines(counts)
+        if len(self.games) > 1:
+            doc["overall"] = [rating_json(r) for r in self.overall.table()]
+        return doc
 
 
 def standings(
     store: LeagueStore, config: LeagueConfig, running: bool, exploit: bool = True
 ) -> dict[str, Any]:
-    """The whole document: each game's standings among the agents that play it."""
-    results = store.results()
-    agents = [a.id for a in config.agents()]
-    per_game = {
-        g.key: game_standings(
-            store,
-            g.key,
-            g.game,
-            g.params,
-            [r for r in results if r.game == g.key],
-            config.game_agents(g),
-            exploit,
-        )
-        for g in config.games
-    }
-    doc: dict[str, Any] = {
-        "league": config.league,
-        "updated": time.time(),
-        "running": running,
-        "scheduled": store.scheduled_count(),
-        "counted": len(results),
-        "counters": store.counters(),
-        "agents": agents,
-        "games": per_game,
-    }
-    if exploit:  # the end of a session: every record read once more
-        counts = count_fallbacks(
-            (a.agent, fallback_of(a.fallback, a.timed_out))
-            for record in store.records()
-            for a in record.actions
-        )
-        doc["fallbacks"] = counts
-        doc["warnings"] = warning_lines(counts)
-    if len(config.games) > 1:
-        overall = Ratings(list(agents))
-        for r in results:
-            overall.add(r)
-        doc["overall"] = [rating_json(r) for r in overall.table()]
-    return doc
+    """The standings of everything in ``store``, computed afresh."""
+    return Standings(store, config).update().doc(running, exploit)
 
 
 def write_standings(directory: Path, doc: dict[str, Any]) -> Path:
