@@ -211,11 +211,10 @@ class League:
         run: dict[str, Any],
     ) -> None:
         """Play ``slots`` (any games), one ``run_matches`` call per game."""
-        self.store.schedule(self.spec_rows(slots))
+        rows = self.spec_rows(slots)
+        self.store.schedule(rows)
         for key, game in self.games.items():
-            specs = [
-                match_spec(self.config, game, s, self.players[key]) for s in slots if s.game == key
-            ]
+            specs = [spec for _key, g, _grp, spec in rows if g == key]
             if not specs:
                 continue
             clock = PlayClock()
@@ -266,7 +265,7 @@ class League:
     def pending_scheduled(self, agents: list[str]) -> list[Slot]:
         done, ok = self.store.done(), set(agents)
         out = []
-        for key in self.store.scheduled():
+        for key in self.store.scheduled_keys():
             if key in done:
                 continue
             game, pairing, k, order = key.split("|")
@@ -367,9 +366,13 @@ async def _rounds(
 ) -> None:
     if league.config.schedule.kind == "round_robin":
         slots = league.pending_round_robin(agents)
-        league.store.schedule(league.spec_rows(round_robin(league.config, league.agents)))
+        # The absent optional entrants' matches are scheduled too (pending); `play` adds the rest.
+        known = {*league.store.scheduled_keys(), *(s.key for s in slots)}
+        every = round_robin(league.config, league.agents)
+        league.store.schedule(league.spec_rows([s for s in every if s.key not in known]))
         league.publish(running=True)
-        league.notice(f"{len(slots)} matches to play ({league.store.scheduled_count()} scheduled)")
+        total = len(known | {s.key for s in every})
+        league.notice(f"{len(slots)} matches to play ({total} scheduled)")
         await league.play(slots, bus_config, waiting, stack, run)
         return
     while not (stop is not None and stop.is_set()):

@@ -84,7 +84,8 @@ class Standings:
                 continue  # a game no longer in the config: counted, not shown
             self.results[r.game].append(r)
             self.ratings[r.game].add(r)
-            self.overall.add(r)
+            if len(self.games) > 1:  # the all-games rating is shown only then
+                self.overall.add(r)
         return self
 
     def game(self, key: str, exploit: bool) -> dict[str, Any]:

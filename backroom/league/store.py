@@ -181,6 +181,10 @@ class LeagueStore:
         rows = self._db.execute("SELECT key, spec FROM scheduled ORDER BY rowid").fetchall()
         return {k: MatchSpec.model_validate_json(s) for k, s in rows}
 
+    def scheduled_keys(self) -> list[str]:
+        """Every scheduled key, in the order scheduled (no spec parsed)."""
+        return [k for (k,) in self._db.execute("SELECT key FROM scheduled ORDER BY rowid")]
+
     def scheduled_count(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM scheduled").fetchone()[0])
 
