@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from backroom.bus.broker import Broker
 from backroom.league.config import LeagueConfig, parse_league
 from backroom.league.exploit import empirical_counts, league_exploitability, policy_exploitability
 from backroom.league.play import LeagueError, run_league
@@ -29,7 +30,7 @@ from backroom.league.standings import STORE
 from backroom.league.store import LeagueStore
 from backroom.runner.config import ConfigError
 
-from .conftest import eventually, load_factor
+from .conftest import eventually, identity, load_factor
 
 IPD_ROUNDS = 5
 
@@ -509,3 +510,42 @@ async def test_kuhn_example_league_plays_with_its_llm_seat_scripted(tmp_path: Pa
         both = [r for r in store.records("loki") if {"colluder-a", "colluder-b"} <= set(r.seats)]
     # the colluders' channel carried their cards in every match that seated both
     assert both and all(any(d.channel == "colluders" for d in r.deliveries) for r in both)
+
+
+async def test_an_optional_entrant_plays_its_pairings_once_it_is_online(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """A person's seat in shape: `alice` is external and optional. Offline when the first
+    session starts, her matches stay pending while the others play; online (here a
+    tit-for-tat process of the test's own, where a browser would hold the seat) when the
+    league resumes, she plays exactly them. The league runs on a broker it did not start."""
+    from backroom.agents import make_agent
+    from backroom.agents.runtime import AgentRunner
+
+    data = {
+        "league": "people",
+        "games": [{"game": "ipd", "params": {"rounds": 2}, "seeds": 2}],
+        "entrants": [
+            {"id": "tft", "kind": "tit-for-tat"},
+            {"id": "defector", "kind": "always", "options": {"action": "B"}},
+            {"id": "alice", "kind": "external", "optional": True},
+        ],
+        "agent_processes": "single",
+    }
+    url = f"mqtt://{broker.host}:{broker.port}"
+    where = {"broker_url": url, "credentials_dir": broker.credentials.dir}
+    first = await run_league(parse_league(data), tmp_path / "league", **where)
+    assert first.skipped == ["alice"]
+    assert first.played == 1 * 2 * 2 and first.pending == 2 * 2 * 2
+    assert first.standings["scheduled"] == 12 and first.standings["counted"] == 4
+
+    alice = AgentRunner(make_agent("tit-for-tat", "alice"), identity(broker, "alice"))
+    async with alice:
+        second = await run_league(parse_league(data), tmp_path / "league", resume=True, **where)
+        # an entrant the league would start is online already: refused, nobody thrown off
+        taken = {**data, "entrants": [*data["entrants"][:2], {"id": "alice", "kind": "random"}]}
+        with pytest.raises(LeagueError, match="already online on .*: alice"):
+            await run_league(parse_league(taken), tmp_path / "league", resume=True, **where)
+    assert second.skipped == [] and second.played == 8 and second.pending == 0
+    with LeagueStore(tmp_path / "league" / STORE) as store:
+        assert all("alice" in r.seats for r in store.results()[4:])

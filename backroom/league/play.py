@@ -45,7 +45,7 @@ from backroom.league.standings import CONFIG, STORE, Standings, write_standings
 from backroom.league.store import FLUSH_S, LeagueStore
 from backroom.referee.episodes import bind_run_dir, new_run_dir
 from backroom.referee.service import IDENTITY_WINDOW_S
-from backroom.runner.config import RunConfig
+from backroom.runner.config import EXTERNAL, RunConfig
 from backroom.runner.local import (
     Faults,
     PlayClock,
@@ -326,6 +326,14 @@ async def _session(
         if stack.broker is None and names.own:
             await asyncio.sleep(0.3)  # the broker rereads its files (SIGHUP) before we log in
         agents = list(league.agents)
+        if spawn and stack.broker is None:  # someone else's broker: throw nobody off it
+            mine = [*names.referees, *(a.id for a in config.agents() if a.kind != EXTERNAL)]
+            if taken := await already_online(bus_config, mine):
+                raise LeagueError(
+                    f"already online on {stack.url}: {', '.join(taken)}; starting them again "
+                    "would throw those processes off the broker: stop them, rename the "
+                    "entrants, or make them `external`"
+                )
         if optional := sorted(config.optional()):
             online = set(await already_online(bus_config, optional))
             league.summary.skipped = [a for a in optional if a not in online]
