@@ -37,13 +37,24 @@ def register(app: typer.Typer, console: Console) -> None:
             bool, typer.Option(help="go on with the league in --dir: play what is not counted")
         ] = False,
         broker_url: Annotated[
-            str | None, typer.Option("--broker", envvar="BACKROOM_BROKER", help="mqtt://HOST:PORT")
+            str | None,
+            typer.Option(
+                "--broker",
+                envvar="BACKROOM_BROKER",
+                help="mqtt://HOST:PORT of a running broker (default: start one)",
+                callback=_broker_url,
+            ),
         ] = None,
         credentials: Annotated[
             Path | None, typer.Option("--credentials", help="the broker's credentials directory")
         ] = None,
         spawn: Annotated[bool, typer.Option(help="start the referees and agents")] = True,
-        metrics_port: Annotated[int, typer.Option("--metrics-port")] = 0,
+        metrics_port: Annotated[
+            int,
+            typer.Option(
+                "--metrics-port", help="P: the league's gauges on P, referee and agents on P+1, ..."
+            ),
+        ] = 0,
         ready_timeout: Annotated[float, typer.Option(min=0.1)] = 60.0,
         plots: Annotated[bool, typer.Option(help="show: write PNG plots to DIR/plots")] = True,
         refresh: Annotated[
@@ -64,6 +75,8 @@ def register(app: typer.Typer, console: Console) -> None:
             return
         if directory is not None:
             raise typer.BadParameter(f"a league plays into --dir DIR, not {directory}")
+        if not spawn and broker_url is None:
+            raise typer.BadParameter("--no-spawn needs --broker and --credentials of the stack")
         play(
             Path(target),
             out,
@@ -76,6 +89,18 @@ def register(app: typer.Typer, console: Console) -> None:
             hold,
             console,
         )
+
+
+def _broker_url(url: str | None) -> str | None:
+    """Refuse a URL that is not MQTT's where it is typed (as ``backroom run`` does)."""
+    from backroom.bus.client import BusConfig
+
+    if url is not None:
+        try:
+            BusConfig.from_url(url)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{exc} (e.g. mqtt://127.0.0.1:1883)") from None
+    return url
 
 
 def show(directory: Path, plots: bool, refresh: bool, console: Console) -> None:

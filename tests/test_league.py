@@ -114,6 +114,19 @@ async def test_six_ipd_agents_rank_in_round_robin_payoff_order(tmp_path: Path) -
         assert row["sigma"] == state[row["agent"]].sigma
     assert [r.agent for r in rate(results)] == PAYOFF_ORDER
 
+    # `backroom league show DIR`: the leaderboard in order, and the two plots
+    from typer.testing import CliRunner
+
+    from backroom.cli import app
+
+    shown = CliRunner().invoke(app, ["league", "show", str(tmp_path / "league")])
+    assert shown.exit_code == 0, shown.output
+    lines = [line for line in shown.output.splitlines() if any(a in line for a in PAYOFF_ORDER)]
+    ranked = [next(a for a in PAYOFF_ORDER if f" {a} " in line) for line in lines[:6]]
+    assert ranked == PAYOFF_ORDER
+    for plot in ("ipd_ratings.png", "ipd_h2h.png"):
+        assert (tmp_path / "league" / "plots" / plot).stat().st_size > 10_000
+
 
 async def test_crn_seat_swaps_cancel_chance_and_always_bet_exploitability(tmp_path: Path) -> None:
     """Two copies of the random policy in Kuhn (chance deals the cards): equal within
@@ -544,7 +557,7 @@ async def test_an_optional_entrant_plays_its_pairings_once_it_is_online(
         second = await run_league(parse_league(data), tmp_path / "league", resume=True, **where)
         # an entrant the league would start is online already: refused, nobody thrown off
         taken = {**data, "entrants": [*data["entrants"][:2], {"id": "alice", "kind": "random"}]}
-        with pytest.raises(LeagueError, match="already online on .*: alice"):
+        with pytest.raises(LeagueError, match=r"already online on .*: alice"):
             await run_league(parse_league(taken), tmp_path / "league", resume=True, **where)
     assert second.skipped == [] and second.played == 8 and second.pending == 0
     with LeagueStore(tmp_path / "league" / STORE) as store:
