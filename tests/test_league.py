@@ -430,6 +430,10 @@ BAD_CONFIGS = [
         "games.0.group",
     ),
     ({"league": "a b"}, "league: String should match pattern"),
+    (
+        {"entrants": [{"id": "a", "kind": "human"}, {"id": "b", "kind": "random"}]},
+        "entrants.0: a person plays an `external` entrant",
+    ),
     ({"entrants": [{"id": "a", "kind": "random"}]}, "entrants: List should have at least 2 items"),
 ]
 

@@ -60,6 +60,11 @@ class Entrant(AgentEntry):
 
     @model_validator(mode="after")
     def _run_fields(self) -> Entrant:
+        if self.kind == "human":  # its terminal would be a spawned process's, which has none
+            raise ValueError(
+                "a person plays an `external` entrant (with optional: true, the league waits "
+                "for nobody) and joins as its id through `backroom web` or `backroom agent human`"
+            )
         if self.from_run is None:
             if self.versions is not None:
                 raise ValueError("`versions` picks adapters of `from_run`; give from_run too")
