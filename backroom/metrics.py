@@ -2,7 +2,8 @@
 
 Names follow ``backroom_<thing>_<unit>``; labels are bounded (game, agent
 kind, outcome, reason, message type) and never a match or agent id, so a long
-run cannot blow up the time-series count.
+run cannot blow up the time-series count. (One exception: a league's rating
+gauges name the agent, one series per entrant of the league's own config.)
 """
 
 from __future__ import annotations
