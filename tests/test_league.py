@@ -566,3 +566,45 @@ async def test_an_optional_entrant_plays_its_pairings_once_it_is_online(
     assert second.skipped == [] and second.played == 8 and second.pending == 0
     with LeagueStore(tmp_path / "league" / STORE) as store:
         assert all("alice" in r.seats for r in store.results()[4:])
+
+
+@pytest.mark.slow
+async def test_adapter_versions_of_a_training_run_play_as_entrants(
+    tmp_path: Path, tiny_qwen: tuple[Path, Path]
+) -> None:
+    """`from_run`: two adapter versions of a (made-up) training run directory, each a `local`
+    entrant on the tiny random Qwen2, against tit-for-tat. Every decision's trace names the
+    version its entrant stands for: the league seated the run's adapters, not the base model."""
+    from .conftest import perturbed_adapter
+
+    model, adapter = tiny_qwen
+    run = tmp_path / "runs" / "made-up"
+    perturbed_adapter(adapter, run / "adapters" / "v0", seed=1)
+    perturbed_adapter(adapter, run / "adapters" / "v5", seed=2)
+    data = {
+        "league": "versions",
+        "games": [{"game": "ipd", "params": {"rounds": 2}}],
+        "entrants": [
+            {"id": "tft", "kind": "tit-for-tat"},
+            {
+                "id": "learner",
+                "kind": "local",
+                "from_run": str(run),
+                "options": {"model": str(model), "device": "cpu", "temperature": 1.0},
+            },
+        ],
+        "agent_processes": "single",
+        "turn_timeout_s": 60,
+    }
+    summary = await run_league(parse_league(data), tmp_path / "league", ready_timeout_s=300)
+    assert summary.played == 3 * 2 and summary.pending == 0  # 3 pairings x 2 seat orders
+    assert all(c["fallbacks"] == 0 for c in summary.standings["fallbacks"].values())
+    traces = [
+        json.loads(line)
+        for path in (tmp_path / "league" / "runs").rglob("traces.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    by_agent: dict[str, set[str]] = {}
+    for t in traces:
+        by_agent.setdefault(t["agent"], set()).add(t["adapter_version"])
+    assert by_agent == {"learner.v0": {"v0"}, "learner.v5": {"v5"}}

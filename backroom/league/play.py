@@ -351,6 +351,8 @@ async def _session(
             "on_notice": league.notice,
             "external": [*config.external()] if spawn else waiting,
             "run_stamp": run_dir.name,
+            # the decisions of model entrants (prompt, tokens, adapter version), as a run's
+            "traces_path": run_dir / "traces.jsonl",
             "stop": stop,
             "claim_window_s": 0.0 if names.own else IDENTITY_WINDOW_S,
             "run_key": run_key,
