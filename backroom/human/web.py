@@ -97,6 +97,7 @@ from backroom.human.gate import (
     parse_hosts,
     parse_origins,
 )
+from backroom.human.league_page import league_routes
 from backroom.human.parse import offered
 from backroom.human.render import rules_for
 from backroom.human.replay import replay_routes
@@ -571,6 +572,7 @@ def web_app(
     login_backoff_s: float = 2.0,
     served_hosts: Iterable[str] | None = None,
     replay: ReplayIndex | None = None,
+    leagues: Iterable[Path] = (),
 ) -> Starlette:
     """The Starlette app: ``/`` the page, ``/ws`` the bridge, ``/api/matches`` the lobby as JSON.
 
@@ -734,6 +736,7 @@ def web_app(
             Route("/healthz", health),
             WebSocketRoute("/ws", ws_endpoint),
             *(replay_routes(replay, hub) if replay is not None else []),
+            *league_routes(list(leagues), headers),  # /league: human/league_page.py
         ],
         middleware=[Middleware(OnlyServedHosts)],
         lifespan=lifespan,
@@ -789,6 +792,7 @@ def web_command(
     hosts: str | None = None,
     trusted_proxies: str | None = None,
     replay: ReplayIndex | None = None,
+    leagues: Iterable[Path] = (),
 ) -> None:
     """Serve the page until Ctrl-C (what ``backroom web`` runs; ``backroom replay`` with ``replay``).
 
@@ -836,12 +840,15 @@ def web_command(
         allowed_origins=allowed,
         served_hosts=served,
         replay=replay,
+        leagues=leagues,
     )
     url = f"http://{host}:{port}/"
     print(f"backroom web: {url}  (broker {broker})")
     if token:
         print(f"  players: open {url}#token={token} and enter an agent id of {credentials}")
     print("  or enter an agent id and its password (`backroom credentials add ID` prints it)")
+    if leagues:
+        print(f"  league standings: {url}league")
     if allowed:
         print(f"  pages of {', '.join(allowed)} may connect too ({ORIGINS_ENV})")
     if observer is None:
