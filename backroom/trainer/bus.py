@@ -26,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Annotated
 
@@ -84,7 +85,7 @@ class TrainerBus:
     ) -> None:
         """``follow``: policies other trainers train on this bus (co-training), whose current
         checkpoints this one reads (``current_of``)."""
-        config.session_expiry_s = max(config.session_expiry_s, SESSION_EXPIRY_S)
+        config = replace(config, session_expiry_s=max(config.session_expiry_s, SESSION_EXPIRY_S))
         self.store = store
         self.game = game
         self.me = config.username or "trainer"
@@ -101,7 +102,7 @@ class TrainerBus:
         await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
         for policy in self.follow:
             await self.bus.subscribe(topics.checkpoint(policy), self._on_checkpoint)
-        await self.bus.__aenter__()
+        await self.bus.open()
         return self
 
     async def __aexit__(

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from backroom.model.adapters import ADAPTER_FILES
 from backroom.model.spec import ModelSpec
 from backroom.runner.config import AgentEntry, ConfigError, read_yaml, validate
 
@@ -175,6 +176,41 @@ class OpponentEntry(BaseModel):
         return "frozen" if self.run is not None else "live"
 
 
+class OpponentError(ValueError):
+    """A pool member that cannot be had; the message names the field."""
+
+
+def frozen_versions(run: Path, wanted: list[str] | str, where: str) -> list[str]:
+    """The adapter versions of a frozen run an opponent entry names, oldest first."""
+    folder = run / "adapters"
+    have = sorted(
+        (p.name for p in folder.glob("v*") if p.name[1:].isdigit() and p.is_dir()),
+        key=lambda v: int(v[1:]),
+    )
+    if not have:
+        raise OpponentError(f"{where}.run: {run} holds no adapters/v<N> (is it a training run?)")
+    if wanted == "last":
+        return [have[-1]]
+    if missing := [v for v in wanted if v not in have]:
+        raise OpponentError(f"{where}.versions: {missing} not in {folder} (it has {have})")
+    return list(wanted)
+
+
+def check_frozen(config: TrainConfig) -> None:
+    """Refuse, when the config is read, frozen runs and versions that are not there."""
+    for i, entry in enumerate(config.opponents):
+        if entry.run is None:
+            continue
+        run = Path(entry.run)
+        for version in frozen_versions(run, entry.versions, f"opponents[{i}]"):
+            if missing := [
+                n for n in ADAPTER_FILES if not (run / "adapters" / version / n).is_file()
+            ]:
+                raise OpponentError(
+                    f"opponents[{i}].run: {run / 'adapters' / version} lacks {', '.join(missing)}"
+                )
+
+
 class LeagueHandoff(BaseModel):
     """Every ``every``-th checkpoint becomes an entrant of a league (docs/training.md)."""
 
@@ -256,6 +292,24 @@ class TensorboardSpec(BaseModel):
 TrackingSpec = Annotated[MlflowSpec | WandbSpec | TensorboardSpec, Field(discriminator="kind")]
 
 
+class DpoSettings(BaseModel):
+    """``dpo:`` of a training config, validated with the rest of it at load (an unknown key
+    is an error: a typo would silently use a default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(
+        description="run directory with episodes.jsonl and traces.jsonl (runs/<run>: its latest run)"
+    )
+    beta: float = Field(default=0.1, gt=0)
+    lr: float = Field(default=5e-5, gt=0)
+    epochs: float = Field(default=1.0, gt=0)
+    max_steps: int | None = Field(default=None, ge=1, description="overrides epochs")
+    batch_size: int = Field(default=4, ge=1)
+    max_pairs: int = Field(default=10_000, ge=1)
+    activation_checkpointing: bool | None = None
+
+
 class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -300,7 +354,7 @@ class TrainConfig(BaseModel):
         ge=64,
         description="padded tokens per forward pass (memory); default 1024 on a CPU, 8192 on a GPU",
     )
-    dpo: dict[str, Any] = Field(default_factory=dict, description="DPO settings (algorithm: dpo)")
+    dpo: DpoSettings | None = Field(default=None, description="DPO settings (algorithm: dpo)")
     serve_adapters: str | None = Field(
         default=None,
         pattern=r"^[^:]+:[0-9]+$",
@@ -329,6 +383,12 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _resolve(self) -> TrainConfig:
+        if (self.algorithm == "dpo") != (self.dpo is not None):
+            raise ValueError(
+                "algorithm: dpo needs dpo: {source: RUN_DIR} (the run to learn from)"
+                if self.dpo is None
+                else f"dpo: only algorithm: dpo reads it (algorithm is {self.algorithm})"
+            )
         if self.algorithm == "dpo":
             if self.tracking is not None:
                 raise ValueError(
@@ -420,8 +480,6 @@ def parse_train_config(data: Any, source: str = "config") -> TrainConfig:
             f"{source}: players: the game has {game.new_initial_state(0).num_players} seats"
         )
     if config.opponents:
-        from backroom.trainer.opponents import OpponentError, check_frozen
-
         try:
             check_frozen(config)
         except OpponentError as exc:

@@ -19,6 +19,7 @@ import numpy as np
 
 from backroom import metrics
 from backroom.bus.wire import AdapterRef
+from backroom.games.ipd import COOPERATE
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import TrainConfig
 from backroom.trainer.opponents import Opponent
@@ -93,7 +94,7 @@ async def evaluate(
             a.action for ep in eps for a in ep.record.actions if a.phase == "act" and a.seat == 0
         ]
         coop = (
-            sum(1 for m in moves if m == "A") / len(moves)
+            sum(1 for m in moves if m == COOPERATE) / len(moves)
             if config.game == "ipd" and moves
             else None
         )

@@ -29,15 +29,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from backroom.bus.wire import AdapterRef
-from backroom.model.adapters import ADAPTER_FILES, adapter_digest
-from backroom.trainer.config import OpponentEntry, PfspSpec, TrainConfig
+from backroom.model.adapters import adapter_digest
+from backroom.trainer.config import OpponentEntry, PfspSpec, TrainConfig, frozen_versions
 from backroom.trainer.store import Joined, Store
 
 T = TypeVar("T")
-
-
-class OpponentError(ValueError):
-    """A pool member that cannot be had; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -59,36 +55,6 @@ def frozen_policy(entry: OpponentEntry) -> str:
     return f"frozen-{name}"[:64]
 
 
-def _versions(run: Path, wanted: list[str] | str, where: str) -> list[str]:
-    folder = run / "adapters"
-    have = sorted(
-        (p.name for p in folder.glob("v*") if p.name[1:].isdigit() and p.is_dir()),
-        key=lambda v: int(v[1:]),
-    )
-    if not have:
-        raise OpponentError(f"{where}.run: {run} holds no adapters/v<N> (is it a training run?)")
-    if wanted == "last":
-        return [have[-1]]
-    if missing := [v for v in wanted if v not in have]:
-        raise OpponentError(f"{where}.versions: {missing} not in {folder} (it has {have})")
-    return list(wanted)
-
-
-def check_frozen(config: TrainConfig) -> None:
-    """Refuse, when the config is read, frozen runs and versions that are not there."""
-    for i, entry in enumerate(config.opponents):
-        if entry.run is None:
-            continue
-        run = Path(entry.run)
-        for version in _versions(run, entry.versions, f"opponents[{i}]"):
-            if missing := [
-                n for n in ADAPTER_FILES if not (run / "adapters" / version / n).is_file()
-            ]:
-                raise OpponentError(
-                    f"opponents[{i}].run: {run / 'adapters' / version} lacks {', '.join(missing)}"
-                )
-
-
 def resolve_pool(config: TrainConfig) -> list[Opponent]:
     """The pool with frozen adapters' digests taken (blocking: it reads their files)."""
     pool: list[Opponent] = []
@@ -98,7 +64,7 @@ def resolve_pool(config: TrainConfig) -> list[Opponent]:
             pool.append(Opponent(label=f"agent {entry.agent.id}", agent=entry.agent.id))
         elif entry.run is not None:
             run, policy = Path(entry.run), frozen_policy(entry)
-            for version in _versions(run, entry.versions, where):
+            for version in frozen_versions(run, entry.versions, where):
                 folder = run / "adapters" / version
                 sha, size = adapter_digest(folder)
                 ref = AdapterRef(
