@@ -15,6 +15,7 @@ The format is documented in docs/training.md ("Sending checkpoints to a league")
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -83,3 +84,41 @@ def send_entrant(config: TrainConfig, run_dir: Path, step: int, ref: AdapterRef)
     tmp.write_text(yaml.safe_dump(record, sort_keys=False))
     tmp.replace(target)
     return target
+
+
+#: The league's standings document (``backroom.league.standings``): read as a file, so the
+#: trainer needs none of the league's code, as ``backroom web``'s /league page does.
+STANDINGS_FILE = "standings.json"
+
+
+def league_progress(config: TrainConfig) -> dict[str, Any] | None:
+    """This run's entrants' ratings in the league's latest standings, per game, by version;
+    None without ``league:`` or before the league has written standings.
+
+    What the league has rated so far: the trainer hands entrants over, a league
+    run plays them (``backroom league ... --resume``), and each evaluation reports
+    where they stand then. A torn or foreign file counts as no standings.
+    """
+    if config.league is None:
+        return None
+    path = Path(config.league.dir) / STANDINGS_FILE
+    try:
+        doc = json.loads(path.read_text())
+        games = doc["games"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    prefix = f"{config.league.name or config.run}."
+    mine = {
+        key: [
+            {k: r.get(k) for k in ("agent", "mu", "sigma", "ordinal", "matches")}
+            for r in game.get("ratings", [])
+            if str(r.get("agent", "")).startswith(prefix)
+        ]
+        for key, game in games.items()
+    }
+    return {
+        "league": doc.get("league"),
+        "updated": doc.get("updated"),
+        "running": doc.get("running"),
+        "entrants": {key: rows for key, rows in mine.items() if rows},
+    }

@@ -22,6 +22,7 @@ from backroom.bus.wire import AdapterRef
 from backroom.games.ipd import COOPERATE
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import TrainConfig
+from backroom.trainer.entrants import league_progress
 from backroom.trainer.opponents import Opponent
 from backroom.trainer.rollouts import plan_evaluation
 from backroom.trainer.store import Joined, Request, Store
@@ -106,6 +107,9 @@ async def evaluate(
         }
         metrics.TRAIN_EVAL.labels(baseline=label).set(mine)
     log.info("evaluation after step %d: %s", step, result["against"])
+    if (progress := league_progress(config)) is not None:
+        result["league"] = progress  # the ratings the league has given this run's entrants
+        log.info("league %s after step %d: %s", progress["league"], step, progress["entrants"])
     return result
 
 
