@@ -14,13 +14,19 @@ from typing import Any
 
 import pytest
 
+from backroom.agents.base import Agent
+from backroom.bus.broker import Broker
 from backroom.bus.wire import AdapterRef
 from backroom.league.config import parse_league
 from backroom.league.handoff import handed_entrants, with_handed_entrants
+from backroom.league.play import run_league
 from backroom.runner.config import ConfigError
 from backroom.trainer.config import parse_train_config
 from backroom.trainer.entrants import league_progress, send_entrant
+from backroom.trainer.loop import train
 
+from .conftest import identity, stack
+from .test_trainer_cotrain import cotrain_data, learners
 from .test_trainer_opponents import data, fake_adapter
 
 
@@ -109,3 +115,41 @@ def test_evaluation_reports_the_ratings_the_league_gave_this_runs_entrants(
         "running": True,
         "entrants": {"ipd": [rating("grpo.v2", 25.0), rating("grpo.v1", 20.0)]},
     }
+
+
+@pytest.mark.slow  # two short training runs and a league session, about two minutes
+async def test_checkpoints_go_to_a_league_and_come_back_as_ratings(
+    broker: Broker, tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    """The whole loop with the tiny random Qwen2: a run hands v1 and v2 over, a league rates
+    them against tit-for-tat, and the run's next evaluation (after --resume) reports those
+    ratings from the league's standings."""
+    league = tmp_path / "league"
+    train_data = cotrain_data(tiny_qwen_model, "hand", "x", "grpo")
+    train_data.update(opponents=[], league={"dir": str(league), "every": 1})
+    run_dir = tmp_path / "hand"
+    players: list[Agent] = [*learners(tiny_qwen_model, "hand")]
+    async with stack(broker, tmp_path / "runs", players):
+        await train(
+            parse_train_config(train_data), run_dir, identity(broker, "trainer-hand", "trainer")
+        )
+    config, added = with_handed_entrants(
+        parse_league({**league_data(), "agent_processes": "single", "turn_timeout_s": 60}), league
+    )
+    assert added == ["hand.v1", "hand.v2"]
+    summary = await run_league(config, league, ready_timeout_s=300)
+    assert summary.pending == 0 and summary.played > 0
+    rated = {r["agent"] for r in summary.standings["games"]["ipd"]["ratings"]}
+    assert {"hand.v1", "hand.v2"} <= rated
+    # one more step: its evaluation reads the standings the league wrote
+    more = parse_train_config({**train_data, "steps": 3, "evaluation": {"every": 1, "matches": 1}})
+    async with stack(broker, tmp_path / "runs", [*learners(tiny_qwen_model, "hand")]):
+        result = await train(
+            more, run_dir, identity(broker, "trainer-hand", "trainer"), resume=True
+        )
+    progress = result.evaluations[-1]["league"]
+    assert progress["league"] == "ipd" and progress["running"] is False
+    assert {r["agent"] for r in progress["entrants"]["ipd"]} == {"hand.v1", "hand.v2"}
+    for r in progress["entrants"]["ipd"]:
+        assert r["matches"] > 0 and r["sigma"] > 0
+    assert (league / "entrants.d" / "hand.v3.yaml").exists()  # and v3 is handed over in turn
