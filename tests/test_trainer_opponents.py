@@ -152,6 +152,8 @@ def test_opponent_config_errors_name_the_field() -> None:
         ({"opponents": [{"agent": coop}, {"agent": coop}]}, "used twice"),
         ({"opponents": [{"policy": "p"}]}, "this run's own policy"),
         ({"opponents": [{"run": "d", "policy": "p"}]}, "this run's own policy"),
+        ({"opponents": [{"run": "frozen-x"}], "policy": "frozen-frozen-x"}, "own policy"),
+        ({"opponents": [{"run": "a/x"}, {"run": "b/x"}]}, r"announced as \['frozen-x'\]"),
         ({"opponents": [{"agent": {"id": "c", "kind": "nope"}}]}, "unknown agent kind"),
         ({"buffer": {"sample": "best"}}, "buffer.sample"),
         ({"buffer": {"pfsp": {"exponent": 0}}}, "buffer.pfsp.exponent"),

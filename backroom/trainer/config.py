@@ -169,6 +169,15 @@ class OpponentEntry(BaseModel):
             raise ValueError("versions: only with run (the versions of that run's adapters)")
         return self
 
+    def frozen_policy(self) -> str:
+        """The policy name a frozen run's versions are announced under (its own, not the
+        learner's: the two runs' ``v3`` are different adapters)."""
+        assert self.run is not None
+        if self.policy:
+            return self.policy
+        name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in Path(self.run).name)
+        return f"frozen-{name}"[:64]
+
     @property
     def kind(self) -> Literal["agent", "frozen", "live"]:
         if self.agent is not None:
@@ -434,7 +443,13 @@ class TrainConfig(BaseModel):
                 f"opponents: agent ids {clash} are used twice (players and evaluation "
                 "baselines are agents of the run too); give the pool's agents their own ids"
             )
-        if any(o.policy == self.policy for o in self.opponents):
+        frozen = {(o.frozen_policy(), str(Path(o.run))) for o in self.opponents if o.run}
+        names = [name for name, _ in frozen]
+        if clash := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(
+                f"opponents: two frozen runs are announced as {clash}; give each its own policy:"
+            )
+        if any(o.policy == self.policy for o in self.opponents) or self.policy in names:
             raise ValueError(
                 f"opponents: policy {self.policy!r} is this run's own policy; name the opponent's "
                 "policy (frozen adapters: policy: another name)"

@@ -30,7 +30,7 @@ from typing import TypeVar
 
 from backroom.bus.wire import AdapterRef
 from backroom.model.adapters import adapter_digest
-from backroom.trainer.config import OpponentEntry, PfspSpec, TrainConfig, frozen_versions
+from backroom.trainer.config import PfspSpec, TrainConfig, frozen_versions
 from backroom.trainer.store import Joined, Store
 
 T = TypeVar("T")
@@ -46,15 +46,6 @@ class Opponent:
     live: str | None = None  # the co-trained policy whose current checkpoint ``ref`` is
 
 
-def frozen_policy(entry: OpponentEntry) -> str:
-    """The policy name a frozen run's versions are announced under (its own, not the learner's)."""
-    assert entry.run is not None
-    if entry.policy:
-        return entry.policy
-    name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in Path(entry.run).name)
-    return f"frozen-{name}"[:64]
-
-
 def resolve_pool(config: TrainConfig) -> list[Opponent]:
     """The pool with frozen adapters' digests taken (blocking: it reads their files)."""
     pool: list[Opponent] = []
@@ -63,7 +54,7 @@ def resolve_pool(config: TrainConfig) -> list[Opponent]:
         if entry.agent is not None:
             pool.append(Opponent(label=f"agent {entry.agent.id}", agent=entry.agent.id))
         elif entry.run is not None:
-            run, policy = Path(entry.run), frozen_policy(entry)
+            run, policy = Path(entry.run), entry.frozen_policy()
             for version in frozen_versions(run, entry.versions, where):
                 folder = run / "adapters" / version
                 sha, size = adapter_digest(folder)
