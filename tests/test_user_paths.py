@@ -438,6 +438,7 @@ def test_a_run_waiting_for_an_external_agent_says_so_at_once(
     )
     try:
         assert proc.stdout is not None
+        heading = proc.stdout.readline()  # piped, the progress names the run first
         first = proc.stdout.readline()
         waited = proc.poll() is None  # said while still waiting, not on the way out
         rest = proc.communicate(timeout=90)[0]
@@ -445,7 +446,7 @@ def test_a_run_waiting_for_an_external_agent_says_so_at_once(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert waited, first
+    assert heading == "ext ipd: 2 matches\n" and waited, heading + first
     assert f"waiting up to 10s for zed to connect to {broker.url}" in first
     assert f"`backroom credentials add zed --dir {bdir}` prints its password" in first
     assert proc.returncode == 2
