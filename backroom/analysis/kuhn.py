@@ -45,6 +45,7 @@ import numpy as np
 from rich.table import Table
 
 from backroom.analysis.episodes import Episode, channel_stats
+from backroom.analysis.measures import GameMeasures
 from backroom.analysis.plotting import figure, save
 from backroom.games.base import CHANCE, State, make_game
 from backroom.games.kuhn import KuhnPoker
@@ -842,3 +843,6 @@ def tables(run: str, r: dict[str, Any]) -> list[Table]:
         t.caption = "overheard: messages an eavesdropper read; deliveries: one per reader"
         out.append(t)
     return out
+
+
+MEASURES = {GAME: GameMeasures(analyze, tables)}

@@ -10,14 +10,14 @@ directory of a broker's credentials.json.
 """
 
 # This file is the whole command list: each command is a function of the module for its
-# concern (run.py, analyze.py, train.py, processes.py, credentials.py, solve.py), mounted
+# concern (run.py, analyze.py, train.py, league.py, processes.py, credentials.py, solve.py), mounted
 # here; common.py holds what they share. The docstring above is `backroom --help`.
 
 from __future__ import annotations
 
 import typer
 
-from backroom.cli import analyze, credentials, processes, run, solve, train
+from backroom.cli import analyze, credentials, league, processes, run, solve, train
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -26,6 +26,7 @@ app.command()(run.demo)
 app.command("run")(run.run_cmd)
 app.command()(analyze.analyze)
 app.command("train")(train.train_cmd)
+app.command()(league.league)
 app.add_typer(
     solve.solve_app,
     name="solve",

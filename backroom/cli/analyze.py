@@ -93,7 +93,7 @@ def analyze(
 
 def _chosen_run(run_dir: Path) -> Path:
     """The run ``run_dir`` names (runs/<run> is its latest), refused unless it holds something to read."""
-    from backroom.referee.episodes import resolve_run_dir
+    from backroom.runs import resolve_run_dir
 
     if not run_dir.exists():
         raise typer.BadParameter(f"{run_dir} does not exist")

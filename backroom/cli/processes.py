@@ -126,7 +126,7 @@ def referee(
 
 async def _pooled_referee(pattern: str, pool: int, make: Callable[[str], Referee]) -> None:
     """Claim a free name of the ``{n}`` pool, then serve under it until cancelled."""
-    from backroom.referee.service import claim_pooled
+    from backroom.referee.pool import claim_pooled
 
     names = [pattern.replace("{n}", str(i)) for i in range(1, pool + 1)]
     # Start at a random name: replicas started together rarely try the same one first.
@@ -272,6 +272,10 @@ def web(
             "(default $BACKROOM_WEB_TRUSTED_PROXIES; none)"
         ),
     ] = None,
+    league: Annotated[
+        list[Path] | None,
+        typer.Option("--league", help="a league directory whose standings /league shows (repeat)"),
+    ] = None,
 ) -> None:
     """Play and watch matches in a browser, bridged to the bus with each seat's own identity."""
     require_extra("backroom web", "web", WEB_MODULES)
@@ -289,6 +293,7 @@ def web(
         credentials,
         hosts=hosts,
         trusted_proxies=trusted_proxies,
+        leagues=league or [],
     )
 
 
