@@ -1,9 +1,8 @@
-"""The ``backroom league`` command: ``backroom league CONFIG.yaml`` plays, ``backroom league show DIR`` shows.
+"""``backroom league CONFIG.yaml`` plays a league; ``backroom league show DIR`` shows one.
 
 One command, not a group: ``league CONFIG`` is what a user types most, and a
-group could not take a config path in front of its subcommand. Registered on
-the top-level app by ``register`` (backroom/cli.py); everything heavy is
-imported when the command runs.
+group could not take a config path in front of its subcommand. Everything
+heavy is imported when the command runs.
 """
 
 from __future__ import annotations
@@ -16,91 +15,69 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from backroom.cli.common import BrokerOpt, CredsOpt, console
+
 SHOW = "show"
 
 
-def register(app: typer.Typer, console: Console) -> None:
-    @app.command("league")
-    def league(
-        target: Annotated[
-            str, typer.Argument(help="a league config (YAML) to play, or `show` to show DIR")
-        ],
-        directory: Annotated[
-            Path | None,
-            typer.Argument(help="show: the league directory (leagues/<league>)"),
-        ] = None,
-        out: Annotated[
-            Path | None,
-            typer.Option("--dir", help="the league directory (default leagues/<league>)"),
-        ] = None,
-        resume: Annotated[
-            bool, typer.Option(help="go on with the league in --dir: play what is not counted")
-        ] = False,
-        broker_url: Annotated[
-            str | None,
-            typer.Option(
-                "--broker",
-                envvar="BACKROOM_BROKER",
-                help="mqtt://HOST:PORT of a running broker (default: start one)",
-                callback=_broker_url,
-            ),
-        ] = None,
-        credentials: Annotated[
-            Path | None, typer.Option("--credentials", help="the broker's credentials directory")
-        ] = None,
-        spawn: Annotated[bool, typer.Option(help="start the referees and agents")] = True,
-        metrics_port: Annotated[
-            int,
-            typer.Option(
-                "--metrics-port", help="P: the league's gauges on P, referee and agents on P+1, ..."
-            ),
-        ] = 0,
-        ready_timeout: Annotated[float, typer.Option(min=0.1)] = 60.0,
-        plots: Annotated[bool, typer.Option(help="show: write PNG plots to DIR/plots")] = True,
-        refresh: Annotated[
-            bool, typer.Option(help="show: recompute the standings from the store first")
-        ] = False,
-        hold: Annotated[
-            bool,
-            typer.Option(
-                help="after the league, keep serving its rating gauges until stopped (compose)"
-            ),
-        ] = False,
-    ) -> None:
-        """Rate agents against each other: play a league (CONFIG.yaml) or show one (show DIR)."""
-        if target == SHOW:
-            if directory is None:
-                raise typer.BadParameter("`backroom league show DIR` needs the league directory")
-            show(directory, plots, refresh, console)
-            return
-        if directory is not None:
-            raise typer.BadParameter(f"a league plays into --dir DIR, not {directory}")
-        if not spawn and broker_url is None:
-            raise typer.BadParameter("--no-spawn needs --broker and --credentials of the stack")
-        play(
-            Path(target),
-            out,
-            resume,
-            broker_url,
-            credentials,
-            spawn,
-            metrics_port,
-            ready_timeout,
-            hold,
-            console,
-        )
-
-
-def _broker_url(url: str | None) -> str | None:
-    """Refuse a URL that is not MQTT's where it is typed (as ``backroom run`` does)."""
-    from backroom.bus.client import BusConfig
-
-    if url is not None:
-        try:
-            BusConfig.from_url(url)
-        except ValueError as exc:
-            raise typer.BadParameter(f"{exc} (e.g. mqtt://127.0.0.1:1883)") from None
-    return url
+def league(
+    target: Annotated[
+        str, typer.Argument(help="a league config (YAML) to play, or `show` to show DIR")
+    ],
+    directory: Annotated[
+        Path | None,
+        typer.Argument(help="show: the league directory (leagues/<league>)"),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--dir", help="the league directory (default leagues/<league>)"),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option(help="go on with the league in --dir: play what is not counted")
+    ] = False,
+    broker_url: BrokerOpt = None,
+    credentials: CredsOpt = None,
+    spawn: Annotated[bool, typer.Option(help="start the referees and agents")] = True,
+    metrics_port: Annotated[
+        int,
+        typer.Option(
+            "--metrics-port", help="P: the league's gauges on P, referee and agents on P+1, ..."
+        ),
+    ] = 0,
+    ready_timeout: Annotated[float, typer.Option(min=0.1)] = 60.0,
+    plots: Annotated[bool, typer.Option(help="show: write PNG plots to DIR/plots")] = True,
+    refresh: Annotated[
+        bool, typer.Option(help="show: recompute the standings from the store first")
+    ] = False,
+    hold: Annotated[
+        bool,
+        typer.Option(
+            help="after the league, keep serving its rating gauges until stopped (compose)"
+        ),
+    ] = False,
+) -> None:
+    """Rate agents against each other: play a league (CONFIG.yaml) or show one (show DIR)."""
+    if target == SHOW:
+        if directory is None:
+            raise typer.BadParameter("`backroom league show DIR` needs the league directory")
+        show(directory, plots, refresh, console)
+        return
+    if directory is not None:
+        raise typer.BadParameter(f"a league plays into --dir DIR, not {directory}")
+    if not spawn and broker_url is None:
+        raise typer.BadParameter("--no-spawn needs --broker and --credentials of the stack")
+    play(
+        Path(target),
+        out,
+        resume,
+        broker_url,
+        credentials,
+        spawn,
+        metrics_port,
+        ready_timeout,
+        hold,
+        console,
+    )
 
 
 def show(directory: Path, plots: bool, refresh: bool, console: Console) -> None:
