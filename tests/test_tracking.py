@@ -432,4 +432,11 @@ def test_bad_tracking_config_names_the_field(edit: str, words: str) -> None:
 
 def test_tracking_is_refused_for_dpo() -> None:
     with pytest.raises(ConfigError, match="tracking: not for algorithm dpo"):
-        parse_train_config({"game": "ipd", "algorithm": "dpo", "tracking": {"kind": "tensorboard"}})
+        parse_train_config(
+            {
+                "game": "ipd",
+                "algorithm": "dpo",
+                "dpo": {"source": "runs/x"},  # the block dpo needs, so tracking is what is refused
+                "tracking": {"kind": "tensorboard"},
+            }
+        )

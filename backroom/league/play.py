@@ -297,10 +297,11 @@ async def run_league(
         raise LeagueError(str(exc)) from None
     directory, store = open_store(config, Path(directory), resume)
     try:
-        tracking = await asyncio.to_thread(open_league_tracking, config, directory, store, plots)
+        opened = await asyncio.to_thread(open_league_tracking, config, directory)
     except TrackingError as exc:
         store.close()
         raise LeagueError(f"{exc} (nothing was played: --resume goes on once it opens)") from None
+    tracking = LeagueTracking(opened, store, plots)
     league = League(config, directory, store, notice, on_result, tracking)
     try:
         await _session(

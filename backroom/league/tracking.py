@@ -101,15 +101,14 @@ class LeagueTracking:
         self.tracking.close(error)
 
 
-def open_league_tracking(
-    config: LeagueConfig, directory: Path, store: LeagueStore, plots: Plots | None = None
-) -> LeagueTracking:
-    """The tracker of ``config.tracking`` in the league directory (off: every call a no-op).
+def open_league_tracking(config: LeagueConfig, directory: Path) -> Tracking:
+    """The tracker of ``config.tracking`` in the league directory (off: every call a no-op),
+    for a ``LeagueTracking`` (made in the thread that owns the store: it reads it).
 
     Blocking (clients start, stores open): call it in a worker thread from async code.
     Raises ``TrackingError`` when the tracker cannot open.
     """
-    tracking = open_tracking(
+    return open_tracking(
         config.tracking,
         directory,
         config.model_dump(mode="json"),
@@ -117,4 +116,3 @@ def open_league_tracking(
         title=config.league,
         work="the league",
     )
-    return LeagueTracking(tracking, store, plots)
