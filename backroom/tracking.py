@@ -233,10 +233,7 @@ class MlflowTracker:
                 tags={"backroom.run_dir": str(run_dir.resolve())},
             )
             self.run_id = run.info.run_id
-            params = [
-                Param(k, json.dumps(v) if not isinstance(v, str) else v)
-                for k, v in flat(config).items()
-            ]
+            params = [Param(k, _param(v)) for k, v in flat(config).items()]
             for i in range(0, len(params), 100):  # MLflow takes 100 params a batch
                 client.log_batch(self.run_id, params=params[i : i + 100])
             client.log_dict(self.run_id, dict(config), "config.json")
@@ -365,6 +362,20 @@ class TensorboardTracker:
 
     def close(self, status: Status) -> None:
         self.writer.close()
+
+
+#: MLflow's longest param value (its store refuses a longer one, and the run with it).
+PARAM_CHARS = 6000
+
+
+def _param(value: Any) -> str:
+    """A config value as an MLflow param; one too long for it (a league's entrants) is cut,
+    saying so: the whole config is ``config.json`` beside it."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    if len(text) <= PARAM_CHARS:
+        return text
+    note = f" ... ({len(text)} characters: config.json holds it whole)"
+    return text[: PARAM_CHARS - len(note)] + note
 
 
 def _code(text: str) -> str:

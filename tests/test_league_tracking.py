@@ -220,3 +220,25 @@ def test_bad_tracking_block_names_the_field(tmp_path: Path, tracking: Any, words
     with pytest.raises(ConfigError) as info:
         parse_league(short_league(tmp_path, tracking), source="l.yaml")
     assert words in str(info.value)
+
+
+def test_a_config_value_too_long_for_an_mlflow_param_is_cut_and_kept_whole_in_config_json(
+    tmp_path: Path,
+) -> None:
+    """A league of many entrants has a long ``entrants`` list: the run still opens."""
+    from backroom.tracking import PARAM_CHARS, MlflowSpec, Tracking, open_tracking
+
+    entrants = [{"id": f"e{i}", "kind": "always", "options": {"action": "A"}} for i in range(200)]
+    config = {"league": "big", "entrants": entrants}
+    tracking = open_tracking(MlflowSpec(kind="mlflow"), tmp_path, config, Tracking, title="big")
+    tracking.close()
+    assert tracking.failures == 0
+    client = mlflow_client(tmp_path)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    param = run.data.params["entrants"]
+    whole = json.dumps(entrants)
+    assert len(whole) > PARAM_CHARS and len(param) == PARAM_CHARS
+    assert param.endswith(f"({len(whole)} characters: config.json holds it whole)")
+    assert whole.startswith(param[:1000])
+    got = client.download_artifacts(run.info.run_id, "config.json", str(tmp_path / "dl"))
+    assert json.loads(Path(got).read_text()) == config
