@@ -226,7 +226,8 @@ def test_a_config_value_too_long_for_an_mlflow_param_is_cut_and_kept_whole_in_co
     tmp_path: Path,
 ) -> None:
     """A league of many entrants has a long ``entrants`` list: the run still opens."""
-    from backroom.tracking import PARAM_CHARS, MlflowSpec, Tracking, open_tracking
+    from backroom.tracking import MlflowSpec, Tracking, open_tracking
+    from backroom.tracking.tools import PARAM_CHARS
 
     entrants = [{"id": f"e{i}", "kind": "always", "options": {"action": "A"}} for i in range(200)]
     config = {"league": "big", "entrants": entrants}

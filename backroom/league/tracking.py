@@ -1,5 +1,5 @@
 """Experiment tracking of ``backroom league``: ``tracking:`` in a league config, the same block
-and tools as ``backroom train``'s (backroom/tracking.py says what a failure does).
+and tools as ``backroom train``'s (backroom/tracking/ says what a failure does).
 
 What a league logs to its tracker run:
 

@@ -218,7 +218,7 @@ class TrainConfig(BaseModel):
     tracking: TrackingSpec | None = Field(
         default=None,
         description="log train_log.csv, the evaluations, the config and the adapters to "
-        "MLflow, W&B or TensorBoard (backroom/tracking.py, trainer/tracking.py)",
+        "MLflow, W&B or TensorBoard (backroom/tracking/, trainer/tracking.py)",
     )
 
     hp: Hyperparameters | None = None  # filled from preset + hyper

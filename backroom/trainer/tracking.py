@@ -1,5 +1,5 @@
 """Experiment tracking of ``backroom train``: ``train_log.csv`` rows, evaluations and adapter
-versions, through the tool-generic tracking of ``backroom/tracking.py`` (which says
+versions, through the tool-generic tracking of ``backroom/tracking/`` (which says
 what a failure does, and how ``tracking.json`` continues a run on ``--resume``).
 
 ``Tracking.catch_up`` sends what the files hold beyond the marks (the rows of a
