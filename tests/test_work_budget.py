@@ -66,9 +66,10 @@ async def test_a_64kb_array_of_ones_is_one_refusal_and_does_not_stall_the_loop(
             worst, last = max(worst, now - last), now
 
     async with (
-        Referee(identity(broker, "referee", "referee"), runs_dir=tmp_path / "runs"),
+        Referee(identity(broker, "referee", "referee"), runs_dir=tmp_path / "runs") as ref,
         RawAgent(identity(broker, "mallory")) as mal,
     ):
+        await ref.outboxes.seat(["mallory"])  # as if seated here: only those outboxes are read
         tick = asyncio.create_task(ticker())
         for _ in range(10):
             await mal.send(ONES)
@@ -104,6 +105,7 @@ async def test_statuses_share_the_outbox_budget_and_big_ones_are_dropped_unread(
         RawAgent(identity(broker, "mallory")) as mal,
         RawAgent(identity(broker, "trent")) as trent,
     ):
+        await ref.outboxes.seat(["mallory", "trent"])  # as if seated here
         await mal.published(topics.status("mallory"), huge, retain=True)
         await drained(ref)
         assert sample("backroom_statuses_dropped_total", reason="oversized") - big == 1
