@@ -92,6 +92,13 @@ CASES = [
         b"{nope",
     ),
     Case(
+        "flood_seated",
+        budgets.flood_small_seated,
+        0.8,
+        "small malformed outbox payloads from an agent seated here, flat out",
+        b"{nope",
+    ),
+    Case(
         "flip_status",
         budgets.flip_status,
         0.8,
@@ -299,6 +306,7 @@ async def main() -> None:
             broker = Broker(Path(d) / "broker").start()
             try:
                 broker.credentials.add(ATTACKER, role="agent")
+                broker.credentials.add(budgets.SEATER, role="runner")
                 broker.reload()
                 runs = Path(d) / "runs"
                 calm = await play(broker, runs, args.matches, None)
