@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
+from backroom import metrics
 from backroom.bus import topics
 from backroom.bus.client import Bus, Handler
 
@@ -86,6 +87,7 @@ class Outboxes:
         if agent in self.muted or agent not in self.reading:
             return
         self.reading.discard(agent)
+        metrics.OUTBOXES_MUTED.inc()
         loop = asyncio.get_running_loop()
         self.muted[agent] = loop.call_later(min(seconds, MUTE_MAX_S), self._unmute, agent)
         self._spawn(self._unsubscribe([agent]))
