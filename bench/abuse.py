@@ -220,7 +220,7 @@ async def runner_sigterm_seconds(broker: Broker, runs: Path, case: Case) -> floa
     demo = runs / "demo.yaml"
     demo.write_bytes(resources.files("backroom").joinpath("demo.yaml").read_bytes())
     args = ["run", str(demo), "--broker", broker.url, "--credentials", str(broker.dir)]
-    proc = _backroom(*args, "--runs-dir", str(runs), "--matches", "1000000")
+    proc = _backroom(*args, "--runs-dir", str(runs), "--matches", "20000")
     await _watch(broker, topics.ALL_EPISODES, lambda payload: bool(payload))
     return await _sigterm(proc, broker, case)
 
