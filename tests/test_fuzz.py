@@ -100,7 +100,6 @@ def test_fuzzed_outbox_never_breaks_the_referee(broker: Broker, tmp_path: Path) 
     lt.run(setup())
     sent = 0
     dropped_before = REGISTRY.get_sample_value("backroom_errors_dropped_total") or 0.0
-    muted_before = REGISTRY.get_sample_value("backroom_referee_outboxes_muted_total") or 0.0
 
     @settings(
         max_examples=2500, deadline=None, suppress_health_check=list(HealthCheck), database=None
@@ -142,10 +141,5 @@ def test_fuzzed_outbox_never_breaks_the_referee(broker: Broker, tmp_path: Path) 
     # the errors were dropped and counted, not silently
     dropped = (REGISTRY.get_sample_value("backroom_errors_dropped_total") or 0.0) - dropped_before
     assert len(errors) >= ERROR_BURST
-    # ... or, past her input budget, the referee stopped reading her outbox until it
-    # refilled (``referee.outboxes``): the broker dropped the rest of the storm
-    muted = (
-        REGISTRY.get_sample_value("backroom_referee_outboxes_muted_total") or 0.0
-    ) - muted_before
-    assert len(errors) + dropped > 1000 or muted > 0
+    assert len(errors) + dropped > 1000
     assert {"malformed", "unknown_type", "invalid"} <= reasons

@@ -87,10 +87,6 @@ class WorkBudget:
         self.at = now
         return self.tokens > 0
 
-    def refill_s(self) -> float:
-        """Seconds until the balance is back above zero (0 when it is)."""
-        return max(0.0, -self.tokens) / self.share if self.share > 0 else float("inf")
-
     def charge(self, seconds: float, now: float) -> None:
         """The payload opened last cost ``seconds`` and ended ``now``."""
         self.tokens -= seconds

@@ -23,17 +23,9 @@ Route = Callable[[str, Message | WireError], None]
 class Judge:
     """Refusals held while a payload is judged, sent once; each identity's budgets kept."""
 
-    def __init__(
-        self,
-        budgets: Budgets,
-        send: Callable[[str, Error], None],
-        over: Callable[[str, float], None] | None = None,
-    ) -> None:
+    def __init__(self, budgets: Budgets, send: Callable[[str, Error], None]) -> None:
         self.budgets = budgets
         self.send = send
-        #: ``over(agent, seconds)``: ``agent`` is over its budget for ``seconds`` more
-        #: (the referee stops reading its outbox meanwhile, ``referee.outboxes``).
-        self.over = over
         self.refused = 0  # refusals so far: a refused move is charged to its sender
         #: Seconds the payload being judged spent in its matches' own work (not charged).
         self._match_s = 0.0
@@ -50,8 +42,6 @@ class Judge:
                 share = self.budgets.input_share
                 detail = f"over {share:.0%} of the referee's time: payload dropped unread"
                 self.send_error(agent, Error(reason="rate_limited", detail=detail))
-                if self.over is not None:
-                    self.over(agent, ticket.budget.refill_s())
                 return
             self._judging, self._match_s = agent, 0.0
             try:

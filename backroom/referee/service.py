@@ -116,7 +116,7 @@ class Referee:
         self._latency: dict[tuple[str, str], Any] = {}
         self.budgets = Budgets(error_burst, error_rate_per_s, input_burst_s, input_share)
         self.outboxes = Outboxes(self._on_outbox)
-        self.judge = Judge(self.budgets, self.send_to, self.outboxes.mute)
+        self.judge = Judge(self.budgets, self.send_to)
         self.peers = RefereeGroup(self.name, self._on_request, self._announce, self.log)
         self.bus: Bus | None = None
         self.idle = asyncio.Event()

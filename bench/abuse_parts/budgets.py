@@ -81,8 +81,9 @@ async def flood_small_seated(
     url: str, creds_dir: str | Path, seconds: float, agent: str = "mallory"
 ) -> dict[str, float]:
     """``flood_small`` from an agent seated in a match of the attacked referee's (one that
-    never ends: its other seats never answer), so that the referee reads its outbox. Past
-    its input budget it goes unread until the budget refills (``referee.outboxes``)."""
+    never ends: its other seats never answer), so that the referee reads its outbox
+    (``referee.outboxes``): what it costs is its input budget's share, and what the budget
+    does not price (the socket, paho)."""
     seated = asyncio.Event()
 
     def on_inbox(_topic: str, payload: bytes) -> None:
