@@ -55,7 +55,9 @@ class Outboxes:
         """Read ``agents``' outboxes from now on (one SUBSCRIBE for those not read yet).
 
         Awaited before the match sends anything: the broker then routes the
-        agents' answers to this referee."""
+        agents' answers to this referee. A match seating an agent whose SUBSCRIBE
+        is still on its way need not wait for it: paho writes packets in the order
+        they are made, and the broker handles a client's packets in order."""
         new = []
         for agent in agents:
             self.seats[agent] += 1
@@ -78,6 +80,7 @@ class Outboxes:
             self._sweep = asyncio.get_running_loop().call_later(self.linger_s, self._let_go)
 
     def close(self) -> None:
+        """Stop letting agents go (the connection closes next)."""
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
