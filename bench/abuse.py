@@ -15,7 +15,9 @@ nobody reads them): the flood's cost to the machine by itself, the attacker's
 process and the broker, which on 2 shared cores is most of it; ``/control``
 is the attacked rate over that one, the share the referee's handling costs. Then the shutdown under the same
 attack: a ``backroom referee`` process of its own, flooded for a second, is
-sent SIGTERM, and the seconds until it exits are printed (target 2).
+sent SIGTERM, and the seconds until it exits are printed (target 2); then the same
+for a ``backroom run`` of the demo (the runner, with its own referee and agents),
+SIGTERMed once its first episode is out.
 
 After the rate attacks, the one-shot ones (a trace flood at a trainer's
 intake, trace squatting, the web front end, a dripping adapter server), each
@@ -42,6 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +92,13 @@ CASES = [
         budgets.flood_small,
         0.8,
         "small malformed outbox payloads, flat out",
+        b"{nope",
+    ),
+    Case(
+        "flood_seated",
+        budgets.flood_small_seated,
+        0.8,
+        "small malformed outbox payloads from an agent seated here, flat out",
         b"{nope",
     ),
     Case(
@@ -145,37 +155,36 @@ async def play(
     return result.matches_per_second
 
 
-async def sigterm_seconds(broker: Broker, case: Case) -> float:
-    """Seconds from SIGTERM to exit of a ``backroom referee`` flooded by ``case`` for a second."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "backroom",
-            "referee",
-            "--broker",
-            broker.url,
-            "--credentials",
-            str(broker.dir),
-        ],
+def _backroom(*args: str) -> subprocess.Popen[bytes]:
+    """``python -m backroom ARGS`` in a session of its own (its children killed with it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "backroom", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    online = asyncio.Event()
+
+
+async def _watch(broker: Broker, topic: str, ready: Callable[[bytes], bool]) -> None:
+    """Return once a message on ``topic`` satisfies ``ready`` (read as an observer)."""
+    seen = asyncio.Event()
 
     def on(_topic: str, payload: bytes) -> None:
         with contextlib.suppress(Exception):
-            msg = parse_status(payload)
-            if isinstance(msg, Status) and msg.state == "online":
-                online.set()
+            if ready(payload):
+                seen.set()
 
-    broker.credentials.add("watcher", role="observer")
-    broker.reload()
-    await asyncio.sleep(0.1)
+    if "watcher" not in broker.credentials.load():
+        broker.credentials.add("watcher", role="observer")
+        broker.reload()
+        await asyncio.sleep(0.1)
     async with Bus(login(broker.url, broker.dir, "watcher")) as bus:
-        await bus.subscribe(topics.status("referee"), on)
-        await asyncio.wait_for(online.wait(), 60)
+        await bus.subscribe(topic, on)
+        await asyncio.wait_for(seen.wait(), 60)
+
+
+async def _sigterm(proc: subprocess.Popen[bytes], broker: Broker, case: Case) -> float:
+    """Seconds from SIGTERM to exit of ``proc``, flooded by ``case`` for a second before."""
     attack = asyncio.create_task(case.attack(broker.url, broker.dir, 3600.0))
     await asyncio.sleep(1.0)
     t0 = time.monotonic()
@@ -183,12 +192,37 @@ async def sigterm_seconds(broker: Broker, case: Case) -> float:
     while proc.poll() is None and time.monotonic() - t0 < 120:
         await asyncio.sleep(0.01)
     seconds = time.monotonic() - t0
-    if proc.poll() is None:
-        proc.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # what is left of its session (a runner's children)
+    proc.wait()
     attack.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await attack
     return seconds
+
+
+def _online(payload: bytes) -> bool:
+    msg = parse_status(payload)
+    return isinstance(msg, Status) and msg.state == "online"
+
+
+async def sigterm_seconds(broker: Broker, case: Case) -> float:
+    """Seconds from SIGTERM to exit of a ``backroom referee`` flooded by ``case`` for a second."""
+    proc = _backroom("referee", "--broker", broker.url, "--credentials", str(broker.dir))
+    await _watch(broker, topics.status("referee"), _online)
+    return await _sigterm(proc, broker, case)
+
+
+async def runner_sigterm_seconds(broker: Broker, runs: Path, case: Case) -> float:
+    """Seconds from SIGTERM to exit of a ``backroom run`` of the demo (its own referee and
+    agents, a run longer than the bench) that has published its first episode, flooded by
+    ``case`` for a second: the issue asks the runner, too, to answer within 2 s."""
+    demo = runs / "demo.yaml"
+    demo.write_bytes(resources.files("backroom").joinpath("demo.yaml").read_bytes())
+    args = ["run", str(demo), "--broker", broker.url, "--credentials", str(broker.dir)]
+    proc = _backroom(*args, "--runs-dir", str(runs), "--matches", "20000")
+    await _watch(broker, topics.ALL_EPISODES, lambda payload: bool(payload))
+    return await _sigterm(proc, broker, case)
 
 
 @dataclass(frozen=True)
@@ -291,7 +325,7 @@ async def main() -> None:
     )
     print(
         f"{'attack':<12} {'calm m/s':>9} {'control':>8} {'attacked':>9} {'ratio':>6} "
-        f"{'target':>6} {'/control':>8}  {'SIGTERM s':>9}  what"
+        f"{'target':>6} {'/control':>8}  {'referee':>9} {'runner':>9}  what"
     )
     failed = 0
     for case in cases:
@@ -299,21 +333,23 @@ async def main() -> None:
             broker = Broker(Path(d) / "broker").start()
             try:
                 broker.credentials.add(ATTACKER, role="agent")
+                broker.credentials.add(budgets.SEATER, role="runner")
                 broker.reload()
                 runs = Path(d) / "runs"
                 calm = await play(broker, runs, args.matches, None)
                 control = await play(broker, runs, args.matches, case, control=True)
                 attacked = await play(broker, runs, args.matches, case)
                 term = await sigterm_seconds(broker, case)
+                runner_term = await runner_sigterm_seconds(broker, runs, case)
             finally:
                 broker.stop()
         ratio = attacked / calm if calm else 0.0
         apart = attacked / control if control else 0.0
-        ok = ratio >= case.target and term <= 2.0
+        ok = ratio >= case.target and max(term, runner_term) <= 2.0
         failed += not ok
         print(
             f"{case.name:<12} {calm:>9.1f} {control:>8.1f} {attacked:>9.1f} {ratio:>6.2f} "
-            f"{case.target:>6.1f} {apart:>8.2f}  {term:>9.2f}  {case.what}"
+            f"{case.target:>6.1f} {apart:>8.2f}  {term:>9.2f} {runner_term:>9.2f}  {case.what}"
             f"{'' if ok else '  <- MISSED'}"
         )
     print(f"{len(cases) - failed} of {len(cases)} rate attacks within their targets")

@@ -74,6 +74,8 @@ async def referee(broker: Broker, runs: Path, **options: Any) -> AsyncIterator[R
     config = identity(broker, "referee", "referee")
     await asyncio.sleep(0.05)  # let the broker reread its password file after SIGHUP
     async with Referee(config, runs_dir=runs, **options) as ref:
+        # as if seated in a match here: a referee reads only its seated agents' outboxes
+        await ref.outboxes.seat(["mallory", "trent"])
         yield ref
 
 

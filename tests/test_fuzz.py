@@ -88,6 +88,9 @@ def test_fuzzed_outbox_never_breaks_the_referee(broker: Broker, tmp_path: Path) 
         ctx["ref"], _ = await ctx["stack"].__aenter__()
         ctx["run"] = await Runner(broker).__aenter__()
         ctx["mal"] = await RawAgent(identity(broker, "mallory")).__aenter__()
+        # read for the whole storm, as if seated in a match that lasts it: her matches
+        # below end before it does, and a referee reads only seated agents' outboxes
+        await ctx["ref"].outboxes.seat(["mallory"])
         ctx["stop"] = asyncio.Event()
         ctx["driver"] = asyncio.create_task(play_raw(ctx["mal"], "raise", ctx["stop"]))
         for i, m in enumerate(MATCHES):

@@ -36,6 +36,7 @@ async def test_a_flood_is_dropped_unread_and_counted_and_others_are_served(
         RawAgent(identity(broker, "mallory")) as mal,
         RawAgent(identity(broker, "trent")) as trent,
     ):
+        await ref.outboxes.seat(["mallory", "trent"])  # as if seated: only those are read
         await drained(ref)  # their statuses are in
         ref.budgets.input(
             "mallory"

@@ -213,12 +213,19 @@ async def test_with_two_referees_each_leaves_the_others_moves_unanswered(
     assert _sample("backroom_referee_foreign_inputs_total") > foreign_before
 
 
-async def test_a_referee_alone_still_answers_a_move_for_no_match(
+async def test_a_referee_alone_answers_a_seated_agents_move_for_no_match_and_reads_no_unseated_outbox(
     broker: Broker, tmp_path: Path
 ) -> None:
-    """An agent that says ``kind: referee`` in its own status is no peer: no group record."""
+    """An agent that says ``kind: referee`` in its own status is no peer: no group record.
+
+    And an agent seated in no match here is not read at all (``referee.outboxes``):
+    before, the referee read ``agents/+/outbox``, and a flood from an unseated
+    identity cost it 0.40 of the matches per second the flood cost the machine alone.
+    """
+    players = [make_agent("always", "a", action="call"), make_agent("always", "b", action="call")]
     async with (
-        stack(broker, tmp_path / "runs", []) as (ref, _),
+        stack(broker, tmp_path / "runs", players) as (ref, _),
+        Runner(broker) as run,
         RawAgent(identity(broker, "mallory")) as mal,
     ):
         await mal.published(
@@ -226,7 +233,19 @@ async def test_a_referee_alone_still_answers_a_move_for_no_match(
         )
         await eventually(lambda: "mallory" in ref.referees_online, 10)
         assert not ref.has_peers()
-        await mal.send(Action(match="nosuch", turn=0, action="call"))
+        invalid = ("backroom_invalid_inputs_total", {"reason": "malformed"})
+        before = _sample(*invalid)
+        await mal.send(b"{nope")  # seated nowhere: the broker hands this to nobody
+        await drained(ref)
+        assert _sample(*invalid) == before and mal.of(Error) == []
+        stop = asyncio.Event()
+        driver = asyncio.create_task(play_raw(mal, "call", stop))
+        await run.submit("m0", loki_spec(["mallory", "a", "b"], channels=[]))
+        (ep,) = await run.wait(["m0"])
+        stop.set()
+        await driver
+        assert ep.reason == "normal"
+        await mal.send(Action(match="nosuch", turn=0, action="call"))  # read for LINGER_S more
         err = await mal.next_of(Error)
         assert isinstance(err, Error) and err.reason == "unknown_match"
 

@@ -66,9 +66,10 @@ async def test_a_64kb_array_of_ones_is_one_refusal_and_does_not_stall_the_loop(
             worst, last = max(worst, now - last), now
 
     async with (
-        Referee(identity(broker, "referee", "referee"), runs_dir=tmp_path / "runs"),
+        Referee(identity(broker, "referee", "referee"), runs_dir=tmp_path / "runs") as ref,
         RawAgent(identity(broker, "mallory")) as mal,
     ):
+        await ref.outboxes.seat(["mallory"])  # as if seated here: only those outboxes are read
         tick = asyncio.create_task(ticker())
         for _ in range(10):
             await mal.send(ONES)
@@ -104,6 +105,7 @@ async def test_statuses_share_the_outbox_budget_and_big_ones_are_dropped_unread(
         RawAgent(identity(broker, "mallory")) as mal,
         RawAgent(identity(broker, "trent")) as trent,
     ):
+        await ref.outboxes.seat(["mallory", "trent"])  # as if seated here
         await mal.published(topics.status("mallory"), huge, retain=True)
         await drained(ref)
         assert sample("backroom_statuses_dropped_total", reason="oversized") - big == 1
@@ -194,3 +196,39 @@ def test_one_budgets_object_for_inputs_and_errors_bounded_in_memory() -> None:
     budgets.input("trent")
     budgets.input("walter")  # a third identity: the least recently seen (mallory) goes
     assert budgets.input("mallory").tokens == 1.0  # forgotten: a fresh budget
+
+
+def test_the_time_a_match_spends_refusing_a_move_is_charged_to_its_sender() -> None:
+    """Would have caught (commit 41e98b8): the time a match spent on a seated agent's move
+    was taken off the sender's charge even when the match refused it (not your turn, an
+    illegal action), so a seated agent flooded its own live match almost free.
+
+    An earlier test flooded a real match with 400 refused moves a payload and passed
+    without the fix too: parsing them alone spent the burst. Here the move parses in
+    microseconds and the match's handling of it (``Referee._from_agent``'s protocol:
+    ``moved`` after ``on_message``, a ``reject`` inside when refused) holds the loop
+    for 0.2 s: refused, the sender pays it; accepted, the match's own work, it does not.
+    """
+    from backroom.bus.wire import Action
+    from backroom.referee.budgets import Budgets
+    from backroom.referee.inputs import Judge
+
+    work_s = 0.2
+    payload = dump(Action(match="m1", turn=1, action="call"))
+
+    def charged(refuse: bool) -> float:
+        budgets = Budgets(input_burst_s=10.0, input_share=1e-9)
+        judge = Judge(budgets, lambda _agent, _error: None)
+
+        def match(agent: str, _msg: object) -> None:
+            start, refused = time.monotonic(), judge.refused
+            time.sleep(work_s)  # the match's work on the move (it blocks the loop)
+            if refuse:
+                judge.reject(agent, "not_your_turn", "not your turn", "m1", 1)
+            judge.moved(start, refused)
+
+        judge.outbox("mallory", payload, match)
+        return 10.0 - budgets.input("mallory").tokens
+
+    assert charged(refuse=True) >= work_s  # refused: the sender's cost
+    assert charged(refuse=False) < work_s / 2  # accepted: the match's, not charged

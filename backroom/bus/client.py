@@ -121,6 +121,23 @@ class Bus:
         if client is not None and self.connected.is_set():
             await self.subscriptions.subscribe(client, topic_filter, qos)
 
+    async def subscribe_many(self, filters: list[str], handler: Handler, qos: int = 1) -> None:
+        """``subscribe`` for each of ``filters``, in one SUBSCRIBE (one round trip)."""
+        for topic_filter in filters:
+            self.subscriptions.add(topic_filter, handler)
+        client = self.connection.client
+        if client is not None and self.connected.is_set():
+            await self.subscriptions.subscribe_many(client, filters, qos)
+
+    async def unsubscribe_many(self, filters: list[str]) -> None:
+        """``unsubscribe`` each of ``filters``, in one UNSUBSCRIBE."""
+        for topic_filter in filters:
+            self.subscriptions.remove(topic_filter)
+        client = self.connection.client
+        if client is not None and self.connected.is_set():
+            with contextlib.suppress(aiomqtt.MqttError):
+                await client.unsubscribe(filters)
+
     async def unsubscribe(self, topic_filter: str) -> None:
         """Stop routing ``topic_filter`` (every handler given for it), now and after reconnects.
 

@@ -1,7 +1,8 @@
 """The referee process: takes match requests, runs matches, routes what agents send.
 
 Several referees split the work, in one group (``referee.group``). Each
-referee reads every outbox and acts only on messages for its own matches.
+referee reads the outboxes of the agents seated in its matches
+(``referee.outboxes``) and acts only on messages for its own matches.
 
 Input handling is the security boundary after the broker's ACL. The sender of
 an outbox message is the agent named in the topic (the ACL lets only that
@@ -63,6 +64,7 @@ from backroom.referee.finished import Finished, asker, refusal_record
 from backroom.referee.group import RefereeGroup
 from backroom.referee.inputs import Judge
 from backroom.referee.match import Match
+from backroom.referee.outboxes import Outboxes
 from backroom.referee.public import PublicPacer
 
 #: Seconds after a reconnect during which seats of agents whose status says offline
@@ -113,6 +115,7 @@ class Referee:
         self._counters: dict[tuple[str, str], Any] = {}
         self._latency: dict[tuple[str, str], Any] = {}
         self.budgets = Budgets(error_burst, error_rate_per_s, input_burst_s, input_share)
+        self.outboxes = Outboxes(self._on_outbox)
         self.judge = Judge(self.budgets, self.send_to)
         self.peers = RefereeGroup(self.name, self._on_request, self._announce, self.log)
         self.bus: Bus | None = None
@@ -182,7 +185,9 @@ class Referee:
         )
         # "online" is announced only once requests and outboxes are being read.
         await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
-        await self.bus.subscribe(topics.ALL_OUTBOXES, self._on_outbox)
+        self.outboxes.bus = (
+            self.bus
+        )  # the outboxes of the agents seated here (``referee.outboxes``)
         await self.peers.subscribe(self.bus)
         self._starting = True
         try:
@@ -230,6 +235,7 @@ class Referee:
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=5)
         self.peers.stop()
+        self.outboxes.close()
         if self.bus is not None:
             if self.group is not None:
                 await self._goodbye()
@@ -376,9 +382,15 @@ class Referee:
         self.bus.publish(topics.episodes(game), dump_episode(msg.match, record_json), batch=True)
 
     async def _run_match(self, match: Match) -> None:
+        seats = match.spec.seats
         try:
+            try:
+                await self.outboxes.seat(seats)
+            except Exception as exc:  # the connection lost: subscribed again on the next one
+                self.log.warning("match %s: reading its seats' outboxes: %r", match.id, exc)
             await match.run()
         finally:
+            self.outboxes.unseat(seats)
             self.matches.pop(match.id, None)
             self.past.add(match.id)
             if not self.matches:
@@ -396,7 +408,7 @@ class Referee:
         move = isinstance(msg, Action | Chat)
         match = self.matches.get(msg.match or "") if move else None
         if move and match is None and msg.match not in self.finished_ids and self.has_peers():
-            # Every referee reads every agent's outbox (DESIGN.md's topics), so with other
+            # Every referee reads the outboxes of the agents it seats, so with other
             # referees online a move for a match not run here is, as a rule, another
             # referee's: answering it would send the agent K-1 errors for each of its
             # moves and count them as invalid inputs. Not answered; counted apart.

@@ -12,13 +12,18 @@ beside a demo and compare matches per second with and without it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
 from abuse_parts import login
 from backroom.bus import topics
 from backroom.bus.client import Bus
-from backroom.bus.wire import Status, dump
+from backroom.bus.wire import MatchRequest, MatchSpec, MatchStart, Status, dump, parse_all
+
+#: The runner-role identity that seats the attacker (``flood_small_seated``); the
+#: caller adds it to the credential store.
+SEATER = "abuse-seater"
 
 #: 63 KB of ``1``: before issue 22, 2.6 s of the referee's loop each (judged element by element).
 ONES = b"[" + b",".join([b"1"] * 31_500) + b"]"
@@ -50,6 +55,55 @@ async def flood_small(
         while time.monotonic() < end:
             await bus.publish(topics.outbox(agent), b"{nope")
             sent += 1
+    return {"payloads": sent, "seconds": seconds}
+
+
+async def seat(url: str, creds_dir: str | Path, agent: str, seated: asyncio.Event) -> None:
+    """Seat ``agent`` in one long Kuhn match on whichever referee takes it (asked again each
+    second until ``agent``'s inbox has the ``MatchStart``: no referee may be up yet). Its two
+    other seats are identities nobody runs, so the match waits on them for its whole run."""
+    spec = MatchSpec(
+        game="kuhn",
+        params={"variant": "loki"},
+        seats=["abuse-ghost-0", "abuse-ghost-1", agent],
+        turn_timeout_s=3600,
+        run="abuse-seat",
+    )
+    request = MatchRequest(match="abuse-seat-0", spec=spec)
+    async with Bus(login(url, creds_dir, SEATER)) as bus:
+        while not seated.is_set():
+            await bus.publish(topics.CONTROL_MATCHES, request)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(seated.wait(), 1.0)
+
+
+async def flood_small_seated(
+    url: str, creds_dir: str | Path, seconds: float, agent: str = "mallory"
+) -> dict[str, float]:
+    """``flood_small`` from an agent seated in a match of the attacked referee's (one that
+    never ends: its other seats never answer), so that the referee reads its outbox
+    (``referee.outboxes``): what it costs is its input budget's share, and what the budget
+    does not price (the socket, paho)."""
+    seated = asyncio.Event()
+
+    def on_inbox(_topic: str, payload: bytes) -> None:
+        if any(isinstance(m, MatchStart) for m in parse_all(payload)):
+            seated.set()
+
+    sent = 0
+    async with Bus(login(url, creds_dir, agent)) as bus:
+        await bus.subscribe(topics.inbox(agent), on_inbox)
+        seater = asyncio.create_task(seat(url, creds_dir, agent, seated))
+        try:
+            await seated.wait()
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                await bus.publish(topics.outbox(agent), b"{nope")
+                sent += 1
+        finally:
+            seater.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await seater
     return {"payloads": sent, "seconds": seconds}
 
 
