@@ -760,7 +760,7 @@ def _dealt_line(dealt: Mapping[str, Any]) -> str:
     return line
 
 
-def tables(run: str, r: dict[str, Any]) -> list[Table]:
+def tables(run: str, r: dict[str, Any]) -> list[Table]:  # noqa: C901 (one table per measure, each shown only when it was taken)
     """Rich tables of :func:`analyze`'s result: seats, coalition, Table 1, channels."""
     out: list[Table] = []
     title = f"{run} kuhn: {r['episodes']} hands".strip()
