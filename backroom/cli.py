@@ -36,6 +36,7 @@ from backroom.agents.kinds import agent_kinds
 from backroom.bus.auth import ROLES, CredentialStore
 from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, reload_broker
 from backroom.bus.client import BusConfig, BusError, run
+from backroom.league_cli import register as register_league
 from backroom.runner.config import ConfigError, RunConfig, load_config, parse_config
 from backroom.solve_cli import solve_app
 
@@ -56,6 +57,7 @@ PIPED_WIDTH = 200
 #: Piped or redirected, rich would lay tables out for 80 columns and cut their headers; a
 #: log file has no width, so the lines keep what they hold (COLUMNS still wins).
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH)
+register_league(app, console)  # `backroom league` (backroom/league_cli.py)
 
 
 def _broker_url(url: str | None) -> str | None:
@@ -382,7 +384,8 @@ def referee(
     referee takes a name of it that no other process holds (replicas of one
     compose service, which share one env file; docs/operations.md).
     """
-    from backroom.referee.service import Referee, claim_pooled
+    from backroom.referee.pool import claim_pooled
+    from backroom.referee.service import Referee
 
     _setup_logging(verbose)
     metrics.serve(metrics_port)
@@ -758,7 +761,7 @@ def analyze(
     """
     from backroom.analysis import analyze_run
     from backroom.analysis.report import print_result
-    from backroom.referee.episodes import resolve_run_dir
+    from backroom.runs import resolve_run_dir
 
     if not run_dir.exists():
         raise typer.BadParameter(f"{run_dir} does not exist")
@@ -869,6 +872,10 @@ def web(
             "(default $BACKROOM_WEB_TRUSTED_PROXIES; none)"
         ),
     ] = None,
+    league: Annotated[
+        list[Path] | None,
+        typer.Option("--league", help="a league directory whose standings /league shows (repeat)"),
+    ] = None,
 ) -> None:
     """Play and watch matches in a browser, bridged to the bus with each seat's own identity."""
     require_extra("backroom web", "web", WEB_MODULES)
@@ -886,6 +893,7 @@ def web(
         credentials,
         hosts=hosts,
         trusted_proxies=trusted_proxies,
+        leagues=league or [],
     )
 
 

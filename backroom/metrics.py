@@ -2,7 +2,8 @@
 
 Names follow ``backroom_<thing>_<unit>``; labels are bounded (game, agent
 kind, outcome, reason, message type) and never a match or agent id, so a long
-run cannot blow up the time-series count.
+run cannot blow up the time-series count. (One exception: a league's rating
+gauges name the agent, one series per entrant of the league's own config.)
 """
 
 from __future__ import annotations
@@ -172,6 +173,17 @@ TRAIN_DROPPED = Counter(
     "backroom_train_dropped_total",
     "Data the trainer dropped instead of guessing, by reason",
     ["reason"],
+)
+
+
+# Leagues (``backroom league``): an agent label, bounded by the league's own entrant list.
+RATING = Gauge(
+    "backroom_rating", "An entrant's openskill rating (mu) in a league", ["league", "agent"]
+)
+RATING_SIGMA = Gauge(
+    "backroom_rating_sigma",
+    "The uncertainty (sigma) of an entrant's league rating",
+    ["league", "agent"],
 )
 
 

@@ -170,7 +170,7 @@ def collusion(
     (Algorithm 3 on the colluders' individual CFR strategies).
     """
     from backroom.games.base import make_game
-    from backroom.referee.episodes import read_episodes
+    from backroom.runs import read_episodes
     from backroom.solvers.collusion import READINGS, analyse_collusion, why_different, write_report
 
     measured = {}

@@ -325,7 +325,7 @@ async def refereed(broker: Broker, runs: Path, in_process: bool) -> AsyncIterato
                 for i, (n, c) in enumerate(zip(names, configs, strict=True))
             ]
             for r in runners:
-                await r.__aenter__()
+                await r.open()
         else:
             for n, c in zip(names, configs, strict=True):
                 env = {

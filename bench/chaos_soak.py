@@ -84,7 +84,6 @@ import backroom.runner.local as local
 from backroom.bus import topics
 from backroom.bus.wire import EpisodeRecord, MatchRequest
 from backroom.cli import demo_config
-from backroom.referee.episodes import read_episodes
 from backroom.runner.config import RunConfig
 from backroom.runner.local import (
     Faults,
@@ -94,6 +93,7 @@ from backroom.runner.local import (
     identities,
     run_matches,
 )
+from backroom.runs import read_episodes
 
 #: Seconds after a referee restarts before either referee may be killed again.
 REFEREE_SETTLE_S = 5.0

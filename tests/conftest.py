@@ -81,7 +81,7 @@ async def stack(
     async with Referee(identity(broker, "referee", "referee"), runs_dir=runs_dir) as ref:
         runners = [AgentRunner(a, c) for a, c in zip(agents, configs, strict=True)]
         for r in runners:
-            await r.__aenter__()
+            await r.open()
         try:
             yield ref, runners
         finally:
@@ -111,7 +111,7 @@ class RawAgent:
         self._marked: set[str] = set()  # barrier markers that came back
 
     async def __aenter__(self) -> RawAgent:
-        await self.bus.__aenter__()
+        await self.bus.open()
         await self.bus.subscribe("backroom/v1/#", self._on)
         await self.bus.publish(
             topics.status(self.id), Status(state="online", kind="raw"), retain=True
@@ -174,7 +174,9 @@ class RawAgent:
         else:
             await drained(referee)
             assert referee.bus is not None
-            await referee.bus.publish(topics.inbox(self.id), Error(match=tag, reason="barrier"))
+            await referee.bus.publish(
+                topics.inbox(self.id), Error(match=tag, reason="unknown_match")
+            )
         await self._until(lambda: tag in self._marked, timeout)
 
     async def published(
@@ -317,7 +319,7 @@ class Runner:
         self.arrived = asyncio.Event()
 
     async def __aenter__(self) -> Runner:
-        await self.bus.__aenter__()
+        await self.bus.open()
         await self.bus.subscribe(topics.ALL_EPISODES, self._on)
         return self
 
@@ -409,7 +411,7 @@ class Traces:
         self._marked: set[str] = set()  # barrier markers that came back
 
     async def __aenter__(self) -> Traces:
-        await self.bus.__aenter__()
+        await self.bus.open()
         await self.bus.subscribe(topics.ALL_TRACES, self._on)
         return self
 

@@ -44,8 +44,8 @@ from backroom.bus.wire import (
     parse_all,
 )
 from backroom.games import make_game
-from backroom.referee.episodes import read_episodes
 from backroom.referee.service import Referee
+from backroom.runs import read_episodes
 
 from .conftest import (
     RawAgent,
@@ -119,7 +119,7 @@ async def test_errors_to_one_identity_are_rate_limited_and_the_excess_counted(
         # its answers to her: it is drained, and its own connection carries the marker
         await mal.barrier(ref)
         await trent.barrier()
-        assert ref.error_burst == 3
+        assert ref.budgets.error_burst == 3
     assert len(mal.of(Error)) == 3
     assert [e.reason for e in trent.of(Error)] == ["malformed"]
     assert sample("backroom_errors_dropped_total") - dropped == 17
@@ -465,7 +465,7 @@ async def test_referees_started_together_share_one_secret_group(
     configs = [identity(broker, name, "referee") for name in ("ref-a", "ref-b", "ref-c")]
     await asyncio.sleep(0.05)
     refs = [Referee(c, runs_dir=tmp_path / "runs") for c in configs]
-    await asyncio.gather(*(r.__aenter__() for r in refs))
+    await asyncio.gather(*(r.open() for r in refs))
     try:
         # on a busy machine a proposal can come after a rival's settling time:
         # that referee then moves (the next test), so wait for all to agree
@@ -502,7 +502,7 @@ async def test_referees_move_to_a_smaller_group_proposed_late(
     ]
     late = Bus(identity(broker, "ref-z", "referee"))
     for r in refs:
-        await r.__aenter__()
+        await r.open()
     try:
         first = refs[0].group
         assert first is not None and refs[1].group == first

@@ -261,3 +261,41 @@ def test_analyze_skips_and_counts_records_of_another_game_or_with_wrong_seats(
     assert saved["skipped_records"] == {"other_game": 1, "wrong_seats": 2}
     assert saved["episodes"] == 3 and list(saved["games"]) == ["kuhn"]
     assert saved["games"]["kuhn"]["episodes"] == 3
+
+
+def test_a_game_is_measured_through_its_one_registry_entry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every measured game has one entry (measures and tables); a new game's entry is all it
+    takes for ``analyze_episodes`` and ``render_tables`` to use it, and a game without one
+    is only counted."""
+    from rich.table import Table
+
+    from backroom import analysis
+    from backroom.analysis.measures import GameMeasures
+
+    assert set(analysis.MEASURES) == {
+        "ipd",
+        "split_nocomm",
+        "trust_and_split",
+        "beauty_contest",
+        "bertrand",
+        "kuhn",
+    }
+    game = make_game("ipd")
+    eps = [episode(game, [agent("tit-for-tat"), agent("always:B")], match="a")]
+    unmeasured = analyze_episodes([{**e, "game": "newgame"} for e in eps])
+    assert unmeasured["games"]["newgame"] == {"game": "newgame", "episodes": 1, "plots": []}
+
+    def measure(episodes: list[Any], out_dir: Path | None) -> dict[str, Any]:
+        return {"episodes": len(episodes), "moves": sum(len(e["actions"]) for e in episodes)}
+
+    def tables(run: str, result: dict[str, Any]) -> list[Table]:
+        return [Table(title=f"{run} newgame: {result['moves']} moves")]
+
+    monkeypatch.setitem(analysis.MEASURES, "newgame", GameMeasures(measure, tables))
+    result = analyze_episodes([{**e, "game": "newgame"} for e in eps])
+    moves = len(eps[0]["actions"])
+    assert moves > 0 and result["games"]["newgame"] == {"episodes": 1, "moves": moves}
+    titles = [t.title for t in render_tables({**result, "run": "r"})]
+    assert f"r newgame: {moves} moves" in titles

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import aiomqtt
 import pytest
@@ -17,7 +19,14 @@ from paho.mqtt.reasoncodes import ReasonCode
 from backroom.bus import topics
 from backroom.bus.auth import hash_password
 from backroom.bus.broker import Broker
-from backroom.bus.client import BATCH_MAX_BYTES, Bus, BusConfig, BusError, NotAuthorizedError
+from backroom.bus.client import (
+    BATCH_MAX_BYTES,
+    Bus,
+    BusConfig,
+    BusError,
+    LoginRefused,
+    NotAuthorizedError,
+)
 from backroom.bus.connection import _is_auth_failure
 from backroom.bus.wire import (
     MAX_PAYLOAD_BYTES,
@@ -81,9 +90,29 @@ async def test_wrong_password_is_refused_with_a_clear_error(broker: Broker) -> N
     bad = BusConfig(
         host=good.host, port=good.port, username="carol", password="nope", connect_timeout_s=3
     )
-    with pytest.raises(BusError, match=r"refused login|could not connect"):
+    with pytest.raises(BusError, match=r"refused login|could not connect") as refused:
         async with Bus(bad):
             pass
+    # callers tell a refused login by its type (web.py retries on it), not by its words
+    assert isinstance(refused.value, LoginRefused) == ("refused login" in str(refused.value))
+
+
+def test_a_bus_config_is_frozen_and_its_users_take_copies(tmp_path: Path) -> None:
+    """The trainer raised the session expiry of the config its caller passed, for the caller
+    too; an agent runner set its username. Now neither can: each keeps a copy of its own."""
+    from backroom.agents.base import make_agent
+    from backroom.agents.runtime import AgentRunner
+    from backroom.trainer.bus import SESSION_EXPIRY_S, TrainerBus
+    from backroom.trainer.store import Store
+
+    config = BusConfig(port=1, session_expiry_s=5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.username = "x"  # type: ignore[misc]
+    trainer = TrainerBus(config, Store(tmp_path / "store"), "ipd")
+    assert trainer.bus.config.session_expiry_s == max(5, SESSION_EXPIRY_S) > 5
+    runner = AgentRunner(make_agent("random", "alice"), config)
+    assert runner.config.username == "alice"
+    assert (config.username, config.session_expiry_s) == (None, 5)  # the caller's, untouched
 
 
 def test_only_a_refused_connect_reads_as_bad_credentials() -> None:

@@ -156,6 +156,7 @@ def test_dashboard_queries_real_metrics_and_labels() -> None:
         "backroom_train_reward",
         "backroom_train_eval_reward",
         "backroom_train_version_lag",
+        "backroom_rating",
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",
     ]:

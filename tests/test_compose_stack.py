@@ -459,6 +459,18 @@ def test_compose_stack_comes_up_plays_and_is_observed(docker: None, tmp_path: Pa
             assert "200 matches of kuhn" in out, out
             out = stack.compose(*RUNNER, BACKROOM_RUN_CONFIG="/configs/extra.yaml")
             assert "3 matches of kuhn" in out, out
+        # A league among the agent services (examples/league_compose.yaml): it holds after its
+        # matches, so its rating gauges stay served for Prometheus and the dashboard's panel.
+        league = COMPOSE_DIR.parent / "examples" / "league_compose.yaml"
+        (tmp_path / "configs/league_compose.yaml").write_text(league.read_text())
+        stack.compose("--profile", "league", "up", "-d", "--no-build", "--no-deps", "league")
+        deadline = time.monotonic() + 300
+        while "matches counted this session" not in (
+            logs := stack.compose("--profile", "league", "logs", "league")
+        ):
+            assert time.monotonic() < deadline, logs[-3000:]
+            time.sleep(3)
+        assert "60 matches counted this session" in logs, logs[-3000:]
         print(f"played ({time.monotonic() - t0:.0f}s)")
         # The referee wrote the demo's episodes into the runs directory on the host.
         episodes = (tmp_path / "runs/demo/latest/episodes.jsonl").read_text().splitlines()
@@ -472,7 +484,7 @@ def test_compose_stack_comes_up_plays_and_is_observed(docker: None, tmp_path: Pa
             services = {t["labels"]["service"] for t in ours}
             if (
                 all(t["health"] == "up" for t in ours)
-                and {"referee", "alice", "bob", "carol", "qwen", "trainer"} <= services
+                and {"referee", "alice", "bob", "carol", "qwen", "trainer", "league"} <= services
             ) or time.monotonic() > deadline:
                 break
             time.sleep(2)

@@ -6,9 +6,8 @@ matches through ``publish``: here a list, and a clock the test moves.
 
 from __future__ import annotations
 
-from backroom.bus.wire import EpisodeRecord, MatchRequest
+from backroom.bus.wire import SHUTTING_DOWN, EpisodeRecord, MatchRequest
 from backroom.cli import demo_config
-from backroom.referee.service import NOT_WRITTEN, SHUTTING_DOWN
 from backroom.runner.dispatch import AGAIN_TRIES, RERUNS, MatchLedger
 from backroom.runner.results import Faults
 
@@ -248,7 +247,9 @@ def test_a_referee_that_cannot_write_the_run_s_file_ends_the_run() -> None:
     t = Ledger(n=3)
     _running(t, "ref-a")
     t.ask_all()
-    assert t.ledger.episode(t.record("run.1.1", "error", f"{NOT_WRITTEN} to /x: OSError()"))
+    assert t.ledger.episode(
+        t.record("run.1.1", "error", "episode not written to /x: OSError()", not_written=True)
+    )
     assert t.ledger.done and t.ledger.unfinished == 2
     assert t.ledger.failure is not None and "could not write match run.1.1" in t.ledger.failure
 

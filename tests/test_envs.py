@@ -199,7 +199,7 @@ def test_spaces_follow_the_games_answers() -> None:
 
 def test_without_the_extra_the_import_says_what_to_install(tmp_path: Path) -> None:
     env = without_modules(tmp_path, "pettingzoo")
-    code = "import backroom.envs"
+    code = "from backroom.envs import pettingzoo_env"
     out = subprocess.run(
         [sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True
     )

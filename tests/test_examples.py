@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(
     p
     for p in (ROOT / "examples").glob("*.yaml")
-    if "\nalgorithm:" not in p.read_text() and "kind: model" not in p.read_text()
+    if "\nalgorithm:" not in p.read_text()
+    and "kind: model" not in p.read_text()
+    and "\nleague:" not in p.read_text()  # league configs: tests/test_league.py
 )
 #: openspiel_leduc: its CFR seat enumerates three-player Leduc (224k histories) on start.
 LONG = {"bertrand_linear.yaml", "bertrand_logit.yaml", "openspiel_leduc.yaml"}

@@ -33,9 +33,9 @@ from backroom.bus.wire import EpisodeRecord, MatchSpec, MatchStart, Turn
 from backroom.games import make_game
 from backroom.model.backend import Backend
 from backroom.model.serve import running_server
-from backroom.referee.episodes import read_episodes, resolve_run_dir
 from backroom.referee.fallbacks import count_fallbacks, describe, has_fallback, record_moves
 from backroom.runner.config import ConfigError, parse_config
+from backroom.runs import read_episodes, resolve_run_dir
 
 from .conftest import RawAgent, Runner, agents, identity, stack
 from .gameplay import episode

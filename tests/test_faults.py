@@ -29,8 +29,8 @@ from backroom.bus.client import Bus, BusConfig, Will
 from backroom.bus.errors import IdentityInUse
 from backroom.bus.wire import EpisodeRecord, Status, dump, parse
 from backroom.cli import demo_config
-from backroom.referee.episodes import read_episodes
-from backroom.referee.service import Referee, claim_pooled
+from backroom.referee.pool import claim_pooled
+from backroom.referee.service import Referee
 from backroom.runner.config import RunConfig, parse_config
 from backroom.runner.local import (
     Faults,
@@ -40,6 +40,7 @@ from backroom.runner.local import (
     run_matches,
     summarize,
 )
+from backroom.runs import read_episodes
 from tests.conftest import agents, eventually, identity, stack
 
 
@@ -202,7 +203,7 @@ async def test_a_second_referee_under_an_online_identity_is_refused(
         second = Referee(identity(broker, "referee", "referee"), runs_dir=tmp_path / "runs2")
         t0 = time.monotonic()
         with pytest.raises(IdentityInUse, match="'referee' is in use"):
-            await asyncio.wait_for(second.__aenter__(), 10)
+            await asyncio.wait_for(second.open(), 10)
         assert time.monotonic() - t0 < 3
         # The second one stays off: it closed its connection for good (and waited for its
         # supervisor to end) before it raised, and the last login it made was the one the
@@ -286,7 +287,7 @@ async def test_a_second_agent_under_an_online_identity_is_refused(
         second = AgentRunner(make_agent("kuhn-colluder", "alice"), alice)
         t0 = time.monotonic()
         with pytest.raises(IdentityInUse, match="'alice' is in use"):
-            await asyncio.wait_for(second.__aenter__(), 10)
+            await asyncio.wait_for(second.open(), 10)
         assert time.monotonic() - t0 < 3
         assert second.bus is not None and second.bus.closing
         assert first.bus is not None
@@ -413,7 +414,7 @@ async def test_an_agent_started_before_its_broker_waits_for_it(tmp_path: Path) -
     cred = broker.credentials.add("alice")
     config = BusConfig(host=broker.host, port=broker.port, username="alice", password=cred.password)
     runner = AgentRunner(make_agent("random", "alice"), config)
-    starting = asyncio.ensure_future(runner.__aenter__())
+    starting = asyncio.ensure_future(runner.open())
     await asyncio.sleep(1.0)  # the agent is trying to connect meanwhile
     assert not starting.done()
     broker.start()
@@ -438,7 +439,7 @@ async def test_a_broker_restart_while_an_agent_checks_its_identity_is_no_takeove
     async with AgentRunner(make_agent("random", "alice"), alice):
         pass  # alice's status is retained now: the next start waits to be thrown off
     runner = AgentRunner(make_agent("random", "alice"), alice)
-    starting = asyncio.ensure_future(runner.__aenter__())
+    starting = asyncio.ensure_future(runner.open())
     await eventually(lambda: runner._claiming and runner._echo.is_set(), 10)
     # Down for 1 s: the agent probes the broker when it notices the lost connection,
     # and a broker back before that probe reads as a takeover (docs/operations.md). On
@@ -505,7 +506,7 @@ async def test_an_agent_stopped_while_it_checks_its_identity_says_offline(
     async with AgentRunner(make_agent("random", "alice"), alice):
         pass  # a retained status now: the next start waits out the window
     runner = AgentRunner(make_agent("random", "alice"), alice)
-    starting = asyncio.ensure_future(runner.__aenter__())
+    starting = asyncio.ensure_future(runner.open())
     await eventually(lambda: runner._claiming and runner._echo.is_set(), 10)
     starting.cancel()  # what SIGTERM does to `backroom agent` (cli._serve)
     with pytest.raises(asyncio.CancelledError):
@@ -569,7 +570,7 @@ async def test_an_agent_saying_it_is_a_referee_does_not_keep_a_run_waiting(
     configs = [identity(broker, a.id) for a in players]
     runners = [AgentRunner(a, c) for a, c in zip(players, configs, strict=True)]
     for r in runners:
-        await r.__aenter__()
+        await r.open()
     try:
         t0 = time.monotonic()
         with pytest.raises(RunError, match=r"not online after .*a referee \(mallory says online"):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from backroom.bus.broker import Broker
-from backroom.referee.service import ERROR_BURST
+from backroom.referee.budgets import ERROR_BURST
 
 from .conftest import RawAgent, Runner, agents, identity, loki_spec, play_raw, stack
 

@@ -24,15 +24,10 @@ from backroom.bus.client import Bus
 from backroom.bus.wire import EpisodeRecord, MatchRequest, parse_all
 from backroom.cli import demo_config
 from backroom.referee import episodes as episodes_mod
-from backroom.referee.episodes import (
-    EpisodeLog,
-    bind_run_dir,
-    new_run_dir,
-    read_episodes,
-    write_all,
-)
+from backroom.referee.episodes import EpisodeLog, write_all
 from backroom.runner.config import RunConfig, parse_config
 from backroom.runner.local import Faults, RunError, run_matches
+from backroom.runs import bind_run_dir, new_run_dir, read_episodes
 from tests.conftest import agents, identity, stack
 
 SEATED = ["alice", "bob", "carol"]

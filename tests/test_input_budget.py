@@ -37,7 +37,9 @@ async def test_a_flood_is_dropped_unread_and_counted_and_others_are_served(
         RawAgent(identity(broker, "trent")) as trent,
     ):
         await drained(ref)  # their statuses are in
-        ref._inputs["mallory"].tokens = 1e-9  # a flood's end: one more payload, whatever it costs
+        ref.budgets.input(
+            "mallory"
+        ).tokens = 1e-9  # a flood's end: one more payload, whatever it costs
         junk = b"{nope" + b" " * 995  # 1,000 bytes, malformed
         for _ in range(10):
             await mal.send(junk)

@@ -39,7 +39,9 @@ from .conftest import identity, stack
 ROOT = Path(__file__).resolve().parent.parent
 #: Configs whose players include ``kind: model`` agents (tests/test_examples.py leaves them to us).
 LLM_EXAMPLES = sorted(
-    p for p in (ROOT / "examples").glob("*.yaml") if "kind: model" in p.read_text()
+    p
+    for p in (ROOT / "examples").glob("*.yaml")
+    if "kind: model" in p.read_text() and "\nleague:" not in p.read_text()  # test_league.py
 )
 #: One config per paper setup.
 SETUPS = {

@@ -19,9 +19,9 @@ from backroom.agents import make_agent
 from backroom.bus.broker import Broker
 from backroom.bus.wire import EpisodeRecord
 from backroom.games import make_game
-from backroom.referee.episodes import read_episodes
 from backroom.runner.config import RunConfig, parse_config
 from backroom.runner.local import run_matches
+from backroom.runs import read_episodes
 
 from .conftest import identity, stack
 

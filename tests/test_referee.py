@@ -22,8 +22,8 @@ from backroom.bus.wire import (
     Status,
     Turn,
 )
-from backroom.referee.episodes import read_episodes
 from backroom.referee.service import Referee
+from backroom.runs import read_episodes
 
 from .conftest import (
     COLLUDE,

@@ -19,16 +19,16 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from backroom.agents.base import Agent, derive_seed
+from backroom.agents.base import Agent
 from backroom.agents.llm import LLMAgent
 from backroom.bus.wire import AdapterRef, EpisodeRecord, MatchSpec, MatchStart, Turn
 from backroom.games import make_game
 from backroom.model.backend import shared_backend
 from backroom.model.serve import running_server
-from backroom.referee.episodes import read_episodes
-from backroom.referee.match import play_seed
 from backroom.runner.config import RunConfig, load_config
 from backroom.runner.local import run_local
+from backroom.runs import read_episodes
+from backroom.seeds import derive_seed, play_seed
 from backroom.trainer.config import parse_train_config
 from backroom.trainer.rollouts import plan_step
 
@@ -174,7 +174,7 @@ def test_seeds_are_the_same_in_every_process() -> None:
 
 def test_crn_members_get_their_own_play_seed() -> None:
     spec = MatchSpec(game="ipd", seats=["x", "y"], seed=7, crn_group="g")
-    seeds = [play_seed(spec.model_copy(update={"crn_index": i})) for i in range(4)]
+    seeds = [play_seed(spec.seed, i) for i in range(4)]
     assert seeds[0] == 7 and len(set(seeds)) == 4
 
 
@@ -197,7 +197,7 @@ def test_training_groups_number_their_members() -> None:
         specs = [r.spec for r in plan if r.group == group]
         assert len({s.seed for s in specs}) == 1
         assert sorted(s.crn_index for s in specs) == [0, 1, 2, 3]
-        assert len({play_seed(s) for s in specs}) == 4
+        assert len({play_seed(s.seed, s.crn_index) for s in specs}) == 4
 
 
 # --- model-backed kinds ---------------------------------------------------------------------

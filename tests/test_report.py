@@ -14,8 +14,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from .conftest import CHROMIUM, CHROMIUM_ARGS
 from .test_run_dirs import backroom, run_config
-from .test_web import CHROMIUM, CHROMIUM_ARGS
 
 IPD = (
     "run: x\ngame: ipd\nparams: {rounds: 3}\nmatches: 4\nround_robin: true\n"

@@ -18,13 +18,8 @@ import pydantic
 import pytest
 
 from backroom.bus.wire import MatchSpec
-from backroom.referee.episodes import (
-    LATEST,
-    EpisodeLog,
-    new_run_dir,
-    read_episodes,
-    resolve_run_dir,
-)
+from backroom.referee.episodes import EpisodeLog
+from backroom.runs import LATEST, new_run_dir, read_episodes, resolve_run_dir
 
 GOOD = (
     "run: x\ngame: ipd\nparams: {rounds: 2}\nmatches: 3\n"

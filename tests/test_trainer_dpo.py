@@ -29,7 +29,8 @@ import yaml
 
 from backroom.bus.wire import ActionRecord, EpisodeRecord, MatchSpec, Trace
 from backroom.model.spec import ModelSpec
-from backroom.referee.episodes import resolve_run_dir
+from backroom.runner.config import ConfigError
+from backroom.runs import read_records, resolve_run_dir
 from backroom.trainer.config import TrainConfig, load_train_config, parse_train_config
 from backroom.trainer.dpo import (
     ADAPTER_NAME,
@@ -38,10 +39,8 @@ from backroom.trainer.dpo import (
     DpoError,
     Pair,
     _Message,
-    dpo_settings,
     pair_group,
     preference_pairs,
-    read_episodes,
     read_talk_traces,
     run_dpo,
     train_dpo,
@@ -262,10 +261,17 @@ def dpo_config(source: Path | str, model: Path | str | None = None, **dpo: Any) 
 def test_run_dpo_errors_name_the_setting(tmp_path: Path) -> None:
     with pytest.raises(DpoError, match=r"dpo\.source: .*nowhere/episodes.jsonl not found"):
         run_dpo(dpo_config(tmp_path / "nowhere"), tmp_path / "out")
-    with pytest.raises(DpoError, match=r"dpo\.bta: Extra inputs are not permitted"):
-        run_dpo(dpo_config(tmp_path, bta=0.1), tmp_path / "out")
-    with pytest.raises(DpoError, match=r"dpo\.source: Field required"):
-        dpo_settings(parse_train_config({"game": "kuhn", "algorithm": "dpo"}))
+    # the settings are checked when the config loads, not when training starts
+    with pytest.raises(ConfigError, match=r"dpo\.bta: Extra inputs are not permitted"):
+        dpo_config(tmp_path, bta=0.1)
+    with pytest.raises(ConfigError, match=r"dpo\.source: Field required"):
+        parse_train_config({"game": "kuhn", "algorithm": "dpo", "dpo": {}})
+    with pytest.raises(ConfigError, match=r"algorithm: dpo needs dpo: \{source: RUN_DIR\}"):
+        parse_train_config({"game": "kuhn", "algorithm": "dpo"})
+    with pytest.raises(ConfigError, match=r"dpo: only algorithm: dpo reads it"):
+        parse_train_config(
+            {"game": "ipd", "algorithm": "grpo", "preset": "ipd", "dpo": {"source": "runs/x"}}
+        )
     source = tmp_path / "run"
     source.mkdir()
     same = [episode("m1", (1.0, 1.0, -2.0)), episode("m2", (1.0, 1.0, -2.0))]
@@ -277,7 +283,7 @@ def test_run_dpo_errors_name_the_setting(tmp_path: Path) -> None:
     with pytest.raises(
         DpoError,
         match=r"dpo\.source: no preference pair .* 2 talk decisions in 1 "
-        r"information states.*episode_unreadable 1, talk_not_seated 1",
+        r"information states.*talk_not_seated 1, unreadable_lines 1",
     ):
         run_dpo(dpo_config(source), tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -285,7 +291,8 @@ def test_run_dpo_errors_name_the_setting(tmp_path: Path) -> None:
 
 def test_the_example_config_loads() -> None:
     config = load_train_config(ROOT / "examples" / "kuhn_dpo.yaml")
-    settings = dpo_settings(config)
+    settings = config.dpo
+    assert settings is not None
     assert config.algorithm == "dpo" and config.params == {"variant": "loki"}
     assert (
         settings.beta,
@@ -417,7 +424,7 @@ def test_dpo_on_a_played_loki_run(tiny_qwen_model: Path, tmp_path: Path) -> None
     played = resolve_run_dir(runs / "talk")  # the run's own directory, runs/talk/<UTC time>
     assert played.parent == runs / "talk"
 
-    episodes = read_episodes(played / "episodes.jsonl")
+    episodes = list(read_records(played / "episodes.jsonl"))
     assert len(episodes) == 24 and all(e.reason == "normal" for e in episodes)
     raw = [
         Trace.model_validate_json(line)

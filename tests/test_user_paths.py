@@ -20,7 +20,7 @@ from backroom.agents.runtime import AgentRunner
 from backroom.bus import topics
 from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, free_port
 from backroom.bus.wire import Error
-from backroom.referee.episodes import read_episodes
+from backroom.runs import read_episodes
 
 from .conftest import RawAgent, Runner, agents, identity, loki_spec, stack
 
@@ -145,7 +145,7 @@ async def test_referee_process_serves_prometheus_metrics(broker: Broker, tmp_pat
             while not online("referee"):  # the referee process is connected and reading
                 await asyncio.sleep(0.05)
             for r in runners:
-                await r.__aenter__()
+                await r.open()
             while not all(online(p.id) for p in players):
                 await asyncio.sleep(0.05)
             ids = [f"x{i}" for i in range(5)]

@@ -23,7 +23,8 @@ from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
 from backroom.bus.wire import MAX_STATUS_BYTES, Error, Status, dump
-from backroom.referee.service import Referee, WorkBudget
+from backroom.referee.budgets import WorkBudget
+from backroom.referee.service import Referee
 
 from .conftest import RawAgent, drained, identity, load_factor
 
@@ -106,7 +107,7 @@ async def test_statuses_share_the_outbox_budget_and_big_ones_are_dropped_unread(
         await mal.published(topics.status("mallory"), huge, retain=True)
         await drained(ref)
         assert sample("backroom_statuses_dropped_total", reason="oversized") - big == 1
-        ref._inputs["mallory"].tokens = 1e-9  # what is left after a flood: one more payload
+        ref.budgets.input("mallory").tokens = 1e-9  # what is left after a flood: one more payload
         for i in range(20):
             state = "offline" if i % 2 else "online"
             await mal.bus.publish(topics.status("mallory"), Status(state=state, kind="raw"))
@@ -170,3 +171,26 @@ async def test_the_referee_answers_sigterm_within_2s_under_an_outbox_and_status_
         out = proc.communicate()[0]
     assert rc == 0, out
     assert took < 2.0 * load_factor(), f"SIGTERM took {took:.1f} s\n{out}"
+
+
+def test_one_budgets_object_for_inputs_and_errors_bounded_in_memory() -> None:
+    """``Budgets``: outbox and status payloads come out of one budget per identity, a payload
+    past it costs only the overhead, errors come out of their own bucket, and at most
+    ``keep`` identities of each are remembered (the least recently seen go first)."""
+    from backroom.referee.budgets import PAYLOAD_OVERHEAD_S, Budgets
+
+    budgets = Budgets(error_burst=2, error_rate_per_s=1e-9, input_burst_s=1.0, keep=2)
+    budgets.input("mallory").tokens = 1e-12  # spent: the next payload is judged, then debt
+    with budgets.admit("mallory") as ticket:
+        assert ticket.open
+        ticket.uncharged = -1.0  # as if judging it took a second of the loop
+    debt = budgets.input("mallory").tokens
+    assert debt < -0.99
+    with budgets.admit("mallory") as ticket:
+        assert not ticket.open  # dropped unread...
+    assert debt - budgets.input("mallory").tokens < 2 * PAYLOAD_OVERHEAD_S  # ...for the overhead
+    assert [budgets.may_error("mallory") for _ in range(3)] == [True, True, False]
+    assert budgets.may_error("trent")  # a bucket of its own
+    budgets.input("trent")
+    budgets.input("walter")  # a third identity: the least recently seen (mallory) goes
+    assert budgets.input("mallory").tokens == 1.0  # forgotten: a fresh budget

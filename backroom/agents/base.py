@@ -15,7 +15,6 @@ Kinds are registered by name so configs and the CLI can build them
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
@@ -30,21 +29,9 @@ from backroom.bus.wire import (
     Trace,
     Turn,
 )
+from backroom.seeds import derive_seed
 
 JSON = Any
-
-
-def derive_seed(*parts: object, bits: int = 63) -> int:
-    """A seed from ``parts`` that is the same in every process, run and Python version.
-
-    Not Python's ``hash()`` (salted per process for strings), and not a sum
-    (``(1, 2)`` and ``(2, 1)`` must differ): the BLAKE2b digest of the parts'
-    text. ``bits`` bounds the result: 63 for ``random`` and torch, 31 for HTTP
-    servers that take a 32-bit seed.
-    """
-    text = "\x1f".join(str(p) for p in parts)
-    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> (64 - bits)
 
 
 class Agent:

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 from backroom import metrics
@@ -30,6 +31,7 @@ from backroom.bus.client import Bus, BusConfig, Will
 from backroom.bus.connection import broker_reachable
 from backroom.bus.errors import IdentityInUse
 from backroom.bus.wire import (
+    IDENTITY_WINDOW_S,
     Action,
     Chat,
     Checkpoint,
@@ -48,11 +50,6 @@ from backroom.bus.wire import (
 
 log = logging.getLogger("backroom.agent")
 
-#: Seconds an agent starting under an identity whose status is on the broker stays
-#: ready to be thrown off by a process still logged in under it (``IdentityInUse``),
-#: as a referee does (``backroom.referee.service.IDENTITY_WINDOW_S``).
-IDENTITY_WINDOW_S = 1.0
-
 
 class AgentRunner:
     def __init__(
@@ -68,9 +65,8 @@ class AgentRunner:
             raise ValueError(
                 f"agent id {agent.id!r} must equal its MQTT username {config.username!r}"
             )
-        config.username = agent.id
         self.agent = agent
-        self.config = config
+        self.config = replace(config, username=agent.id)
         self.bus: Bus | None = None
         self.errors: deque[Error] = deque(maxlen=1000)
         self.answered: deque[tuple[str | None, int, int]] = deque(maxlen=10_000)
@@ -94,6 +90,9 @@ class AgentRunner:
         }
 
     async def __aenter__(self) -> AgentRunner:
+        return await self.open()
+
+    async def open(self) -> AgentRunner:
         """Connect and announce ``online``; ``IdentityInUse`` if another process holds the id.
 
         No process can look whether its identity is online without logging in
@@ -127,7 +126,7 @@ class AgentRunner:
         self.agent._chat_sink = self._send
         self._starting = True
         try:
-            await self.bus.__aenter__()
+            await self.bus.open()
             self._claiming = True
             await self._claim()
         except BaseException:
@@ -231,6 +230,10 @@ class AgentRunner:
             )
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Say ``offline`` and disconnect."""
         await presence.stop(self._renewing)  # no renewal may follow the offline below
         self._renewing = None
         if self.bus is not None:

@@ -6,7 +6,10 @@ game it finds (IPD, Split No-Comm, Trust-and-Split, beauty contest, Bertrand,
 Kuhn poker against its CFR solutions)
 and returns a JSON-able dict; ``render_tables`` turns that dict into tables for
 the terminal. The measures themselves are pure functions over EpisodeRecord
-dicts, in one module per family (``social``, ``beauty``, ``bertrand``, ``kuhn``).
+dicts, in one module per family (``social``, ``beauty``, ``bertrand``, ``kuhn``),
+each exporting its ``MEASURES`` (``analysis.measures.GameMeasures``: the measures
+and the tables of each of its games); ``MEASURES`` here is all of them, and a
+game without an entry is only counted.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from rich.table import Table
 
 from backroom.analysis import beauty, bertrand, kuhn, social
 from backroom.analysis.episodes import PLAYED, Episode, by_game, load_episodes, played
+from backroom.analysis.measures import GameMeasures, cell
 from backroom.games.base import make_game, registered_games
-from backroom.referee.episodes import LATEST, resolve_run_dir
 from backroom.referee.fallbacks import (
     count_fallbacks,
     has_fallback,
@@ -28,8 +31,16 @@ from backroom.referee.fallbacks import (
     warning_lines,
 )
 from backroom.referee.fallbacks import reasons as fallback_reasons
+from backroom.runs import LATEST, resolve_run_dir
 
-__all__ = ["analyze_episodes", "analyze_run", "load_episodes", "notes", "render_tables"]
+__all__ = ["MEASURES", "analyze_episodes", "analyze_run", "load_episodes", "notes", "render_tables"]
+
+#: The modules that measure games; a new game's measures are one module named here.
+GAME_MODULES = (social, beauty, bertrand, kuhn)
+#: Game -> its measures and tables.
+MEASURES: dict[str, GameMeasures] = {
+    game: measures for module in GAME_MODULES for game, measures in module.MEASURES.items()
+}
 
 
 def analyze_episodes(
@@ -56,16 +67,10 @@ def analyze_episodes(
         reason = str(e.get("reason", "normal"))
         outcomes[reason] = outcomes.get(reason, 0) + 1
     for game, eps in sorted(by_game(measured).items()):
-        if game in social.GAMES:
-            games[game] = social.analyze(game, eps, out_dir)
-        elif game == "beauty_contest":
-            games[game] = beauty.analyze(eps, out_dir)
-        elif game == "bertrand":
-            games[game] = bertrand.analyze(eps, out_dir)
-        elif game == kuhn.GAME:
-            games[game] = kuhn.analyze(eps, out_dir)
-        else:
-            games[game] = {"game": game, "episodes": len(eps), "plots": []}
+        m = MEASURES.get(game)
+        games[game] = (
+            m.analyze(eps, out_dir) if m else {"game": game, "episodes": len(eps), "plots": []}
+        )
     return {
         "episodes": len(episodes),
         "unplayed": len(episodes) - len(usable),
@@ -88,7 +93,7 @@ def foreign_records(
 
     A run plays one game, but its episodes.jsonl takes whatever a referee was
     asked to write there: a well-formed record of another game, or one whose
-    seats do not fit its game, crashed the measures (``KeyError``,
+    seats do not fit its game, would crash the measures (``KeyError``,
     ``IndexError``). With ``one_game`` (a run's own directory) the run's game
     is the game of most records (the first one's on a tie) and records of any
     other game are skipped (``other_game``); a list of several runs' records
@@ -163,16 +168,6 @@ def analyze_run(
     return result
 
 
-def _f(x: Any, digits: int = 3) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, float):
-        return f"{x:.{digits}f}"
-    return str(x)
-
-
 def render_tables(result: dict[str, Any]) -> list[Table]:
     """Rich tables of an ``analyze_run`` result, one or two per game."""
     tables: list[Table] = []
@@ -180,89 +175,20 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
     if training := result.get("training"):
         tables.append(_training_table(run, training))
     for game, r in result.get("games", {}).items():
-        if game in social.GAMES:
-            t = Table(title=f"{run} {game}: {r['episodes']} episodes, {r['rounds']} rounds".strip())
-            for col in ("agent", "mean reward / round", "cooperation rate"):
-                t.add_column(col)
-            for agent, mean in r["mean_reward_per_round"].items():
-                t.add_row(agent, _f(mean), _f(r["cooperation_rate_by_agent"].get(agent)))
-            t.caption = (
-                f"welfare {_f(r['welfare_fraction'])} of the cooperative optimum; "
-                f"cooperation rate {_f(r['cooperation_rate'])}"
-            )
-            tables.append(t)
-            agents = sorted(r["exploitation"])
-            if len(agents) > 1:
-                x = Table(title=f"{game}: mean reward per round (row agent vs column opponent)")
-                x.add_column("agent \\ opponent")
-                for a in agents:
-                    x.add_column(a)
-                for a in agents:
-                    x.add_row(a, *(_f(r["exploitation"][a].get(b)) for b in agents))
-                tables.append(x)
-        elif game == "beauty_contest":
-            t = Table(title=f"{run} beauty contest: {r['episodes']} episodes".strip())
-            for col in (
-                "setting",
-                "runs",
-                "cooperation rate",
-                "mean RSD",
-                "winners per run",
-                "unanimous",
-            ):
-                t.add_column(col)
-            for name, s in r["settings"].items():
-                t.add_row(
-                    name,
-                    str(s["runs"]),
-                    _f(s["cooperation_rate"]),
-                    _f(s["mean_rsd"]),
-                    " ".join(str(w) for w in s["winners_per_run"]),
-                    str(s["unanimous_runs"]),
-                )
-            tables.append(t)
-        elif game == "bertrand":
-            t = Table(title=f"{run} bertrand: {r['episodes']} episodes".strip())
-            for col in (
-                "match",
-                "seats",
-                "rounds",
-                "mean prices",
-                "Delta",
-                f"Delta (last {bertrand.TAIL})",
-                "longest collusive streak",
-                "collusion",
-            ):
-                t.add_column(col)
-            for m in r["per_episode"]:
-                t.add_row(
-                    m["match"],
-                    " vs ".join(m["seats"]),
-                    str(m["rounds"]),
-                    " / ".join(_f(p) for p in m["mean_price"]),
-                    _f(m["delta_mean"]),
-                    _f(m["delta_tail_mean"]),
-                    str(m["longest_collusive_streak"]),
-                    _f(m["collusion"]),
-                )
-            if r["per_episode"]:
-                first = r["per_episode"][0]
-                t.caption = f"Nash price {first['nash_price']:.4f}, cartel price {first['cartel_price']:.4f}"
-            tables.append(t)
-        elif game == kuhn.GAME:
-            tables.extend(kuhn.tables(run, r))
-        else:
-            t = Table(
-                title=f"{run} {game}: {r['episodes']} episodes (no measures for this game)".strip()
-            )
-            # A table without a column prints nothing, not even its title: give it one.
-            t.add_column("episodes", justify="right")
-            t.add_row(str(r["episodes"]))
-            tables.append(t)
+        m = MEASURES.get(game)
+        tables.extend(m.tables(run, r) if m else [_unmeasured_table(run, game, r)])
     counts = result.get("fallbacks") or {}
     if any(c["fallbacks"] for c in counts.values()):
         tables.append(_fallback_table(run, counts))
     return tables
+
+
+def _unmeasured_table(run: str, game: str, r: dict[str, Any]) -> Table:
+    t = Table(title=f"{run} {game}: {r['episodes']} episodes (no measures for this game)".strip())
+    # A table without a column prints nothing, not even its title: give it one.
+    t.add_column("episodes", justify="right")
+    t.add_row(str(r["episodes"]))
+    return t
 
 
 def notes(result: dict[str, Any]) -> list[str]:
@@ -322,10 +248,10 @@ def _training_table(run: str, r: dict[str, Any]) -> Table:
         "kl",
         "entropy",
     ]:
-        t.add_row(key, _f(first.get(key)), _f(last.get(key)))
+        t.add_row(key, cell(first.get(key)), cell(last.get(key)))
     if r["evaluations"]:
         final = r["evaluations"][-1]
         t.caption = f"evaluation after step {final['step']} ({final['version']}): " + "; ".join(
-            f"vs {opp} {_f(v['learner'])}" for opp, v in final["against"].items()
+            f"vs {opp} {cell(v['learner'])}" for opp, v in final["against"].items()
         )
     return t

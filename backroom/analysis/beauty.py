@@ -23,7 +23,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rich.table import Table
+
 from backroom.analysis.episodes import Episode
+from backroom.analysis.measures import GameMeasures, cell
 from backroom.analysis.plotting import figure, save
 
 if TYPE_CHECKING:
@@ -228,3 +231,23 @@ def choice_figure(name: str, runs: list[dict[str, Any]]) -> Figure:
 
 def _plot(name: str, runs: list[dict[str, Any]], out_dir: Path) -> str:
     return save(choice_figure(name, runs), out_dir, f"beauty_contest_{name}")
+
+
+def tables(run: str, r: dict[str, Any]) -> list[Table]:
+    """One row per setting (with or without talk, ...): cooperation, spread, winners."""
+    t = Table(title=f"{run} beauty contest: {r['episodes']} episodes".strip())
+    for col in ("setting", "runs", "cooperation rate", "mean RSD", "winners per run", "unanimous"):
+        t.add_column(col)
+    for name, s in r["settings"].items():
+        t.add_row(
+            name,
+            str(s["runs"]),
+            cell(s["cooperation_rate"]),
+            cell(s["mean_rsd"]),
+            " ".join(str(w) for w in s["winners_per_run"]),
+            str(s["unanimous_runs"]),
+        )
+    return [t]
+
+
+MEASURES = {"beauty_contest": GameMeasures(analyze, tables)}

@@ -20,7 +20,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
 from backroom.analysis.episodes import Episode
+from backroom.analysis.measures import GameMeasures, cell
 from backroom.analysis.plotting import figure, save
 from backroom.games.bertrand_market import Equilibrium, equilibrium_prices
 
@@ -162,3 +165,39 @@ def _plot(m: dict[str, Any], out_dir: Path) -> str:
     ax.set_title(f"Bertrand {m['match']}: Delta {m['delta_mean']:.2f}")
     ax.legend(loc="best", fontsize="small")
     return save(fig, out_dir, f"bertrand_{m['match']}")
+
+
+def tables(run: str, r: dict[str, Any]) -> list[Table]:
+    """One row per match: prices, Delta (whole and tail), the longest collusive streak."""
+    t = Table(title=f"{run} bertrand: {r['episodes']} episodes".strip())
+    for col in (
+        "match",
+        "seats",
+        "rounds",
+        "mean prices",
+        "Delta",
+        f"Delta (last {TAIL})",
+        "longest collusive streak",
+        "collusion",
+    ):
+        t.add_column(col)
+    for m in r["per_episode"]:
+        t.add_row(
+            m["match"],
+            " vs ".join(m["seats"]),
+            str(m["rounds"]),
+            " / ".join(cell(p) for p in m["mean_price"]),
+            cell(m["delta_mean"]),
+            cell(m["delta_tail_mean"]),
+            str(m["longest_collusive_streak"]),
+            cell(m["collusion"]),
+        )
+    if r["per_episode"]:
+        first = r["per_episode"][0]
+        t.caption = (
+            f"Nash price {first['nash_price']:.4f}, cartel price {first['cartel_price']:.4f}"
+        )
+    return [t]
+
+
+MEASURES = {"bertrand": GameMeasures(analyze, tables)}

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from backroom.referee.episodes import read_episodes
+from backroom.runs import read_episodes
 
 Episode = dict[str, Any]
 

@@ -45,6 +45,7 @@ import numpy as np
 from rich.table import Table
 
 from backroom.analysis.episodes import Episode, channel_stats
+from backroom.analysis.measures import GameMeasures
 from backroom.analysis.plotting import figure, save
 from backroom.games.base import CHANCE, State, make_game
 from backroom.games.kuhn import KuhnPoker
@@ -855,3 +856,6 @@ def _channels_table(channels: dict[str, Any]) -> Table:
         )
     t.caption = "overheard: messages an eavesdropper read; deliveries: one per reader"
     return t
+
+
+MEASURES = {GAME: GameMeasures(analyze, tables)}

@@ -20,11 +20,16 @@ those:
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
 from backroom.analysis.episodes import Episode
+from backroom.analysis.measures import GameMeasures, cell
 from backroom.analysis.plotting import figure, save
+from backroom.games.ipd import COOPERATE
 
 GAMES = ("ipd", "split_nocomm", "trust_and_split")
 
@@ -37,7 +42,7 @@ def _ipd_rounds(ep: Episode) -> list[dict[str, Any]]:
     out = []
     for h in ep["final_observations"][0]["history"]:
         moves = [h["mine"], h["theirs"]]  # seat 0's view: mine is seat 0
-        out.append({"optimum": optimum, "cooperative": [m == "A" for m in moves]})
+        out.append({"optimum": optimum, "cooperative": [m == COOPERATE for m in moves]})
     return out
 
 
@@ -180,3 +185,30 @@ def _plots(
         ax.set_title(f"{game}: exploitation table")
         paths.append(save(fig, out_dir, f"{game}_exploitation"))
     return paths
+
+
+def tables(game: str, run: str, r: dict[str, Any]) -> list[Table]:
+    """Mean reward and cooperation per agent; with several agents, who exploits whom."""
+    t = Table(title=f"{run} {game}: {r['episodes']} episodes, {r['rounds']} rounds".strip())
+    for col in ("agent", "mean reward / round", "cooperation rate"):
+        t.add_column(col)
+    for agent, mean in r["mean_reward_per_round"].items():
+        t.add_row(agent, cell(mean), cell(r["cooperation_rate_by_agent"].get(agent)))
+    t.caption = (
+        f"welfare {cell(r['welfare_fraction'])} of the cooperative optimum; "
+        f"cooperation rate {cell(r['cooperation_rate'])}"
+    )
+    out = [t]
+    agents = sorted(r["exploitation"])
+    if len(agents) > 1:
+        x = Table(title=f"{game}: mean reward per round (row agent vs column opponent)")
+        x.add_column("agent \\ opponent")
+        for a in agents:
+            x.add_column(a)
+        for a in agents:
+            x.add_row(a, *(cell(r["exploitation"][a].get(b)) for b in agents))
+        out.append(x)
+    return out
+
+
+MEASURES = {g: GameMeasures(partial(analyze, g), partial(tables, g)) for g in GAMES}

@@ -70,7 +70,7 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: no line here can keep an identity out of a shared-subscription group. Anyone
 #: in the referees' group would be handed a share of the match requests, which
 #: the broker then drops because that identity may not read them. The group's
-#: name is therefore a secret among referees (``backroom.referee.service``),
+#: name is therefore a secret among referees (``backroom.referee.group``),
 #: kept under ``control/referees/+/group``, which only the referee role may read
 #: or write: no other role below has a rule that reaches it (runners, trainers
 #: and observers read ``control/referees/+/roster`` only).
@@ -186,7 +186,7 @@ class CredentialStore:
 
         Several processes write one store: two ``backroom train --credentials DIR``
         started in the same second each add their identities. Without the lock one
-        add was lost, and the two shared one temporary file (``passwd.tmp``).
+        add would be lost, and the two would share one temporary file (``passwd.tmp``).
         """
         self.dir.mkdir(parents=True, exist_ok=True)
         if fcntl is None:

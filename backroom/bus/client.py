@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from backroom import metrics
 from backroom.bus.connection import BusConfig, Connection, Hook, Will
-from backroom.bus.errors import BusError, NotAuthorizedError
+from backroom.bus.errors import BusError, LoginRefused, NotAuthorizedError
 from backroom.bus.publish import BATCH_MAX_BYTES, Outbox, Sent
 from backroom.bus.subscriptions import Handler, Subscriptions
 
@@ -35,6 +35,7 @@ __all__ = [
     "BusError",
     "Handler",
     "Hook",
+    "LoginRefused",
     "NotAuthorizedError",
     "Sent",
     "Will",
@@ -78,6 +79,11 @@ class Bus:
         )
 
     async def __aenter__(self) -> Bus:
+        return await self.open()
+
+    async def open(self) -> Bus:
+        """Connect (``async with`` does it for you): for owners that open the bus in their own
+        ``open``/``__aenter__`` and close it in their ``close``."""
         await self.connection.open()
         return self
 

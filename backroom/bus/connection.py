@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import socket
 from collections.abc import Awaitable, Callable
@@ -32,7 +31,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from backroom import metrics
-from backroom.bus.errors import BusError, ConnectTimeout, NotAuthorizedError
+from backroom.bus.errors import ConnectTimeout, LoginRefused, NotAuthorizedError
 from backroom.bus.paho_fixes import PahoLink
 from backroom.bus.publish import Outbox
 from backroom.bus.subscriptions import Subscriptions
@@ -45,8 +44,11 @@ Hook = Callable[[], Awaitable[None]]
 WATCHDOG_S = 0.2
 
 
-@dataclass
+@dataclass(frozen=True)
 class BusConfig:
+    """Where and as whom to connect. Frozen: one process's settings are shared by its parts
+    (a runner's stack, the trainer), so each change is a copy (``dataclasses.replace``)."""
+
     host: str = "127.0.0.1"
     port: int = 1883
     username: str | None = None
@@ -68,18 +70,6 @@ class BusConfig:
             port=u.port or 1883,
             username=username or (unquote(u.username) if u.username else None),
             password=password or (unquote(u.password) if u.password else None),
-        )
-
-    @classmethod
-    def from_env(cls, username: str | None = None) -> BusConfig:
-        """``BACKROOM_BROKER``, ``BACKROOM_USERNAME``, ``BACKROOM_PASSWORD`` (what ``backroom run`` passes its children)."""
-        from backroom.bus.broker import DEFAULT_URL  # `backroom broker`'s default, not MQTT's 1883
-
-        url = os.environ.get("BACKROOM_BROKER", DEFAULT_URL)
-        return cls.from_url(
-            url,
-            username=username or os.environ.get("BACKROOM_USERNAME"),
-            password=os.environ.get("BACKROOM_PASSWORD"),
         )
 
 
@@ -214,7 +204,7 @@ class Connection:
             except aiomqtt.MqttCodeError as exc:
                 if self._first is not None and not self._first.done() and _is_auth_failure(exc):
                     self._first.set_exception(
-                        BusError(f"broker refused login for {self.config.username!r}: {exc}")
+                        LoginRefused(f"broker refused login for {self.config.username!r}: {exc}")
                     )
                     return
                 log.warning("bus %s: %s; reconnecting", self.config.username, exc)

@@ -24,3 +24,11 @@ class IdentityInUse(BusError):
 class ConnectTimeout(BusError):
     """The first connection did not come up in time: no broker, or (with the broker there)
     another process under this identity throwing each login off as it comes."""
+
+
+class LoginRefused(BusError):
+    """The broker refused this identity's first login: no such user, or the wrong password.
+
+    A broker that rereads its password file (after ``backroom credentials add``)
+    may refuse a new identity for a moment; callers that just added one retry
+    on this error, and only on this one."""

@@ -28,6 +28,47 @@ MAX_CHAT_CHARS = 2000
 JSON = Any
 AgentId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
+#: Why a match ended (``MatchEnd.reason``, ``EpisodeRecord.reason``), as docs/architecture.md lists them.
+EndReason = Literal["normal", "timeout", "forfeit", "error", "voided"]
+#: ``Error.reason``: why the referee refused a message, as docs/architecture.md lists them
+#: (the first seven are ``WireError``'s, a payload that is no valid message).
+ErrorReason = Literal[
+    "malformed",
+    "oversized",
+    "too_deep",
+    "batch_too_long",
+    "unknown_type",
+    "invalid",
+    "unexpected_type",
+    "unknown_match",
+    "late",
+    "not_seated",
+    "not_your_seat",
+    "not_your_turn",
+    "bad_turn",
+    "wrong_phase",
+    "wrong_channel",
+    "illegal_action",
+    "too_long",
+    "not_a_member",
+    "channel_closed",
+    "quota",
+    "rate_limited",
+]
+#: The detail of the ``voided`` episodes of a stopping referee: not the match's doing, so
+#: the runner asks for them again.
+SHUTTING_DOWN = "referee shutting down"
+#: The detail of the ``voided`` episodes of a referee whose broker connection was lost.
+BROKER_LOST = "broker connection lost mid-match"
+#: ``Event.kind``s a referee sends a match's requester (``reply_to``): it took the match,
+#: it still runs it (asked again), it finished it and no longer keeps its episode.
+ACCEPTED, RUNNING, FORGOTTEN = "accepted", "running", "forgotten"
+#: Seconds a process starting under an identity that was used before stays ready to be
+#: thrown off by a process still logged in under it (``IdentityInUse``). That process
+#: reconnects within about 0.1 s of losing its connection (the bus's first backoff),
+#: so a second leaves room for a busy one. Referees and agents alike.
+IDENTITY_WINDOW_S = 1.0
+
 #: Why an answer an agent sent is not its own choice (``Action.fallback``, ``Chat.fallback``):
 #: ``deadline`` (out of time: the documented fallback was sent), ``unparseable`` (the reply
 #: could not be read, after the repair round too), ``request_failed`` (the model's API
@@ -248,7 +289,7 @@ class Delivery(Envelope):
 
 class Error(Envelope):
     type: Literal["error"] = "error"
-    reason: str
+    reason: ErrorReason
     detail: str = ""
     ref_seq: int | None = None
 
@@ -258,7 +299,7 @@ class MatchEnd(Envelope):
     seat: int
     returns: list[float]
     raw_returns: list[float]
-    reason: str
+    reason: EndReason
     observation: dict[str, JSON] = Field(default_factory=dict)
 
 
@@ -335,8 +376,13 @@ class EpisodeRecord(BaseModel):
     round_rewards: list[list[float]]
     raw_returns: list[float]
     returns: list[float]
-    reason: Literal["normal", "timeout", "forfeit", "error", "voided"]
+    reason: EndReason
     detail: str = ""
+    not_written: bool = Field(
+        default=False,
+        description="the referee could not append this record to its run's file (an error "
+        "episode; detail says why): the runner fails the run rather than wait for it on disk",
+    )
     timeouts: list[int] = Field(default_factory=list, description="seat of each timed-out turn")
     invalid_inputs: int = 0
     started_at: float
@@ -426,7 +472,7 @@ _ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 class WireError(ValueError):
     """A payload that is not a valid message; ``reason`` is a short code for metrics."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: ErrorReason, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
@@ -502,9 +548,8 @@ def parse_all(
     one pass of pydantic-core, stopped at the first bad message, and the whole
     batch is refused with that one ``WireError`` (its index in the detail).
     A writer that follows the schema never sends a bad message, so nothing a
-    well-behaved sender batched is lost; judging a hostile array element by
-    element cost the referee seconds per 64 KB (issue 22). ``max_bytes``
-    bounds the whole payload, ``MAX_BATCH_MESSAGES`` its length.
+    well-behaved sender batched is lost (docs/operations.md, *Incidents*).
+    ``max_bytes`` bounds the whole payload, ``MAX_BATCH_MESSAGES`` its length.
     """
     if len(payload) > max_bytes:
         return [WireError("oversized", f"payload of {len(payload)} bytes exceeds {max_bytes}")]

@@ -5,7 +5,6 @@ from backroom.games import bertrand as bertrand
 from backroom.games import ipd as ipd
 from backroom.games import kuhn as kuhn
 from backroom.games import openspiel as openspiel
-from backroom.games import pettingzoo_aec as pettingzoo_aec
 from backroom.games import split_nocomm as split_nocomm
 from backroom.games import trust_and_split as trust_and_split
 from backroom.games.base import (

@@ -160,14 +160,6 @@ class SplitNoComm(Game):
             "prompts": self.prompt_overrides,
         }
 
-    def cooperative_proposal(self, mine: Sequence[int], theirs: Sequence[int]) -> dict[str, int]:
-        """Take all you value more, none you value less, half of a tie (the paper's Coop agent)."""
-        q = self.quantity
-        return {
-            item: q if m > t else 0 if m < t else q // 2
-            for item, m, t in zip(ITEMS, mine, theirs, strict=True)
-        }
-
 
 def _items(d: Mapping[str, Any] | Sequence[Any]) -> str:
     if isinstance(d, Mapping):

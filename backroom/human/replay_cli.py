@@ -11,7 +11,7 @@ from pathlib import Path
 
 from backroom.human.replay_index import INDEX_FILE, ReplayIndex
 from backroom.human.web import served_names, server_config, web_app, web_command
-from backroom.referee.episodes import resolve_run_dir
+from backroom.runs import resolve_run_dir
 
 
 def replay_command(

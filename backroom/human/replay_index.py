@@ -34,7 +34,7 @@ from typing import Any
 
 from backroom.human import replay_train
 from backroom.human.replay_query import Query, ReplayError, outcome_of, where_clause
-from backroom.referee.episodes import RUN_KEY_FILE, resolve_run_dir
+from backroom.runs import RUN_KEY_FILE, resolve_run_dir
 
 #: The index file, in the run directory. Delete it to rebuild; it is rebuilt by itself
 #: when the file it indexes shrinks (replaced) or when its schema version changes.

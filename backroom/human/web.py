@@ -71,6 +71,7 @@ from backroom.bus import presence, topics
 from backroom.bus.auth import ID_PATTERN, CredentialStore
 from backroom.bus.broker import reload_broker
 from backroom.bus.client import Bus, BusConfig, BusError, Will
+from backroom.bus.errors import LoginRefused
 from backroom.bus.wire import (
     MATCH_ID,
     Action,
@@ -96,6 +97,7 @@ from backroom.human.gate import (
     parse_hosts,
     parse_origins,
 )
+from backroom.human.league_page import league_routes
 from backroom.human.parse import offered
 from backroom.human.render import rules_for
 from backroom.human.replay import replay_routes
@@ -188,7 +190,7 @@ class SeatSession:
         # Subscribed before connecting, so the inbox subscription exists before the
         # on-connect hook announces "online" (a referee may send the moment it sees that).
         await self.bus.subscribe(topics.inbox(self.agent), self._on_inbox)
-        await self.bus.__aenter__()
+        await self.bus.open()
 
     async def _announce(self) -> None:
         assert self.bus is not None
@@ -308,9 +310,9 @@ class WebHub:
             await bus.subscribe(topics.ALL_PUBLIC, self._on_public)
             await bus.subscribe(topics.ALL_STATUS, self._on_status)
             try:
-                await bus.__aenter__()
-            except BusError as exc:
-                if "refused login" not in str(exc) or attempt == 19:
+                await bus.open()
+            except LoginRefused:
+                if attempt == 19:
                     raise
                 await asyncio.sleep(0.1 * (attempt + 1))
                 continue
@@ -466,12 +468,11 @@ class WebHub:
                 session = SeatSession(self, config)
                 try:
                     await session.open()
+                except LoginRefused:
+                    await session.close()
+                    raise WrongSecret(f"the broker refused {agent!r} with that password") from None
                 except BusError as exc:
                     await session.close()
-                    if "refused login" in str(exc):
-                        raise WrongSecret(
-                            f"the broker refused {agent!r} with that password"
-                        ) from None
                     raise JoinError(f"could not connect as {agent!r}: {exc}") from None
                 self.seats[agent] = session
             if session.linger is not None:
@@ -571,6 +572,7 @@ def web_app(  # noqa: C901, PLR0915 (the routes are closures over one app's stat
     login_backoff_s: float = 2.0,
     served_hosts: Iterable[str] | None = None,
     replay: ReplayIndex | None = None,
+    leagues: Iterable[Path] = (),
 ) -> Starlette:
     """The Starlette app: ``/`` the page, ``/ws`` the bridge, ``/api/matches`` the lobby as JSON.
 
@@ -734,6 +736,7 @@ def web_app(  # noqa: C901, PLR0915 (the routes are closures over one app's stat
             Route("/healthz", health),
             WebSocketRoute("/ws", ws_endpoint),
             *(replay_routes(replay, hub) if replay is not None else []),
+            *league_routes(list(leagues), headers),  # /league: human/league_page.py
         ],
         middleware=[Middleware(OnlyServedHosts)],
         lifespan=lifespan,
@@ -789,6 +792,7 @@ def web_command(
     hosts: str | None = None,
     trusted_proxies: str | None = None,
     replay: ReplayIndex | None = None,
+    leagues: Iterable[Path] = (),
 ) -> None:
     """Serve the page until Ctrl-C (what ``backroom web`` runs; ``backroom replay`` with ``replay``).
 
@@ -836,12 +840,15 @@ def web_command(
         allowed_origins=allowed,
         served_hosts=served,
         replay=replay,
+        leagues=leagues,
     )
     url = f"http://{host}:{port}/"
     print(f"backroom web: {url}  (broker {broker})")
     if token:
         print(f"  players: open {url}#token={token} and enter an agent id of {credentials}")
     print("  or enter an agent id and its password (`backroom credentials add ID` prints it)")
+    if leagues:
+        print(f"  league standings: {url}league")
     if allowed:
         print(f"  pages of {', '.join(allowed)} may connect too ({ORIGINS_ENV})")
     if observer is None:

@@ -16,7 +16,6 @@ agent the referee writes down unchecked, and it can only mark its own moves.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import random
 import time
@@ -26,7 +25,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from backroom import metrics
+from backroom import metrics, seeds
 from backroom.bus import topics
 from backroom.bus.wire import (
     Action,
@@ -35,7 +34,9 @@ from backroom.bus.wire import (
     Chat,
     Delivery,
     DeliveryRecord,
+    EndReason,
     EpisodeRecord,
+    ErrorReason,
     Event,
     Fallback,
     MatchEnd,
@@ -75,21 +76,6 @@ class Observer(Protocol):
     def observe(self, amount: float) -> None: ...
 
 
-def play_seed(spec: MatchSpec) -> int:
-    """The seed a match's agents sample from (``MatchStart.seed``): its own, rerun after rerun.
-
-    A CRN group's members share ``spec.seed`` so they deal alike; if their
-    agents sampled alike too, the group would play one match k times (and a
-    GRPO group would have no spread to learn from). So past the group's first
-    match, the seed is mixed with ``crn_index`` by a fixed hash (not Python's
-    ``hash``, which varies per process).
-    """
-    if spec.crn_index == 0:
-        return spec.seed
-    digest = hashlib.blake2b(f"{spec.seed}/crn/{spec.crn_index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1  # non-negative, fits a signed 64-bit int
-
-
 class MatchReferee(Protocol):
     """What a ``Match`` needs from the referee that runs it.
 
@@ -114,12 +100,12 @@ class MatchReferee(Protocol):
     def reject(
         self,
         agent: str,
-        reason: str,
+        reason: ErrorReason,
         detail: str,
         match: str | None = None,
         ref_seq: int | None = None,
     ) -> None: ...
-    async def finished(self, match: Match, record: EpisodeRecord) -> None: ...
+    async def finished(self, match: Match | None, record: EpisodeRecord) -> None: ...
 
 
 class Match:
@@ -148,7 +134,7 @@ class Match:
                 max_messages=1000,
             )
         self.state: State = self.game.new_initial_state(spec.seed)
-        self.rng = random.Random(spec.seed ^ 0x5EED)
+        self.rng = random.Random(seeds.referee_rng_seed(spec.seed))
         self.turn_no = 0
         self.seq = 0
         self.pending: dict[int, Pending] = {}  # seats the open turn still waits on
@@ -169,7 +155,8 @@ class Match:
     # --- the match loop ---------------------------------------------------------
 
     async def run(self) -> None:
-        reason, detail = "normal", ""
+        reason: EndReason = "normal"
+        detail = ""
         try:
             self.start()
             await self.opening_talk()
@@ -207,7 +194,7 @@ class Match:
                     channels=mine,
                     turn_timeout_s=self.spec.turn_timeout_s,
                     adapter=self.spec.adapters[seat] if seat < len(self.spec.adapters) else None,
-                    seed=play_seed(self.spec),
+                    seed=seeds.play_seed(self.spec.seed, self.spec.crn_index),
                 ),
             )
         self.public("started", {"game": self.spec.game, "seats": list(self.spec.seats)})
@@ -405,8 +392,13 @@ class Match:
         seat = waiting[0]
         p = self.pending[seat]
         if msg.turn != p.turn:
-            reason = "late" if msg.turn is not None and msg.turn < p.turn else "bad_turn"
-            return self.reject(agent, msg, reason, f"turn {msg.turn} is not the open turn {p.turn}")
+            late = msg.turn is not None and msg.turn < p.turn
+            return self.reject(
+                agent,
+                msg,
+                "late" if late else "bad_turn",
+                f"turn {msg.turn} is not the open turn {p.turn}",
+            )
         if isinstance(msg, Chat):
             if p.phase != "talk":
                 return self.reject(agent, msg, "wrong_phase", "this turn wants an action, not chat")
@@ -466,7 +458,7 @@ class Match:
         self.free_chat_used[(channel.name, seat)] = used + 1
         self.deliver(seat, channel, msg.text)
 
-    def reject(self, agent: str, msg: Action | Chat, reason: str, detail: str) -> None:
+    def reject(self, agent: str, msg: Action | Chat, reason: ErrorReason, detail: str) -> None:
         self.invalid_inputs += 1
         self.referee.reject(agent, reason, detail, match=self.id, ref_seq=msg.seq)
 
@@ -540,7 +532,7 @@ class Match:
         self.public_sent_at = time.monotonic()
         self.referee.public_due.pop(self.id, None)
 
-    async def finish(self, reason: str, detail: str) -> None:
+    async def finish(self, reason: EndReason, detail: str) -> None:
         state = self.state
         terminal = state.is_terminal()
         raw = (
@@ -565,7 +557,7 @@ class Match:
             round_rewards=list(state.round_rewards),
             raw_returns=raw,
             returns=returns,
-            reason=reason,  # type: ignore[arg-type]
+            reason=reason,
             detail=detail,
             timeouts=self.timeouts,
             invalid_inputs=self.invalid_inputs,

@@ -19,7 +19,7 @@ The ``referee`` service scales (``docker compose up --scale referee=4``): its
 replicas share one env file, ``referees.env``, whose username is the pattern
 ``referee-{n}`` and whose password is that of every name of the pool,
 ``referee-1`` to ``referee-{REFEREE_POOL}``; each replica takes a name no other
-one holds (``backroom referee``, ``referee.service.claim_pooled``).
+one holds (``backroom referee``, ``referee.pool.claim_pooled``).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from backroom.bus.auth import check_identity
 from backroom.bus.wire import ChannelSpec, MatchSpec, RewardTransform
+from backroom.seeds import match_seed
 
 if TYPE_CHECKING:
     from backroom.games.base import Game, State
@@ -440,7 +441,7 @@ class RunConfig(BaseModel):
                     ),
                     turn_timeout_s=self.turn_timeout_s,
                     on_timeout=self.on_timeout,
-                    seed=self.seed + group,
+                    seed=match_seed(self.seed, group),
                     crn_group=f"{self.run}-g{group}" if self.crn > 1 else None,
                     crn_index=i % self.crn,
                     run=self.run,

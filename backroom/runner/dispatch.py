@@ -24,8 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from backroom.bus.wire import EpisodeRecord, MatchRequest
-from backroom.referee.service import NOT_WRITTEN, SHUTTING_DOWN
+from backroom.bus.wire import SHUTTING_DOWN, EpisodeRecord, MatchRequest
 from backroom.runner.results import Departure, Faults, clock_text, defaulted
 
 #: Seconds a referee whose status says offline has to come back before the runner asks
@@ -258,7 +257,7 @@ class MatchLedger:
             if record.match == self.current.get(match):  # not asked for again already
                 self.ask_again(match, "voided")
             return False
-        if record.reason == "error" and record.detail.startswith(NOT_WRITTEN):
+        if record.not_written:
             self.failure = (
                 f"referee {record.referee} could not write match {match}: {record.detail}"
             )

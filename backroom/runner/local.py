@@ -24,9 +24,7 @@ from pathlib import Path
 
 from backroom.bus import presence, topics
 from backroom.bus.client import Bus, BusConfig
-from backroom.bus.wire import EpisodeRecord, MatchRequest, MatchSpec
-from backroom.referee.episodes import bind_run_dir, new_run_dir
-from backroom.referee.service import IDENTITY_WINDOW_S
+from backroom.bus.wire import IDENTITY_WINDOW_S, EpisodeRecord, MatchRequest, MatchSpec
 from backroom.runner.config import EXTERNAL, RunConfig
 from backroom.runner.dispatch import (
     AGAIN_TRIES,
@@ -55,6 +53,7 @@ from backroom.runner.stack import (
 )
 from backroom.runner.traces import TRACES_MAX_BYTES, TraceLog, seats_by_attempt
 from backroom.runner.wiring import SLOW_START_S, Wiring
+from backroom.runs import bind_run_dir, new_run_dir
 
 # Re-exported: the CLI, the tests, the benches and other runners built on this one import
 # them from here (the public names stay where they were before the split).

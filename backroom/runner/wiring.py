@@ -20,7 +20,16 @@ from backroom.bus import presence, topics
 from backroom.bus.client import Bus, BusConfig
 from backroom.bus.connection import broker_reachable
 from backroom.bus.errors import BusError
-from backroom.bus.wire import EpisodeRecord, Event, MatchRequest, WireError, parse_all
+from backroom.bus.wire import (
+    ACCEPTED,
+    FORGOTTEN,
+    RUNNING,
+    EpisodeRecord,
+    Event,
+    MatchRequest,
+    WireError,
+    parse_all,
+)
 from backroom.runner.config import RunConfig
 from backroom.runner.dispatch import MatchLedger
 from backroom.runner.results import Faults, PlayClock, RunError
@@ -145,11 +154,11 @@ class Wiring:
                 continue
             if not isinstance(msg, Event):
                 self.ledger.acknowledged(msg.match)
-            elif msg.kind == "accepted":
+            elif msg.kind == ACCEPTED:
                 self.ledger.accepted(msg.match, _referee_identity(msg.data))
-            elif msg.kind == "running":
+            elif msg.kind == RUNNING:
                 self.ledger.running(msg.match)
-            elif msg.kind == "forgotten":
+            elif msg.kind == FORGOTTEN:
                 self.ledger.forgotten(msg.match)
             else:
                 self.ledger.acknowledged(msg.match)

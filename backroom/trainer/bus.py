@@ -26,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Annotated
 
@@ -78,7 +79,7 @@ class TrainerBus:
     """``async with TrainerBus(config, store, game) as bus``: stores what arrives, sends what is asked."""
 
     def __init__(self, config: BusConfig, store: Store, game: str) -> None:
-        config.session_expiry_s = max(config.session_expiry_s, SESSION_EXPIRY_S)
+        config = replace(config, session_expiry_s=max(config.session_expiry_s, SESSION_EXPIRY_S))
         self.store = store
         self.game = game
         self.me = config.username or "trainer"
@@ -91,7 +92,7 @@ class TrainerBus:
         await self.bus.subscribe(topics.episodes(self.game), self._on_episode)
         await self.bus.subscribe(topics.ALL_TRACES, self._on_trace)
         await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
-        await self.bus.__aenter__()
+        await self.bus.open()
         return self
 
     async def __aexit__(

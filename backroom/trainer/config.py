@@ -184,6 +184,24 @@ class TensorboardSpec(BaseModel):
 TrackingSpec = Annotated[MlflowSpec | WandbSpec | TensorboardSpec, Field(discriminator="kind")]
 
 
+class DpoSettings(BaseModel):
+    """``dpo:`` of a training config, validated with the rest of it at load (an unknown key
+    is an error: a typo would silently use a default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(
+        description="run directory with episodes.jsonl and traces.jsonl (runs/<run>: its latest run)"
+    )
+    beta: float = Field(default=0.1, gt=0)
+    lr: float = Field(default=5e-5, gt=0)
+    epochs: float = Field(default=1.0, gt=0)
+    max_steps: int | None = Field(default=None, ge=1, description="overrides epochs")
+    batch_size: int = Field(default=4, ge=1)
+    max_pairs: int = Field(default=10_000, ge=1)
+    activation_checkpointing: bool | None = None
+
+
 class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -223,7 +241,7 @@ class TrainConfig(BaseModel):
         ge=64,
         description="padded tokens per forward pass (memory); default 1024 on a CPU, 8192 on a GPU",
     )
-    dpo: dict[str, Any] = Field(default_factory=dict, description="DPO settings (algorithm: dpo)")
+    dpo: DpoSettings | None = Field(default=None, description="DPO settings (algorithm: dpo)")
     serve_adapters: str | None = Field(
         default=None,
         pattern=r"^[^:]+:[0-9]+$",
@@ -252,6 +270,12 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _resolve(self) -> TrainConfig:
+        if (self.algorithm == "dpo") != (self.dpo is not None):
+            raise ValueError(
+                "algorithm: dpo needs dpo: {source: RUN_DIR} (the run to learn from)"
+                if self.dpo is None
+                else f"dpo: only algorithm: dpo reads it (algorithm is {self.algorithm})"
+            )
         if self.algorithm == "dpo":
             if self.tracking is not None:
                 raise ValueError(

@@ -40,12 +40,12 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from backroom.bus.wire import EpisodeRecord, Trace
 from backroom.model.spec import ModelSpec
-from backroom.referee.episodes import resolve_run_dir
 from backroom.runner.config import ConfigError
+from backroom.runs import read_records, resolve_run_dir
 from backroom.trainer.config import TrainConfig
 from backroom.trainer.learner import LoraSettings
 
@@ -305,17 +305,6 @@ def _jsonl(path: Path) -> Iterator[str]:
                 yield line
 
 
-def read_episodes(path: Path, stats: dict[str, int] | None = None) -> list[EpisodeRecord]:
-    """Every readable record of an ``episodes.jsonl``; a torn last line (a killed run) is counted."""
-    out: list[EpisodeRecord] = []
-    for line in _jsonl(path):
-        try:
-            out.append(EpisodeRecord.model_validate_json(line))
-        except ValidationError:
-            _count(stats, "episode_unreadable")
-    return out
-
-
 def read_talk_traces(path: Path, stats: dict[str, int] | None = None) -> Iterator[Trace]:
     """The talk traces of a ``traces.jsonl``, streamed (a big run's file need not fit in memory).
 
@@ -507,33 +496,6 @@ def train_dpo(
 # --- the `backroom train` entry point -------------------------------------------------------
 
 
-class DpoSettings(BaseModel):
-    """``dpo:`` of a training config; an unknown key is an error (a typo would silently use a default)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    source: str = Field(
-        description="run directory with episodes.jsonl and traces.jsonl (runs/<run>: its latest run)"
-    )
-    beta: float = Field(default=0.1, gt=0)
-    lr: float = Field(default=5e-5, gt=0)
-    epochs: float = Field(default=1.0, gt=0)
-    max_steps: int | None = Field(default=None, ge=1, description="overrides epochs")
-    batch_size: int = Field(default=4, ge=1)
-    max_pairs: int = Field(default=10_000, ge=1)
-    activation_checkpointing: bool | None = None
-
-
-def dpo_settings(config: TrainConfig) -> DpoSettings:
-    try:
-        return DpoSettings.model_validate(config.dpo)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"dpo.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise DpoError(problems) from None
-
-
 def run_dpo(config: TrainConfig, run_dir: Path) -> str:
     """Pairs from ``dpo.source``, DPO with TRL, the adapter in ``run_dir/adapters/dpo-v1``.
 
@@ -542,7 +504,11 @@ def run_dpo(config: TrainConfig, run_dir: Path) -> str:
     settings, TRL's statistics, the pair counts, the adapter's digest).
     Returns a one-paragraph summary for the console.
     """
-    settings = dpo_settings(config)
+    settings = config.dpo
+    if settings is None:  # parse_train_config refuses algorithm: dpo without it
+        raise DpoError(
+            "dpo: missing; algorithm: dpo needs dpo.source, the run directory to learn from"
+        )
     try:  # runs/<run> stands for its latest run: one run's episodes, never several
         source = resolve_run_dir(settings.source)
     except FileNotFoundError as exc:
@@ -556,7 +522,7 @@ def run_dpo(config: TrainConfig, run_dir: Path) -> str:
             )
     stats: dict[str, int] = {}
     episodes = []
-    for record in read_episodes(episodes_path, stats):
+    for record in read_records(episodes_path, stats):
         if record.game == config.game:
             episodes.append(record)
         else:

@@ -35,6 +35,7 @@ import numpy as np
 from backroom import metrics
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import AdapterRef
+from backroom.games.ipd import COOPERATE
 from backroom.model.adapters import adapter_digest
 from backroom.trainer.advantages import Hyper, assign_credit
 from backroom.trainer.bus import TrainerBus
@@ -96,7 +97,7 @@ def cooperation_rate(game: str, episodes: Sequence[Joined]) -> float | None:
         for a in ep.record.actions
         if a.phase == "act" and a.seat in ep.request.trainable
     ]
-    return sum(1 for m in moves if m == "A") / len(moves) if moves else None
+    return sum(1 for m in moves if m == COOPERATE) / len(moves) if moves else None
 
 
 def build_samples(
@@ -109,13 +110,12 @@ def build_samples(
     run of a seed, so an interrupted and resumed run ends with the adapter of one
     that ran through (to the agents' scoring precision: tests/test_trainer.py).
     """
-    assert config.hp is not None
+    assert config.hp is not None and config.algorithm != "dpo"  # dpo: trainer.dpo, no rollouts
     hp = config.hp
     episodes = sorted(episodes, key=lambda ep: ep.record.match)
-    algorithm = "grpo" if config.algorithm == "dpo" else config.algorithm
     credit = assign_credit(
         episodes,
-        algorithm,
+        config.algorithm,
         Hyper(
             discount=hp.discount,
             reward_norm=hp.reward_norm,
@@ -546,7 +546,7 @@ async def _evaluate(
             a.action for ep in eps for a in ep.record.actions if a.phase == "act" and a.seat == 0
         ]
         coop = (
-            sum(1 for m in moves if m == "A") / len(moves)
+            sum(1 for m in moves if m == COOPERATE) / len(moves)
             if config.game == "ipd" and moves
             else None
         )

@@ -3,7 +3,7 @@
 A terminal gets rich's live progress bar. Anything else (a pipe, ``tee``, a
 file, a notebook's subprocess) gets one plain line per step, flushed as the
 step ends: rich's live display renders only at its end when the output is no
-terminal, so a piped run used to show nothing until it finished.
+terminal, and a piped run would show nothing until it finished.
 
 Libraries' deprecation notices (transformers' ``FutureWarning``s, its
 "... is deprecated" log lines; Python warnings raised outside backroom) say

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from backroom.bus.wire import AdapterRef, MatchSpec
+from backroom.seeds import evaluation_seed, rollout_seed
 from backroom.trainer.config import TrainConfig
 from backroom.trainer.store import Request
 
@@ -77,9 +78,7 @@ def plan_step(
     requests = []
     for g in range(groups):
         group = f"{config.run}.s{step}.g{g}"
-        seed = (
-            config.seed * 1_000_003 + step * groups + g
-        )  # one seed per CRN group: identical chance inside it
+        seed = rollout_seed(config.seed, step, groups, g)  # one per CRN group: chance alike in it
         adapters: list[AdapterRef | None] = [current] * len(config.players)
         trainable = tuple(range(len(config.players)))
         label = "self-play"
@@ -115,7 +114,7 @@ def plan_evaluation(config: TrainConfig, step: int, current: AdapterRef) -> list
         label = "self" if ref is not None else agent
         for i in range(config.evaluation.matches):
             group = f"{config.run}.e{step}.{label}"
-            seed = 2**31 + config.seed * 1_000_003 + step * 1000 + b * 100 + i
+            seed = evaluation_seed(config.seed, step, b, i)
             requests.append(
                 Request(
                     match=f"{group}.m{i}",

@@ -9,8 +9,7 @@ from __future__ import annotations
 from backroom.agents.base import JSON, ScriptedAgent
 from backroom.agents.kinds import register_agent
 from backroom.bus.wire import Turn
-
-COOPERATE, DEFECT = "A", "B"
+from backroom.games.ipd import COOPERATE, DEFECT
 
 
 @register_agent("tit-for-tat")

@@ -1,0 +1,384 @@
+"""``backroom league CONFIG``: play a league's matches through the runner, count each once.
+
+The league is a run like any other: one ``Stack`` (a broker when no URL is
+given, K referees, one process per agent, or agents already on the bus),
+and its matches go out through ``runner.local.run_matches``, whose window,
+resubmission and fault handling it shares. A round robin plays every pending
+match of a game in one ``run_matches`` call; an adaptive schedule plays a
+round of CRN groups per call and re-rates between rounds.
+
+Episodes come back to ``on_episode``, which maps each to its scheduled
+match by its CRN group and seat order (``schedule.slot_of``) and hands it to
+the store, which keeps the first result of each match. Every ``FLUSH_S`` the
+store commits, and every ``STANDINGS_S`` ``standings.json`` is rewritten
+(ratings updated with the new results only), so ``show``, the web page and the
+gauges follow the league while it plays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import PrivateAttr
+
+from backroom import metrics
+from backroom.bus.client import BusConfig
+from backroom.bus.wire import IDENTITY_WINDOW_S, EpisodeRecord, MatchSpec
+from backroom.league.config import LeagueConfig, LeagueGame
+from backroom.league.ratings import Ratings
+from backroom.league.schedule import (
+    Slot,
+    adaptive_pick,
+    match_spec,
+    players_of,
+    round_robin,
+    slot_of,
+)
+from backroom.league.standings import CONFIG, STORE, Standings, write_standings
+from backroom.league.store import FLUSH_S, LeagueStore
+from backroom.runner.config import EXTERNAL, RunConfig
+from backroom.runner.local import already_online, run_matches
+from backroom.runner.results import Faults, PlayClock, RunError
+from backroom.runner.stack import Stack, identities, run_names, start_processes
+from backroom.runs import bind_run_dir, new_run_dir
+
+Notice = Callable[[str], None]
+
+#: Seconds between rewrites of standings.json (and the gauges) while a league plays; the
+#: store commits every ``FLUSH_S``.
+STANDINGS_S = 1.0
+
+
+class LeagueError(RuntimeError):
+    pass
+
+
+class _Batch(RunConfig):
+    """A run config whose matches are the league's, not its own schedule's.
+
+    Built with ``model_construct`` from an already validated league: the
+    runner reads the agents, the game (its episode topic), the run name, the
+    window and ``match_specs``, which yields the given specs.
+    """
+
+    _specs: list[tuple[str, MatchSpec]] = PrivateAttr(default_factory=list)
+
+    def match_specs(self) -> Iterator[tuple[str, MatchSpec]]:
+        yield from self._specs
+
+
+def batch_config(config: LeagueConfig, game: LeagueGame, specs: list[MatchSpec]) -> RunConfig:
+    batch = _Batch.model_construct(
+        run=config.league,
+        game=game.game,
+        params=game.params,
+        matches=max(1, len(specs)),
+        concurrency=config.concurrency,
+        turn_timeout_s=config.turn_timeout_s,
+        on_timeout=config.on_timeout,
+        agents=config.agents(),
+        agent_processes=config.agent_processes,
+        referees=config.referees,
+    )
+    batch._specs = [(f"{i:06d}", s) for i, s in enumerate(specs)]
+    return batch
+
+
+@dataclass
+class LeagueSummary:
+    directory: Path
+    played: int = 0  # results counted in this session
+    pending: int = 0  # scheduled matches still without a result
+    skipped: list[str] = field(default_factory=list)  # optional entrants not online
+    faults: Faults = field(default_factory=Faults)
+    seconds: float = 0.0  # first request out to last episode in, summed over batches (as
+    # `backroom run` counts its rate: process start-up is not play)
+    standings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def matches_per_second(self) -> float:
+        return self.played / self.seconds if self.seconds > 0 else 0.0
+
+
+def open_store(config: LeagueConfig, directory: Path, resume: bool) -> tuple[Path, LeagueStore]:
+    """The league's directory (absolute) and store; a directory holding another league, or one
+    without --resume, is refused."""
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / STORE
+    existed = path.exists()
+    if existed and not resume:
+        raise LeagueError(f"{directory} already holds a league: pass --resume, or another --dir")
+    if resume and not existed:
+        raise LeagueError(f"--resume: {path} does not exist (nothing to resume)")
+    store = LeagueStore(path)
+    name = store.get_meta("league")
+    if name is not None and name != config.league:
+        store.close()
+        raise LeagueError(f"{directory} holds league {name!r}, not {config.league!r}")
+    store.set_meta("league", config.league)
+    store.set_meta("config", config.model_dump_json())
+    (directory / CONFIG).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return directory, store
+
+
+class League:
+    """One session of a league: its store, its stack, its rounds."""
+
+    def __init__(
+        self,
+        config: LeagueConfig,
+        directory: Path,
+        store: LeagueStore,
+        notice: Notice,
+        on_result: Callable[[int], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.directory = directory
+        self.store = store
+        self.notice = notice
+        self.on_result = on_result
+        self.games = {g.key: g for g in config.games}
+        self.players = {g.key: players_of(g) for g in config.games}
+        self.summary = LeagueSummary(directory)
+        self.last_flush = self.last_publish = time.monotonic()
+        self.agents = [a.id for a in config.agents()]
+        self.standings = Standings(store, config)
+
+    def spec_rows(self, slots: list[Slot]) -> list[tuple[str, str, str, MatchSpec]]:
+        return [
+            (
+                s.key,
+                s.game,
+                s.group,
+                match_spec(self.config, self.games[s.game], s, self.players[s.game]),
+            )
+            for s in slots
+        ]
+
+    def on_episode(self, record: EpisodeRecord, _n: int) -> None:
+        key = slot_of(record.crn_group, record.seats)
+        if key is None:
+            return
+        if self.store.add(key, record):
+            self.summary.played += 1
+            if self.on_result is not None:
+                self.on_result(self.summary.played)
+        now = time.monotonic()
+        if now - self.last_publish > STANDINGS_S:
+            self.publish(running=True)
+        elif now - self.last_flush > FLUSH_S:
+            self.store.flush()
+            self.last_flush = now
+
+    def publish(self, running: bool) -> dict[str, Any]:
+        """Commit the results so far and rewrite standings.json (and the gauges)."""
+        self.store.flush()
+        self.last_flush = self.last_publish = time.monotonic()
+        # Exploitability replays every counted match: once, at the end, not every flush.
+        doc = self.standings.update().doc(running, exploit=not running)
+        write_standings(self.directory, doc)
+        rows = doc.get("overall") or next(iter(doc["games"].values()))["ratings"]
+        for row in rows:
+            labels = {"league": self.config.league, "agent": row["agent"]}
+            metrics.RATING.labels(**labels).set(row["mu"])
+            metrics.RATING_SIGMA.labels(**labels).set(row["sigma"])
+        self.summary.standings = doc
+        return doc
+
+    async def play(
+        self,
+        slots: list[Slot],
+        bus_config: BusConfig,
+        waiting: list[str],
+        stack: Stack | None,
+        run: dict[str, Any],
+    ) -> None:
+        """Play ``slots`` (any games), one ``run_matches`` call per game."""
+        rows = self.spec_rows(slots)
+        self.store.schedule(rows)
+        for key, game in self.games.items():
+            specs = [spec for _key, g, _grp, spec in rows if g == key]
+            if not specs:
+                continue
+            clock = PlayClock()
+            await run_matches(
+                batch_config(self.config, game, specs),
+                bus_config,
+                waiting,
+                stack,
+                self.on_episode,
+                faults=self.summary.faults,
+                clock=clock,
+                **run,
+            )
+            if clock.ended > clock.started > 0:  # first request out to last episode in
+                self.summary.seconds += clock.ended - clock.started
+            if run.get("stop") is not None and run["stop"].is_set():
+                return
+
+    def pending_round_robin(self, agents: list[str]) -> list[Slot]:
+        done = self.store.done()
+        return [s for s in round_robin(self.config, agents) if s.key not in done]
+
+    def next_adaptive(self, agents: list[str]) -> list[Slot]:
+        """The next round of an adaptive schedule: [] once the budget is spent."""
+        assert self.config.schedule.budget is not None
+        self.store.flush()
+        results = self.store.results()
+        left = self.config.schedule.budget - len(results)
+        pending = self.pending_scheduled(agents)
+        if pending:  # a killed session's round: finish it first
+            return pending[:left] if left > 0 else []
+        if left <= 0:
+            return []
+        ratings = Ratings(list(agents))
+        played: dict[tuple[str, tuple[str, ...]], int] = {}
+        seen: set[str] = set()
+        for r in results:
+            ratings.add(r)
+            if r.group not in seen:
+                seen.add(r.group)
+                game, pairing, _k = r.group.split("|")
+                p = tuple(pairing.split(","))
+                played[(game, p)] = played.get((game, p), 0) + 1
+        sigma = {row.agent: row.sigma for row in ratings.table()}
+        batch = self.config.schedule.batch or max(1, self.config.concurrency)
+        return adaptive_pick(self.config, agents, sigma, played, left, batch)
+
+    def pending_scheduled(self, agents: list[str]) -> list[Slot]:
+        done, ok = self.store.done(), set(agents)
+        out = []
+        for key in self.store.scheduled_keys():
+            if key in done:
+                continue
+            game, pairing, k, order = key.split("|")
+            if set(pairing.split(",")) <= ok and game in self.games:
+                out.append(Slot(game, tuple(pairing.split(",")), int(k), tuple(order.split(","))))
+        return out
+
+
+async def run_league(
+    config: LeagueConfig,
+    directory: str | Path,
+    resume: bool = False,
+    broker_url: str | None = None,
+    credentials_dir: str | Path | None = None,
+    spawn: bool = True,
+    metrics_port: int = 0,
+    on_notice: Notice | None = None,
+    on_result: Callable[[int], None] | None = None,
+    ready_timeout_s: float = 60.0,
+    stop: asyncio.Event | None = None,
+) -> LeagueSummary:
+    """Play the league's pending matches in ``directory`` (its store, standings, runs/)."""
+    notice = on_notice or (lambda _m: None)
+    directory, store = open_store(config, Path(directory), resume)
+    league = League(config, directory, store, notice, on_result)
+    try:
+        await _session(
+            league, broker_url, credentials_dir, spawn, metrics_port, ready_timeout_s, stop
+        )
+    finally:
+        league.publish(running=False)
+        store.close()
+    return league.summary
+
+
+async def _session(
+    league: League,
+    broker_url: str | None,
+    credentials_dir: str | Path | None,
+    spawn: bool,
+    metrics_port: int,
+    ready_timeout_s: float,
+    stop: asyncio.Event | None,
+) -> None:
+    config = league.config
+    whole = batch_config(config, config.games[0], [])
+    run_dir = new_run_dir(league.directory / "runs", config.league)
+    run_key = secrets.token_hex(16)
+    bind_run_dir(run_dir, run_key)
+    stack = Stack(run_dir)
+    try:
+        names = run_names(whole, stack.nonce) if broker_url is None else None
+        stack.start_broker(broker_url, credentials_dir, identities(whole, names))
+        if names is None:
+            names = run_names(whole, stack.nonce if stack.can_add_identities() else None)
+        stack.names = names
+        bus_config = stack.identity(names.runner, role="runner", ephemeral=names.own)
+        if stack.broker is None and names.own:
+            await asyncio.sleep(0.3)  # the broker rereads its files (SIGHUP) before we log in
+        agents = list(league.agents)
+        if spawn and stack.broker is None:  # someone else's broker: throw nobody off it
+            mine = [*names.referees, *(a.id for a in config.agents() if a.kind != EXTERNAL)]
+            if taken := await already_online(bus_config, mine):
+                raise LeagueError(
+                    f"already online on {stack.url}: {', '.join(taken)}; starting them again "
+                    "would throw those processes off the broker: stop them, rename the "
+                    "entrants, or make them `external`"
+                )
+        if optional := sorted(config.optional()):
+            online = set(await already_online(bus_config, optional))
+            league.summary.skipped = [a for a in optional if a not in online]
+            if league.summary.skipped:
+                notice = f"not online, their matches wait: {', '.join(league.summary.skipped)}"
+                league.notice(notice)
+            agents = [a for a in agents if a not in league.summary.skipped]
+        if spawn:
+            waiting = start_processes(stack, whole, run_dir.parent.parent, metrics_port)
+        else:
+            waiting = list(agents)
+        waiting = [w for w in waiting if w not in league.summary.skipped]
+        run = {
+            "ready_timeout_s": ready_timeout_s,
+            "on_notice": league.notice,
+            "external": [*config.external()] if spawn else waiting,
+            "run_stamp": run_dir.name,
+            # the decisions of model entrants (prompt, tokens, adapter version), as a run's
+            "traces_path": run_dir / "traces.jsonl",
+            "stop": stop,
+            "claim_window_s": 0.0 if names.own else IDENTITY_WINDOW_S,
+            "run_key": run_key,
+        }
+        await _rounds(league, agents, bus_config, waiting, stack, run, stop)
+        league.summary.pending = len(league.pending_scheduled(league.agents))
+    except RunError as exc:
+        raise LeagueError(str(exc)) from None
+    finally:
+        stack.stop()
+
+
+async def _rounds(
+    league: League,
+    agents: list[str],
+    bus_config: BusConfig,
+    waiting: list[str],
+    stack: Stack,
+    run: dict[str, Any],
+    stop: asyncio.Event | None,
+) -> None:
+    if league.config.schedule.kind == "round_robin":
+        slots = league.pending_round_robin(agents)
+        # The absent optional entrants' matches are scheduled too (pending); `play` adds the rest.
+        known = {*league.store.scheduled_keys(), *(s.key for s in slots)}
+        every = round_robin(league.config, league.agents)
+        league.store.schedule(league.spec_rows([s for s in every if s.key not in known]))
+        league.publish(running=True)
+        total = len(known | {s.key for s in every})
+        league.notice(f"{len(slots)} matches to play ({total} scheduled)")
+        await league.play(slots, bus_config, waiting, stack, run)
+        return
+    while not (stop is not None and stop.is_set()):
+        slots = league.next_adaptive(agents)
+        if not slots:
+            return
+        league.publish(running=True)
+        await league.play(slots, bus_config, waiting, stack, run)

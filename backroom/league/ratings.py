@@ -1,0 +1,153 @@
+"""Ratings and the head-to-head matrix from a league's results.
+
+**Ratings**: openskill's Plackett-Luce model, one update per counted result,
+in the order the store counted them: each match is one ``model.rate`` call
+with one team per entrant seated (in seat order of first appearance) and
+``scores`` = the entrant's return (the mean over its seats when it holds
+several: the beauty contest's blocks). Ties (equal returns) are ties. The
+store-to-rating path adds nothing to this (tests/test_league.py calls
+openskill directly on the same results and compares). ``ordinal`` is
+openskill's conservative ``mu - 3 sigma``, the leaderboard's sort key.
+
+**Head to head**: ``mean[i][j]`` is entrant i's mean return in the matches
+where it met j (2-player games: its payoff against j). Its standard error
+is taken over CRN groups, not matches: the seat orders of one group share
+the deal and are not independent draws, so each group's mean is one sample
+(``se`` = sample std / sqrt(groups); NaN below two groups).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from backroom.league.store import Result
+
+
+@dataclass
+class Rating:
+    agent: str
+    mu: float
+    sigma: float
+    matches: int = 0
+    total: float = 0.0  # sum of the agent's per-match returns
+
+    @property
+    def ordinal(self) -> float:
+        return self.mu - 3.0 * self.sigma
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.matches if self.matches else math.nan
+
+
+def model() -> Any:
+    from openskill.models import PlackettLuce
+
+    return PlackettLuce()
+
+
+def entrant_scores(seats: Sequence[str], returns: Sequence[float]) -> dict[str, float]:
+    """Each entrant's score in a match: its return, the mean over its seats if it holds several."""
+    sums: dict[str, list[float]] = {}
+    for agent, r in zip(seats, returns, strict=True):
+        sums.setdefault(agent, []).append(float(r))
+    return {a: sum(v) / len(v) for a, v in sums.items()}
+
+
+@dataclass
+class Ratings:
+    """Ratings updated result by result (``add``), so a running league rates incrementally."""
+
+    agents: list[str] = field(default_factory=list)
+    _model: Any = None
+    _state: dict[str, Any] = field(default_factory=dict)
+    _stats: dict[str, list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._model = self._model or model()
+        for a in self.agents:
+            self._ensure(a)
+
+    def _ensure(self, agent: str) -> Any:
+        if agent not in self._state:
+            self._state[agent] = self._model.rating(name=agent)
+            self._stats[agent] = [0, 0.0]
+            if agent not in self.agents:
+                self.agents.append(agent)
+        return self._state[agent]
+
+    def add(self, result: Result) -> None:
+        scores = entrant_scores(result.seats, result.returns)
+        names = list(scores)
+        teams = [[self._ensure(a)] for a in names]
+        rated = self._model.rate(teams, scores=[scores[a] for a in names])
+        for a, team in zip(names, rated, strict=True):
+            self._state[a] = team[0]
+            self._stats[a][0] += 1
+            self._stats[a][1] += scores[a]
+
+    def table(self) -> list[Rating]:
+        """Every agent's rating, best conservative ordinal first."""
+        out = [
+            Rating(a, float(r.mu), float(r.sigma), int(self._stats[a][0]), float(self._stats[a][1]))
+            for a, r in self._state.items()
+        ]
+        return sorted(out, key=lambda r: (-r.ordinal, r.agent))
+
+
+def rate(results: Iterable[Result], agents: Sequence[str] = ()) -> list[Rating]:
+    ratings = Ratings(list(agents))
+    for r in results:
+        ratings.add(r)
+    return ratings.table()
+
+
+@dataclass
+class HeadToHead:
+    agents: list[str]
+    mean: list[list[float]]  # mean[i][j]: agents[i]'s mean return against agents[j]
+    se: list[list[float]]
+    groups: list[list[int]]  # CRN groups behind each cell
+
+    def to_json(self) -> dict[str, Any]:
+        def clean(rows: list[list[float]]) -> list[list[float | None]]:
+            return [[None if math.isnan(x) else x for x in row] for row in rows]
+
+        return {
+            "agents": self.agents,
+            "mean": clean(self.mean),
+            "se": clean(self.se),
+            "groups": self.groups,
+        }
+
+
+def head_to_head(results: Iterable[Result], agents: Sequence[str]) -> HeadToHead:
+    # (i, j) -> CRN group -> i's returns in that group's matches
+    cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(dict)
+    for r in results:
+        scores = entrant_scores(r.seats, r.returns)
+        for i, si in scores.items():
+            for j in scores:
+                if i != j:
+                    cells[(i, j)].setdefault(r.group, []).append(si)
+    n = len(agents)
+    mean = [[math.nan] * n for _ in range(n)]
+    se = [[math.nan] * n for _ in range(n)]
+    counts = [[0] * n for _ in range(n)]
+    for a, i in enumerate(agents):
+        for b, j in enumerate(agents):
+            groups = cells.get((i, j))
+            if not groups:
+                continue
+            samples = [sum(v) / len(v) for v in groups.values()]
+            k = len(samples)
+            m = sum(samples) / k
+            mean[a][b], counts[a][b] = m, k
+            if k > 1:
+                var = sum((x - m) ** 2 for x in samples) / (k - 1)
+                se[a][b] = math.sqrt(var / k)
+    return HeadToHead(list(agents), mean, se, counts)

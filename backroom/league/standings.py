@@ -1,0 +1,167 @@
+"""The league's standings: ratings, head to head and exploitability, from its store.
+
+One JSON document (``standings.json`` in the league directory, replaced
+atomically) is what every reader shows: ``backroom league show``, the
+``/league`` page of ``backroom web`` (which reads the file, so the web server
+needs nothing of the league's code) and the Prometheus gauges. The league
+rewrites it as results come in, with ``running: true`` until it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from backroom.league.config import LeagueConfig
+from backroom.league.exploit import league_exploitability, solvable
+from backroom.league.ratings import Rating, Ratings, head_to_head
+from backroom.league.store import LeagueStore, Result
+from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
+
+STANDINGS = "standings.json"
+STORE = "league.sqlite"
+CONFIG = "league.yaml"
+#: The ratings over every game together, beside the per-game ones (leagues of several games).
+ALL_GAMES = "all"
+
+
+def rating_json(r: Rating) -> dict[str, Any]:
+    return {
+        "agent": r.agent,
+        "mu": r.mu,
+        "sigma": r.sigma,
+        "ordinal": r.ordinal,
+        "matches": r.matches,
+        "mean_return": None if math.isnan(r.mean) else r.mean,
+    }
+
+
+def exploitability_json(
+    store: LeagueStore, key: str, engine: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "agent": e.agent,
+            "value": e.value,
+            "visited": e.visited,
+            "states": e.states,
+            "decisions": e.decisions,
+        }
+        for e in league_exploitability(engine, params, store.records(key))
+    ]
+
+
+class Standings:
+    """Ratings kept up to date result by result (``update`` reads only the new rows).
+
+    A running league rewrites its standings every group commit; rating every
+    result again each time would cost the league its pace as it grows (the
+    rating of n results is O(n)). So the ratings are updated in counted order
+    with each new result, which is the same sequence of openskill calls as
+    rating them all at once.
+    """
+
+    def __init__(self, store: LeagueStore, config: LeagueConfig) -> None:
+        self.store = store
+        self.config = config
+        self.agents = [a.id for a in config.agents()]
+        self.games = {g.key: g for g in config.games}
+        self.ratings = {g.key: Ratings(config.game_agents(g)) for g in config.games}
+        self.overall = Ratings(list(self.agents))
+        self.results: dict[str, list[Result]] = {g.key: [] for g in config.games}
+        self.counted = 0
+        self.seq = 0
+
+    def update(self) -> Standings:
+        for r in self.store.results(after=self.seq):
+            self.seq = r.seq
+            self.counted += 1
+            if r.game not in self.games:
+                continue  # a game no longer in the config: counted, not shown
+            self.results[r.game].append(r)
+            self.ratings[r.game].add(r)
+            if len(self.games) > 1:  # the all-games rating is shown only then
+                self.overall.add(r)
+        return self
+
+    def game(self, key: str, exploit: bool) -> dict[str, Any]:
+        g = self.games[key]
+        table = self.ratings[key].table()
+        results = self.results[key]
+        out: dict[str, Any] = {
+            "game": g.game,
+            "params": g.params,
+            "results": len(results),
+            "ratings": [rating_json(r) for r in table],
+            "head_to_head": head_to_head(results, [r.agent for r in table]).to_json(),
+        }
+        if exploit and solvable(g.game, g.params) and results:
+            out["exploitability"] = exploitability_json(self.store, key, g.game, g.params)
+        return out
+
+    def doc(self, running: bool, exploit: bool = True) -> dict[str, Any]:
+        """The whole document; ``exploit``: with exploitability and fallbacks (they read every
+        record, so a running league leaves them to its end)."""
+        doc: dict[str, Any] = {
+            "league": self.config.league,
+            "updated": time.time(),
+            "running": running,
+            "scheduled": self.store.scheduled_count(),
+            "counted": self.counted,
+            "counters": self.store.counters(),
+            "agents": self.agents,
+            "games": {key: self.game(key, exploit) for key in self.games},
+        }
+        if exploit:
+            counts = count_fallbacks(
+                (a.agent, fallback_of(a.fallback, a.timed_out))
+                for record in self.store.records()
+                for a in record.actions
+            )
+            doc["fallbacks"] = counts
+            doc["warnings"] = warning_lines(counts)
+        if len(self.games) > 1:
+            doc["overall"] = [rating_json(r) for r in self.overall.table()]
+        return doc
+
+
+def standings(
+    store: LeagueStore, config: LeagueConfig, running: bool, exploit: bool = True
+) -> dict[str, Any]:
+    """The standings of everything in ``store``, computed afresh."""
+    return Standings(store, config).update().doc(running, exploit)
+
+
+def write_standings(directory: Path, doc: dict[str, Any]) -> Path:
+    path = directory / STANDINGS
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
+    os.replace(tmp, path)
+    return path
+
+
+def read_standings(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / STANDINGS
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: is {directory} a league directory?")
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def refresh_standings(directory: Path, running: bool = False) -> dict[str, Any]:
+    """Recompute standings.json from the store (with exploitability) and return it."""
+    path = Path(directory) / STORE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: is {directory} a league directory?")
+    with LeagueStore(path) as store:
+        text = store.get_meta("config")
+        if text is None:
+            raise FileNotFoundError(f"{path} holds no league config")
+        config = LeagueConfig.model_validate_json(text)
+        doc = standings(store, config, running)
+    write_standings(Path(directory), doc)
+    return doc

@@ -1,0 +1,105 @@
+"""Judging what an identity sends: at most one ``Error`` per payload, within its budgets.
+
+A 64 KB batch holds some 21,000 ``{}``: answering each would turn one message
+from an agent into thousands from the referee. Every refusal is still counted
+(``backroom_invalid_inputs_total``, the match's ``invalid_inputs``); the reply
+names the first and how many more. Which match a message is for is the
+referee's business (``Referee._from_agent``); this is the part that charges
+and answers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from backroom import metrics
+from backroom.bus.wire import MAX_PAYLOAD_BYTES, Error, ErrorReason, Message, WireError, parse_all
+from backroom.referee.budgets import Budgets
+
+Route = Callable[[str, Message | WireError], None]
+
+
+class Judge:
+    """Refusals held while a payload is judged, sent once; each identity's budgets kept."""
+
+    def __init__(self, budgets: Budgets, send: Callable[[str, Error], None]) -> None:
+        self.budgets = budgets
+        self.send = send
+        self.refused = 0  # refusals so far: a refused move is charged to its sender
+        #: Seconds the payload being judged spent in its matches' own work (not charged).
+        self._match_s = 0.0
+        # While an outbox payload is judged: its sender, its first refusal, how many more.
+        self._judging: str | None = None
+        self._held: Error | None = None
+        self._held_more = 0
+
+    def outbox(self, agent: str, payload: bytes, route: Route) -> None:
+        """Judge every message of ``agent``'s payload (``route`` each); answer once at most."""
+        with self.budgets.admit(agent) as ticket:
+            if not ticket.open:
+                metrics.INPUTS_DROPPED.inc()
+                share = self.budgets.input_share
+                detail = f"over {share:.0%} of the referee's time: payload dropped unread"
+                self.send_error(agent, Error(reason="rate_limited", detail=detail))
+                return
+            self._judging, self._match_s = agent, 0.0
+            try:
+                for msg in parse_all(payload, MAX_PAYLOAD_BYTES):
+                    route(agent, msg)
+                held, more = self._held, self._held_more
+                if held is not None:
+                    if more:
+                        held.detail = f"{held.detail} (and {more} more refused in the same payload)"
+                    self.send_error(agent, held)
+            finally:
+                ticket.uncharged = self._match_s
+                self._judging, self._held, self._held_more = None, None, 0
+
+    def status(self, agent: str, follow: Callable[[], None]) -> None:
+        """Follow a status (``follow``), out of the same budget as the sender's outbox.
+
+        A status costs the loop too (an ``offline`` visits every match), so a
+        flood of online/offline flips or of big statuses is dropped past the
+        budget and counted (``backroom_statuses_dropped_total``); what is lost
+        is the sender's own presence, renewed by its next status.
+        """
+        with self.budgets.admit(agent) as ticket:
+            if not ticket.open:
+                metrics.STATUSES_DROPPED.labels(reason="over_budget").inc()
+                return
+            follow()
+
+    def moved(self, start: float, refused: int) -> None:
+        """A move handed to its match at ``start`` (``refused`` refusals before) is done: its
+        time is the match's work, not the sender's, unless the match refused it (not your
+        turn, an illegal action). Not a context manager: this is every move's path."""
+        if self.refused == refused:
+            self._match_s += time.monotonic() - start
+
+    def reject(
+        self,
+        agent: str,
+        reason: ErrorReason,
+        detail: str,
+        match: str | None = None,
+        ref_seq: int | None = None,
+    ) -> None:
+        """Count a refused message and answer it (once per payload, within the agent's budget)."""
+        self.refused += 1
+        metrics.INVALID_INPUTS.labels(reason=reason).inc()
+        error = Error(match=match, reason=reason, detail=detail, ref_seq=ref_seq)
+        if self._judging == agent:
+            if self._held is None:
+                self._held = error
+            else:
+                self._held_more += 1
+            return
+        self.send_error(agent, error)
+
+    def send_error(self, agent: str, error: Error) -> None:
+        """Send ``error`` if ``agent``'s token bucket has a token; else drop it and count it."""
+        if self.budgets.may_error(agent):
+            self.send(agent, error)
+        else:
+            metrics.ERRORS_DROPPED.inc()
