@@ -26,7 +26,6 @@ MODULE_LINES = 500
 
 # "path::qualified.name" -> why it is one piece.
 LONG_FUNCTIONS: dict[str, str] = {
-    "analysis/__init__.py::render_tables": "one table per game of the run, in the report's order",
     "cli.py::_execute": "`backroom run`: the config's checks, the stack, the report, in order",
     "cli.py::train_cmd": "`backroom train`'s options (typer reads them from the signature)",
     "cli.py::_train": "`backroom train` end to end: config, launch, progress, summary",
