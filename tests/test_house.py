@@ -34,7 +34,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "model/adapters.py::_download": "one streamed fetch: each size and time bound is a branch",
     "model/serve.py::serve_model_app": "the endpoints are closures over one backend; each is short",
     "trainer/dpo.py::train_dpo": "TRL's DPOTrainer set up, run and saved in one place",
-    "trainer/dpo.py::run_dpo": "a DPO run end to end: pairs, training, the adapter announced",
     "trainer/loop.py::train": "the loop top to bottom: resume, roll out, learn, publish, evaluate",
 }
 
