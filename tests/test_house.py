@@ -39,17 +39,17 @@ LONG_FUNCTIONS: dict[str, str] = {
 
 # "path" -> why it is one module.
 LONG_MODULES: dict[str, str] = {
-    "agents/llm.py": "the llm kind: its HTTP client, prompts' assembly and accounting",
+    "agents/llm.py": "the llm kind: requests with retries and deadlines, accounting, traces",
     "analysis/kuhn.py": "Kuhn's measures (coalitions, Table 1, channels) and their tables",
     "bus/wire.py": "the wire's one schema: every message model, read by every process",
     "cli.py": "the command line (the cli/ package splits it)",
-    "games/kuhn.py": "Kuhn poker's rules, its fixed deals and its card talk",
+    "games/kuhn.py": "Kuhn poker: the classic and Loki variants over one state",
     "human/replay_index.py": "the replay index: build, refresh and query one file",
     "human/tty.py": "the terminal kind: its input line, toolbar and turn handling",
     "human/web.py": "`backroom web`: its routes and their guards over one app",
     "model/adapters.py": "fetching, verifying and caching a LoRA adapter",
     "referee/match.py": "one match: turns, deadlines, channels, eavesdroppers",
-    "referee/service.py": "the referee process (referee/group, budgets, ... take its parts)",
+    "referee/service.py": "the referee process: requests taken, matches run, inputs routed",
     "runner/config.py": "the run config's one schema and its checks",
     "solvers/tree.py": "the explicit game tree and its array form, used by every solver",
     "trainer/dpo.py": "DPO: preference pairs from episodes and TRL's trainer",
