@@ -53,7 +53,7 @@ from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus, NotAuthorizedError
 from backroom.bus.wire import Status, parse_status
-from backroom.cli import demo_config
+from backroom.cli.run import demo_config
 from backroom.runner.local import run_local
 
 Attack = Callable[[str, Path, float], Coroutine[Any, Any, dict[str, Any]]]

@@ -83,7 +83,7 @@ from typing import Any
 import backroom.runner.local as local
 from backroom.bus import topics
 from backroom.bus.wire import EpisodeRecord, MatchRequest
-from backroom.cli import demo_config
+from backroom.cli.run import demo_config
 from backroom.runner.config import RunConfig
 from backroom.runner.local import (
     Faults,

@@ -30,7 +30,7 @@ from backroom.agents.scripted.kuhn_colluder import naive_choice
 from backroom.analysis import analyze_episodes, analyze_run, kuhn
 from backroom.analysis.story import story_lines
 from backroom.bus.wire import EpisodeRecord
-from backroom.cli import results_table
+from backroom.cli.run import results_table
 from backroom.games import make_game
 from backroom.runner.config import parse_config
 from backroom.runner.local import RunResult, summarize

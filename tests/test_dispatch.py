@@ -7,7 +7,7 @@ matches through ``publish``: here a list, and a clock the test moves.
 from __future__ import annotations
 
 from backroom.bus.wire import SHUTTING_DOWN, EpisodeRecord, MatchRequest
-from backroom.cli import demo_config
+from backroom.cli.run import demo_config
 from backroom.runner.dispatch import AGAIN_TRIES, RERUNS, MatchLedger
 from backroom.runner.results import Faults
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from backroom.bus.wire import EpisodeRecord
-from backroom.cli import demo_config
+from backroom.cli.run import demo_config
 from backroom.runner.config import RunConfig, load_config
 from backroom.runner.local import Stack, identities, run_local, run_matches, start_processes
 from backroom.runs import read_episodes

@@ -28,7 +28,7 @@ from backroom.bus.broker import Broker
 from backroom.bus.client import Bus, BusConfig, Will
 from backroom.bus.errors import IdentityInUse
 from backroom.bus.wire import EpisodeRecord, Status, dump, parse
-from backroom.cli import demo_config
+from backroom.cli.run import demo_config
 from backroom.referee.pool import claim_pooled
 from backroom.referee.service import Referee
 from backroom.runner.config import RunConfig, parse_config
@@ -508,7 +508,7 @@ async def test_an_agent_stopped_while_it_checks_its_identity_says_offline(
     runner = AgentRunner(make_agent("random", "alice"), alice)
     starting = asyncio.ensure_future(runner.open())
     await eventually(lambda: runner._claiming and runner._echo.is_set(), 10)
-    starting.cancel()  # what SIGTERM does to `backroom agent` (cli._serve)
+    starting.cancel()  # what SIGTERM does to `backroom agent` (cli.common.serve_until_signal)
     with pytest.raises(asyncio.CancelledError):
         await starting
     states: list[str] = []

@@ -22,7 +22,7 @@ from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
 from backroom.bus.wire import EpisodeRecord, MatchRequest, parse_all
-from backroom.cli import demo_config
+from backroom.cli.run import demo_config
 from backroom.referee import episodes as episodes_mod
 from backroom.referee.episodes import EpisodeLog, write_all
 from backroom.runner.config import RunConfig, parse_config

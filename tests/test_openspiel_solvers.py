@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from backroom.agents.kinds import make_agent
 from backroom.bus.wire import Turn
+from backroom.cli.solve import solve_app
 from backroom.games import make_game
-from backroom.solve_cli import solve_app
 from backroom.solvers.cfr import CFRSolver
 from backroom.solvers.evaluate import best_response_values, expected_returns, nash_conv
 from backroom.solvers.tree import GameTree, NotPerfectRecallError, build_tree

@@ -18,7 +18,7 @@ from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
 from backroom.bus.topics import status
 from backroom.bus.wire import Status
-from backroom.cli import demo_config
+from backroom.cli.run import demo_config
 from backroom.runner.config import RunConfig, parse_config
 from backroom.runner.local import RunError, run_matches
 from tests.conftest import agents, eventually, identity, load_factor, stack

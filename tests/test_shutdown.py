@@ -1,4 +1,4 @@
-"""SIGTERM ends a backroom service within seconds, whatever it is doing (``cli._serve``)."""
+"""SIGTERM ends a backroom service within seconds, whatever it is doing (``cli.common.serve_until_signal``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 STUBBORN = """
 import asyncio, sys
-from backroom.cli import _serve
+from backroom.cli.common import serve_until_signal
 
 async def stubborn():
     print("ready", flush=True)
@@ -19,7 +19,7 @@ async def stubborn():
         except asyncio.CancelledError:
             continue
 
-_serve(stubborn(), grace_s=1.0)
+serve_until_signal(stubborn(), grace_s=1.0)
 """
 
 POLITE = STUBBORN.replace("continue", "print('cleaned up', flush=True); raise")

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from backroom.agents.kinds import make_agent
 from backroom.bus.wire import Turn
+from backroom.cli.solve import solve_app
 from backroom.games import make_game
 from backroom.games.base import CHANCE, Action, Game, GameInfo, State
-from backroom.solve_cli import solve_app
 from backroom.solvers.cfr import ALGOS, CFRSolver, policy_document, solve, solve_game
 from backroom.solvers.evaluate import (
     best_response,

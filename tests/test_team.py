@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from backroom.cli.solve import solve_app
 from backroom.games import make_game
-from backroom.solve_cli import solve_app
 from backroom.solvers.cfr import CFRSolver
 from backroom.solvers.collusion import (
     PAPER_HANDS,

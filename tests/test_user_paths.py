@@ -22,7 +22,7 @@ from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, 
 from backroom.bus.wire import Error
 from backroom.runs import read_episodes
 
-from .conftest import RawAgent, Runner, agents, identity, loki_spec, stack
+from .conftest import RawAgent, Runner, agents, identity, load_factor, loki_spec, stack
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -438,6 +438,7 @@ def test_a_run_waiting_for_an_external_agent_says_so_at_once(
     )
     try:
         assert proc.stdout is not None
+        heading = proc.stdout.readline()  # piped, the progress names the run first
         first = proc.stdout.readline()
         waited = proc.poll() is None  # said while still waiting, not on the way out
         rest = proc.communicate(timeout=90)[0]
@@ -445,7 +446,7 @@ def test_a_run_waiting_for_an_external_agent_says_so_at_once(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert waited, first
+    assert heading == "ext ipd: 2 matches\n" and waited, heading + first
     assert f"waiting up to 10s for zed to connect to {broker.url}" in first
     assert f"`backroom credentials add zed --dir {bdir}` prints its password" in first
     assert proc.returncode == 2
@@ -584,3 +585,36 @@ def test_piped_output_keeps_whole_lines(tmp_path: Path) -> None:
     assert "a-rather-long-run-name-for-a-table-title: 3 matches of ipd" in out.stdout
     rate = re.search(r"; (\S+) matches/s while playing", out.stdout)
     assert rate and float(rate.group(1)) > 0, out.stdout
+
+
+def test_a_piped_run_shows_its_progress_in_plain_lines_as_it_plays(tmp_path: Path) -> None:
+    """Piped, rich's live bar renders only once the run ends, so a log showed nothing while
+    it played; now a plain line every 5% of the matches arrives as they finish (as
+    ``backroom train`` does), with no carriage returns or escape codes."""
+    (tmp_path / "p.yaml").write_text(
+        "run: piped\ngame: ipd\nparams: {rounds: 2}\nmatches: 100\n"
+        "agents:\n  - {id: a, kind: random}\n  - {id: b, kind: tit-for-tat}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    with (tmp_path / "stderr.txt").open("w") as err:
+        proc = subprocess.Popen(
+            [PY, "-m", "backroom", "run", "p.yaml"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+        assert proc.stdout is not None
+        seen = [(line, proc.poll() is None) for line in proc.stdout]  # and whether it still ran
+        proc.wait(timeout=120 * load_factor())
+    out = "".join(line for line, _ in seen)
+    assert proc.returncode == 0, out + (tmp_path / "stderr.txt").read_text()
+    assert seen[0][0] == "piped ipd: 100 matches\n", out
+    progress = [(line, running) for line, running in seen if line.startswith("match ")]
+    assert [line.split()[1] for line, _ in progress] == [f"{n}/100" for n in range(5, 101, 5)]
+    assert all(re.fullmatch(r"match \d+/100 \[\d+:\d\d:\d\d\]\n", line) for line, _ in progress)
+    assert progress[0][1], progress  # read while the run was still playing
+    table = next(i for i, (line, _) in enumerate(seen) if "piped: 100 matches of ipd" in line)
+    assert seen.index(progress[-1]) < table, out  # the progress, then the results
+    assert "\r" not in out and "\x1b[" not in out, repr(out[-500:])

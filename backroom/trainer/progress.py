@@ -1,4 +1,4 @@
-"""What ``backroom train`` shows while it runs, and what it keeps in its log file.
+"""What ``backroom train`` shows while it runs (``backroom run`` too), and what it keeps in its log file.
 
 A terminal gets rich's live progress bar. Anything else (a pipe, ``tee``, a
 file, a notebook's subprocess) gets one plain line per step, flushed as the
@@ -127,10 +127,23 @@ def _route_transformers() -> tuple[Any, bool] | None:
 
 
 class StepProgress:
-    """A run's progress: rich's bar on a terminal, else one flushed line every ``every`` steps."""
+    """A run's progress: rich's bar on a terminal, else one flushed line every ``every`` steps.
 
-    def __init__(self, console: Console, title: str, total: int, every: int = 1) -> None:
+    ``unit`` and ``units`` name what is counted: training steps, or ``backroom
+    run``'s matches ("match 40/200 [0:00:03]").
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        title: str,
+        total: int,
+        every: int = 1,
+        unit: str = "step",
+        units: str = "steps",
+    ) -> None:
         self.console, self.title, self.total, self.every = console, title, total, max(1, every)
+        self.unit, self.units = unit, units
         self.live = console.is_terminal
         self.started = time.monotonic()
         self._bar: Progress | None = None
@@ -149,7 +162,7 @@ class StepProgress:
         if self._bar is not None:
             self._bar.__enter__()
         else:
-            self.line(f"{self.title}: {self.total} steps")
+            self.line(f"{self.title}: {self.total} {self.units}")
         return self
 
     def __exit__(
@@ -168,9 +181,13 @@ class StepProgress:
 
     def step(self, step: int, summary: str) -> None:
         """Step ``step`` (0-based) has ended."""
-        done = step + 1
+        self.advance(step + 1, summary)
+
+    def advance(self, done: int, summary: str = "") -> None:
+        """``done`` of ``total`` have ended."""
         if self._bar is not None:
             self._bar.update(self._task, completed=done, description=summary)
         elif done % self.every == 0 or done == self.total:
             elapsed = timedelta(seconds=round(time.monotonic() - self.started))
-            self.line(f"step {done}/{self.total} [{elapsed}] {summary}")
+            tail = f" {summary}" if summary else ""
+            self.line(f"{self.unit} {done}/{self.total} [{elapsed}]{tail}")

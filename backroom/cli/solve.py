@@ -1,6 +1,6 @@
 """``backroom solve ...``: solve games, score policy files, run the collusion analysis.
 
-Mounted by the main CLI as ``app.add_typer(solve_app, name="solve")``::
+Mounted by the CLI (``backroom/cli/__init__.py``) as ``app.add_typer(solve_app, name="solve")``::
 
     backroom solve kuhn --variant loki --iterations 100000 --algo cfr+ --out loki.json
     backroom solve game kuhn -p variant=classic -p players=3 --iterations 20000

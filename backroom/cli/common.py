@@ -1,0 +1,212 @@
+"""What every command of the CLI shares: its console, its options, its refusals, its serving.
+
+A command module (``run.py``, ``train.py``, ...) imports from here and from
+nothing else of the CLI (a contract in pyproject.toml), so each reads alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from backroom.bus.auth import CredentialStore
+from backroom.bus.broker import DEFAULT_URL
+from backroom.bus.client import BusConfig, BusError, run
+
+PIPED_WIDTH = 200
+#: Piped or redirected, rich would lay tables out for 80 columns and cut their headers; a
+#: log file has no width, so the lines keep what they hold (COLUMNS still wins).
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH)
+
+
+def _broker_url(url: str | None) -> str | None:
+    """Refuse a URL that is not MQTT's where it is typed, not in a traceback from the bus."""
+    if url is not None:
+        try:
+            BusConfig.from_url(url)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{exc} (e.g. mqtt://127.0.0.1:1883)") from None
+    return url
+
+
+BrokerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--broker",
+        envvar="BACKROOM_BROKER",
+        help="mqtt://HOST:PORT of the broker",
+        callback=_broker_url,
+    ),
+]
+CredsOpt = Annotated[
+    Path | None, typer.Option("--credentials", help="directory with the broker's credentials.json")
+]
+MetricsOpt = Annotated[
+    int, typer.Option("--metrics-port", help="serve Prometheus metrics here (0: off)")
+]
+RunsOpt = Annotated[
+    Path,
+    typer.Option(
+        "--runs-dir",
+        help="each run writes a fresh RUNS_DIR/<run>/<UTC time>/; <run>/latest links it",
+    ),
+]
+
+
+#: What each optional part needs, by the extra that installs it (pyproject.toml).
+WEB_MODULES = ("starlette", "uvicorn", "websockets")
+SERVE_MODULES = ("torch", "transformers", "fastapi", "uvicorn")
+#: Agent kinds that need an extra: kind -> (extra, modules).
+KIND_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "local": ("local", ("torch", "transformers", "peft"))
+}
+INSTALL_HINTS = {"local": " (torch first, pinned: see docs/agents.md)"}
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr and exit 2: a user needs what to do, not a traceback."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def require_extra(what: str, extra: str, modules: tuple[str, ...]) -> None:
+    """Refuse at once, in one line, when an optional extra is not installed.
+
+    find_spec, not import: it costs nothing when the extra is there (torch
+    takes seconds to import) and a missing package is what it reports.
+    """
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        # Installed from a checkout (scripts/setup.sh): name it, so pip does not look for
+        # a package called backroom on an index instead.
+        root = Path(__file__).resolve().parents[2]
+        target = (
+            f"-e '{root}[{extra}]'"
+            if (root / "pyproject.toml").exists()
+            else f"'backroom[{extra}]'"
+        )
+        fail(
+            f'{what} needs the "{extra}" extra ({", ".join(missing)} not installed): '
+            f"pip install {target}{INSTALL_HINTS.get(extra, '')}"
+        )
+
+
+def require_kind(kind: str, options: dict[str, Any] | None = None) -> None:
+    """Refuse an agent kind whose extra or default model is missing, before anything starts."""
+    if kind in KIND_EXTRAS:
+        extra, modules = KIND_EXTRAS[kind]
+        require_extra(f"the {kind!r} agent kind", extra, modules)
+    if kind == "local":
+        require_model(f"the {kind!r} agent kind", (options or {}).get("model"))
+
+
+def require_model(what: str, model: str | None) -> None:
+    """Refuse in one line when the default model's package is missing.
+
+    Checked here, before anything starts: found missing inside a spawned agent
+    it ended the run in a traceback from that process.
+    """
+    from backroom.model.spec import default_model  # no torch at import
+
+    if model is not None:
+        return
+    try:
+        default_model()
+    except FileNotFoundError as exc:
+        fail(f"{what} has no model given, and {exc}")
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Warnings, or INFO with ``--verbose``; ``BACKROOM_LOG_LEVEL`` (a level name) wins.
+
+    The environment variable reaches the processes that ``backroom run`` starts,
+    whose command lines the user does not write.
+    """
+    level = os.environ.get("BACKROOM_LOG_LEVEL", "").upper() or ("INFO" if verbose else "WARNING")
+    if level not in logging.getLevelNamesMapping():
+        sys.stderr.write(f"backroom: BACKROOM_LOG_LEVEL={level!r} is no log level; using WARNING\n")
+        level = "WARNING"
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+
+
+def bus_config(
+    broker: str | None, username: str, creds: Path | None, pattern: str | None = None
+) -> BusConfig:
+    """``pattern``: the ``{n}`` pool ``username`` is of; ``BACKROOM_PASSWORD`` serves its names."""
+    password = None
+    if os.environ.get("BACKROOM_USERNAME", pattern or username) == (pattern or username):
+        password = os.environ.get("BACKROOM_PASSWORD")
+    if creds is not None:
+        try:
+            password = CredentialStore(creds).get(username).password
+        except KeyError as exc:
+            raise typer.BadParameter(str(exc.args[0])) from None
+    if password is None:
+        raise typer.BadParameter(
+            f"no password for {username!r}: set BACKROOM_PASSWORD or pass --credentials DIR"
+        )
+    return BusConfig.from_url(broker or DEFAULT_URL, username=username, password=password)
+
+
+#: How long a service may take to clean up after SIGTERM/SIGINT before it is ended anyway.
+SHUTDOWN_GRACE_S = 5.0
+
+
+def serve_until_signal(coro: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """Run a service until SIGTERM/SIGINT, then let its context managers clean up.
+
+    Cleaning up is bounded: a process stuck in a publish storm or a handler
+    that swallows cancellation must not linger holding its MQTT identity
+    (its will then tells the others it is gone). A thread, not the event
+    loop, keeps the deadline, so a busy loop cannot delay it; a second
+    signal ends the process at once.
+    """
+
+    async def main() -> None:
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        stopping: list[threading.Timer] = []
+
+        def stop() -> None:
+            if stopping:
+                os._exit(1)
+            task.cancel()
+            timer = threading.Timer(grace_s, _give_up, args=(grace_s,))
+            timer.daemon = True
+            timer.start()
+            stopping.append(timer)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop)
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        finally:
+            for timer in stopping:
+                timer.cancel()
+
+    try:
+        run(main())
+    except BusError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _give_up(grace_s: float) -> None:
+    sys.stderr.write(f"backroom: still cleaning up {grace_s:.0f} s after the signal; exiting now\n")
+    sys.stderr.flush()
+    os._exit(1)
