@@ -27,7 +27,8 @@ from backroom.bus.broker import Broker
 from backroom.bus.client import BusConfig
 from backroom.model.adapters import adapter_digest
 from backroom.runner.config import ConfigError
-from backroom.trainer.config import MlflowSpec, WandbSpec, load_train_config, parse_train_config
+from backroom.tracking import MlflowSpec, WandbSpec
+from backroom.trainer.config import load_train_config, parse_train_config
 from backroom.trainer.loop import TrainError, train
 from backroom.trainer.tracking import (
     TrackingError,
@@ -254,7 +255,7 @@ def test_a_failing_tracker_is_said_counted_and_retried_and_training_goes_on(
     tracker: Any = tracking.tracker
     tracking.rows(rows(range(0, 2)))
     tracker.client.delete_run(tracker.run_id)
-    with caplog.at_level(logging.WARNING, logger="backroom.trainer.tracking"):
+    with caplog.at_level(logging.WARNING, logger="backroom.tracking"):
         tracking.rows(rows(range(2, 4)))  # no exception: training goes on
     assert tracking.failures == 1
     assert (
@@ -431,4 +432,11 @@ def test_bad_tracking_config_names_the_field(edit: str, words: str) -> None:
 
 def test_tracking_is_refused_for_dpo() -> None:
     with pytest.raises(ConfigError, match="tracking: not for algorithm dpo"):
-        parse_train_config({"game": "ipd", "algorithm": "dpo", "tracking": {"kind": "tensorboard"}})
+        parse_train_config(
+            {
+                "game": "ipd",
+                "algorithm": "dpo",
+                "dpo": {"source": "runs/x"},  # the block dpo needs, so tracking is what is refused
+                "tracking": {"kind": "tensorboard"},
+            }
+        )

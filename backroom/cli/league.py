@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -80,6 +81,19 @@ def league(
     )
 
 
+#: Where a league's tracking failures are said (logged as warnings while it plays).
+WARNINGS = "the warnings above"
+
+
+def _plots_for(tracking: bool) -> Callable[[dict[str, Any], Path], list[str]] | None:
+    """With tracking on, the league draws ``show``'s plots at its end and logs them."""
+    if not tracking:
+        return None
+    from backroom.analysis.league import plot_standings
+
+    return plot_standings
+
+
 def show(directory: Path, plots: bool, refresh: bool, console: Console) -> None:
     from backroom.analysis.league import plot_standings, print_standings
     from backroom.league.standings import read_standings, refresh_standings
@@ -113,6 +127,7 @@ def play(
     from backroom.league.config import load_league
     from backroom.league.play import LeagueError, run_league
     from backroom.runner.config import ConfigError
+    from backroom.tracking import tracking_summary
 
     try:
         config = load_league(path)
@@ -147,12 +162,15 @@ def play(
             on_notice=notice,
             ready_timeout_s=ready_timeout,
             stop=stop,
+            plots=_plots_for(config.tracking is not None),
         )
         print_standings(summary.standings, console)
         console.print(
             f"{summary.played} matches counted this session ({summary.matches_per_second:.1f}/s "
             f"of play), {summary.pending} pending; `backroom league show {directory}` for plots"
         )
+        if config.tracking is not None and (line := tracking_summary(directory, WARNINGS)):
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
         if summary.skipped:
             notice(
                 f"optional entrants not online (their matches wait): {', '.join(summary.skipped)}"

@@ -38,6 +38,7 @@ from backroom.runner.config import (
     read_yaml,
     validate,
 )
+from backroom.tracking import TrackingSpec
 
 #: Seat orders are every permutation of a pairing up to this many; past it, the rotations.
 MAX_PERMUTATIONS = 24
@@ -192,6 +193,11 @@ class LeagueConfig(BaseModel):
     on_timeout: Literal["default", "random", "forfeit"] = "default"
     agent_processes: Literal["separate", "single"] = "separate"
     model: ModelChoice = Field(default_factory=ModelChoice)
+    tracking: TrackingSpec | None = Field(
+        default=None,
+        description="log the config, the ratings as they change and the final standings to "
+        "MLflow, W&B or TensorBoard (league/tracking.py; the block of backroom train's configs)",
+    )
 
     @model_validator(mode="before")
     @classmethod

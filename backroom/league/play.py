@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,11 +44,13 @@ from backroom.league.schedule import (
 )
 from backroom.league.standings import CONFIG, STORE, Standings, write_standings
 from backroom.league.store import FLUSH_S, LeagueStore
+from backroom.league.tracking import LeagueTracking, Plots, open_league_tracking
 from backroom.runner.config import EXTERNAL, RunConfig
 from backroom.runner.local import already_online, run_matches
 from backroom.runner.results import Faults, PlayClock, RunError
 from backroom.runner.stack import Stack, identities, run_names, start_processes
 from backroom.runs import bind_run_dir, new_run_dir
+from backroom.tracking import TrackingError, require_client
 
 Notice = Callable[[str], None]
 
@@ -139,8 +142,10 @@ class League:
         store: LeagueStore,
         notice: Notice,
         on_result: Callable[[int], None] | None = None,
+        tracking: LeagueTracking | None = None,
     ) -> None:
         self.config = config
+        self.tracking = tracking
         self.directory = directory
         self.store = store
         self.notice = notice
@@ -169,6 +174,8 @@ class League:
             return
         if self.store.add(key, record):
             self.summary.played += 1
+            if self.tracking is not None:
+                self.tracking.counted(record)
             if self.on_result is not None:
                 self.on_result(self.summary.played)
         now = time.monotonic()
@@ -191,6 +198,8 @@ class League:
             metrics.RATING.labels(**labels).set(row["mu"])
             metrics.RATING_SIGMA.labels(**labels).set(row["sigma"])
         self.summary.standings = doc
+        if self.tracking is not None:
+            self.tracking.standings(doc)
         return doc
 
     async def play(
@@ -277,18 +286,34 @@ async def run_league(
     on_result: Callable[[int], None] | None = None,
     ready_timeout_s: float = 60.0,
     stop: asyncio.Event | None = None,
+    plots: Plots | None = None,
 ) -> LeagueSummary:
-    """Play the league's pending matches in ``directory`` (its store, standings, runs/)."""
+    """Play the league's pending matches in ``directory`` (its store, standings, runs/);
+    ``plots``: draws the final standings' plots, logged with them when tracking is on."""
     notice = on_notice or (lambda _m: None)
+    try:
+        require_client(config.tracking)  # before the directory is made
+    except TrackingError as exc:
+        raise LeagueError(str(exc)) from None
     directory, store = open_store(config, Path(directory), resume)
-    league = League(config, directory, store, notice, on_result)
+    try:
+        opened = await asyncio.to_thread(open_league_tracking, config, directory)
+    except TrackingError as exc:
+        store.close()
+        raise LeagueError(f"{exc} (nothing was played: --resume goes on once it opens)") from None
+    tracking = LeagueTracking(opened, store, plots)
+    league = League(config, directory, store, notice, on_result, tracking)
     try:
         await _session(
             league, broker_url, credentials_dir, spawn, metrics_port, ready_timeout_s, stop
         )
     finally:
-        league.publish(running=False)
-        store.close()
+        error = sys.exc_info()[1]
+        try:
+            league.publish(running=False)
+        finally:
+            store.close()
+            await asyncio.to_thread(tracking.close, league.summary.standings, directory, error)
     return league.summary
 
 

@@ -1,340 +1,48 @@
-"""Experiment tracking: a run's ``train_log.csv`` rows, evaluations, config and adapter
-versions, sent to MLflow, Weights & Biases or TensorBoard through each tool's own client.
+"""Experiment tracking of ``backroom train``: ``train_log.csv`` rows, evaluations and adapter
+versions, through the tool-generic tracking of ``backroom/tracking/`` (which says
+what a failure does, and how ``tracking.json`` continues a run on ``--resume``).
 
-Off unless the config asks (``tracking: {kind: mlflow | wandb | tensorboard, ...}``).
-The files of the run directory stay the record; a tracker is a copy for people
-who live in that tool. So a tracking call that fails neither stops training nor
-passes unseen: it is logged as a warning naming what failed, counted
-(``Tracking.failures``, and ``failures`` in ``RUN_DIR/tracking.json``), and
-the rows it did not take are sent again with the next step's. Opening the
-tracker is different: it happens before training starts, so a bad URI or a
-missing client library stops the run at once (``TrackingError``).
-
-``RUN_DIR/tracking.json`` says which tracker run this directory logs to and how
-far it got. ``--resume`` continues that run, and ``Tracking.catch_up`` sends
-what the files hold beyond it (the rows of a trainer killed before it logged
-them; all of them when tracking is turned on for a resumed run).
-
-Reusable by any loop that writes rows: ``open_tracking(spec, run_dir, config,
-name)`` and then ``rows(...)``, ``evaluations(...)``, ``close()``.
+``Tracking.catch_up`` sends what the files hold beyond the marks (the rows of a
+trainer killed before it logged them; all of them when tracking is turned on for
+a resumed run). Reusable by any loop that writes rows: ``open_tracking(spec,
+run_dir, config, name)`` and then ``rows(...)``, ``evaluations(...)``, ``close()``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import json
-import logging
-import math
-import os
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any
 
-from backroom.trainer.config import MlflowSpec, TensorboardSpec, TrackingSpec, WandbSpec
+from backroom import tracking as generic
+from backroom.model.adapters import adapter_digest
+from backroom.tracking import TrackingError, TrackingSpec, flat, required_modules, tracking_summary
 
-log = logging.getLogger("backroom.trainer.tracking")
-
-STATE_FILE = "tracking.json"
-
-
-class TrackingError(RuntimeError):
-    """The tracker could not be opened (training has not started)."""
-
-
-def required_modules(spec: TrackingSpec) -> tuple[str, ...]:
-    """What the tool's client needs, for ``require_extra`` (the extra is named after the kind)."""
-    if isinstance(spec, MlflowSpec):
-        # mlflow-skinny has no SQL store of its own; the default store is SQLite
-        local = spec.uri is None or spec.uri.startswith(("sqlite", "postgresql", "mysql", "mssql"))
-        return ("mlflow", "sqlalchemy", "alembic") if local else ("mlflow",)
-    if isinstance(spec, WandbSpec):
-        return ("wandb",)
-    return ("tensorboard", "torch")
+__all__ = [
+    "Tracking",
+    "TrackingError",
+    "open_tracking",
+    "read_evaluations",
+    "read_rows",
+    "required_modules",
+    "tracking_summary",
+]
 
 
-class Opening(NamedTuple):
-    """Where a tracker opens: the run directory, the config to log, the run's name, and
-    the tracker's id of the run to continue (None: a new one)."""
+class Tracking(generic.Tracking):
+    """The generic tracking plus the trainer's streams: ``rows`` (``train_log.csv``) with the
+    adapter version each names, and ``evaluations`` (``evaluations.jsonl``)."""
 
-    run_dir: Path
-    config: Mapping[str, Any]
-    name: str
-    run_id: str | None
-
-
-#: One step's metrics and strings (``split_values``).
-Record = tuple[int, Mapping[str, float], Mapping[str, str]]
-
-#: How a run ended: ``close``'s error, as each tool says it.
-Status = Literal["finished", "failed", "killed"]
-
-
-class Tracker(Protocol):
-    """One tool's client, opened on one run; ``Tracking`` guards and orders its calls."""
-
-    run_id: str  # to continue the same run on --resume
-    where: str  # for people: where to look
-
-    def log(self, records: Sequence[Record]) -> None: ...
-
-    def adapter(self, step: int, version: str, folder: Path, ref: Mapping[str, Any]) -> None: ...
-
-    def close(self, status: Status) -> None: ...
-
-
-def _flat(data: Mapping[str, Any], prefix: str = "", sep: str = ".") -> dict[str, Any]:
-    """``{"hyper": {"lr": 1}}`` as ``{"hyper.lr": 1}`` (lists stay whole)."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping):
-            out.update(_flat(value, f"{prefix}{key}{sep}", sep))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def split_values(row: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
-    """A row's finite numbers (the metrics) and its strings (``version``).
-
-    Not-a-number (``cooperation_rate`` outside the IPD, an evaluation without
-    moves) is left out: a gap in the tool's curve, not a point at NaN.
-    """
-    numbers, texts = {}, {}
-    for key, value in row.items():
-        if isinstance(value, bool) or value is None:
-            continue
-        if isinstance(value, int | float):
-            if math.isfinite(value):
-                numbers[key] = float(value)
-        elif isinstance(value, str):
-            texts[key] = value
-    return numbers, texts
-
-
-class MlflowTracker:
-    """MLflow's ``MlflowClient``: rows and evaluations as metrics, the config as params and
-    ``config.json``, adapters under ``adapters/``; the version as the run's tag."""
-
-    def __init__(self, spec: MlflowSpec, at: Opening) -> None:
-        run_dir, config, name, run_id = at
-        # a local store is nobody else's business: MLflow's usage telemetry stays off
-        # unless the environment says otherwise
-        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-        # its log lines go where the trainer's go (RUN_DIR/logs/trainer.log), not to stderr
-        os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
-        from mlflow import MlflowClient
-        from mlflow.entities import Metric, Param, RunTag
-
-        self._metric, self._tag = Metric, RunTag
-        self.spec = spec
-        store = run_dir.resolve() / "mlflow"
-        if spec.uri is None:
-            store.mkdir(parents=True, exist_ok=True)
-        uri = spec.uri or f"sqlite:///{store / 'mlflow.db'}"
-        self.client = client = MlflowClient(tracking_uri=uri)
-        if run_id is not None:
-            client.update_run(run_id, status="RUNNING")
-            self.run_id = run_id
-        else:
-            experiment = spec.experiment or str(config.get("run", "backroom"))
-            found = client.get_experiment_by_name(experiment)
-            exp_id = (
-                found.experiment_id
-                if found
-                else client.create_experiment(
-                    experiment, artifact_location=None if spec.uri else str(store / "artifacts")
-                )
-            )
-            run = client.create_run(
-                exp_id,
-                run_name=spec.name or name,
-                tags={"backroom.run_dir": str(run_dir.resolve())},
-            )
-            self.run_id = run.info.run_id
-            params = [
-                Param(k, json.dumps(v) if not isinstance(v, str) else v)
-                for k, v in _flat(config).items()
-            ]
-            for i in range(0, len(params), 100):  # MLflow takes 100 params a batch
-                client.log_batch(self.run_id, params=params[i : i + 100])
-            client.log_dict(self.run_id, dict(config), "config.json")
-        self.where = f"MLflow {uri}, run {self.run_id}" + (
-            f" (mlflow ui --backend-store-uri {uri})" if spec.uri is None else ""
-        )
-
-    def log(self, records: Sequence[Record]) -> None:
-        now = int(time.time() * 1000)
-        metrics = [
-            self._metric(k, v, now, step)
-            for step, numbers, _ in records
-            for k, v in numbers.items()
-        ]
-        latest = {k: v for _, _, texts in records for k, v in texts.items()}  # a tag holds one
-        for i in range(0, max(len(metrics), 1), 1000):  # and 1000 metrics
-            tags = [self._tag(k, v) for k, v in latest.items()] if i == 0 else []
-            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000], tags=tags)
-
-    def adapter(self, step: int, version: str, folder: Path, ref: Mapping[str, Any]) -> None:
-        if self.spec.adapters == "files":
-            self.client.log_artifacts(self.run_id, str(folder), f"adapters/{version}")
-        self.client.log_dict(self.run_id, dict(ref), f"adapters/{version}.json")
-
-    def close(self, status: Status) -> None:
-        self.client.set_terminated(self.run_id, status=status.upper())
-
-
-class WandbTracker:
-    """``wandb.init``'s run: rows and evaluations in its history (the version as a string
-    there), the config as its config, each adapter version an artifact (alias = version)."""
-
-    def __init__(self, spec: WandbSpec, at: Opening) -> None:
-        run_dir, config, name, run_id = at
-        mode = (
-            spec.mode
-            or os.environ.get("WANDB_MODE")
-            or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-        )
-        if mode == "offline":
-            os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # offline is offline
-        import wandb
-
-        self._wandb, self.spec = wandb, spec
-        folder = Path(spec.dir) if spec.dir else run_dir
-        folder.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
-            project=spec.project,
-            entity=spec.entity,
-            name=spec.name or name,
-            group=str(config.get("run", "")) or None,
-            dir=str(folder),
-            config=dict(config),
-            id=run_id,
-            resume="allow" if run_id else None,
-            settings=wandb.Settings(mode=mode, silent=True, console="off"),  # type: ignore[arg-type]
-        )
-        self.run_id = self.run.id
-        self.artifact = f"{config.get('run', 'backroom')}-adapter"
-        sync_dir = Path(self.run.dir).parent
-        self.where = (
-            f"W&B offline run in {sync_dir} (upload: wandb sync {sync_dir})"
-            if mode == "offline"
-            else f"W&B {self.run.url}"
-        )
-
-    def log(self, records: Sequence[Record]) -> None:
-        for step, numbers, texts in records:
-            self.run.log({**numbers, **texts}, step=step)
-
-    def adapter(self, step: int, version: str, folder: Path, ref: Mapping[str, Any]) -> None:
-        art = self._wandb.Artifact(self.artifact, type="lora-adapter", metadata=dict(ref))
-        if self.spec.adapters == "files":
-            art.add_dir(str(folder))
-        else:
-            art.add_reference(folder.resolve().as_uri())
-        self.run.log_artifact(art, aliases=[version])
-
-    def close(self, status: Status) -> None:
-        self.run.finish(exit_code={"finished": 0, "failed": 1, "killed": 130}[status])
-
-
-class TensorboardTracker:
-    """Event files through ``torch.utils.tensorboard.SummaryWriter``: scalars by step, the
-    config and each adapter reference as text (TensorBoard keeps no files)."""
-
-    def __init__(self, spec: TensorboardSpec, at: Opening) -> None:
-        run_dir, config, _name, run_id = at
-        from torch.utils.tensorboard import SummaryWriter
-
-        logdir = Path(spec.dir) if spec.dir else run_dir / "tensorboard"
-        self.writer = SummaryWriter(log_dir=str(logdir))
-        self.run_id = str(logdir.resolve())
-        self.where = f"TensorBoard event files in {logdir} (tensorboard --logdir {logdir})"
-        if run_id is None:
-            self.writer.add_text("config", _code(json.dumps(dict(config), indent=2)), 0)
-            self.writer.flush()
-
-    def log(self, records: Sequence[Record]) -> None:
-        for step, numbers, texts in records:
-            for key, value in numbers.items():
-                self.writer.add_scalar(key, value, step)
-            for key, text in texts.items():
-                self.writer.add_text(key, text, step)
-        self.writer.flush()  # a killed run keeps what it logged
-
-    def adapter(self, step: int, version: str, folder: Path, ref: Mapping[str, Any]) -> None:
-        self.writer.add_text("adapters", _code(json.dumps(dict(ref), indent=2)), step)
-        self.writer.flush()
-
-    def close(self, status: Status) -> None:
-        self.writer.close()
-
-
-def _code(text: str) -> str:
-    """Markdown (TensorBoard's text plugin) that shows ``text`` as it is."""
-    return "\n".join("    " + line for line in text.splitlines())
-
-
-TRACKERS: dict[str, Any] = {
-    "mlflow": MlflowTracker,
-    "wandb": WandbTracker,
-    "tensorboard": TensorboardTracker,
-}
-
-
-class Tracking:
-    """A tracker's calls, guarded: a failure is logged and counted, never raised.
-
-    Rows and evaluations are sent in step order, each at most once: those at or
-    before the last step sent are skipped, and those a failed call did not take
-    go again with the next call (``tracking.json`` keeps the marks).
-    """
-
-    def __init__(
-        self, tracker: Tracker | None, kind: str, state_path: Path, adapters_dir: Path | None
-    ) -> None:
-        self.tracker, self.kind = tracker, kind
-        self.state_path, self.adapters_dir = state_path, adapters_dir
-        self.state: dict[str, Any] = {"rows_through": -1, "evaluations_through": -1, "failures": 0}
-        #: what a failed call did not take, sent again (first) with the next one
-        self._queues: dict[str, list[Mapping[str, Any]]] = {"rows": [], "evaluations": []}
-
-    @property
-    def failures(self) -> int:
-        return int(self.state["failures"])
-
-    @contextmanager
-    def _attempt(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except Exception as exc:  # any client's error: the training goes on, said and counted
-            self.state["failures"] = self.failures + 1
-            log.warning(
-                "tracking (%s): %s failed: %s: %s; training goes on, the run directory's files "
-                "keep it (%d tracking failure(s) in this run)",
-                self.kind,
-                what,
-                type(exc).__name__,
-                exc,
-                self.failures,
-            )
-        self._save()
-
-    def _save(self) -> None:
-        if self.tracker is None:
-            return
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=2) + "\n")
-        tmp.replace(self.state_path)
+    adapters_dir: Path | None = None
 
     def rows(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """``train_log.csv`` rows (each with its ``step``) as metrics, and the adapter of
         each row's ``version`` found under ``adapters_dir``."""
-        sent = self._send("rows", rows, lambda row: row)
+        sent = self.send("rows", rows)
         for row in sent:
-            with self._attempt(f"logging adapter {row.get('version')} of step {row['step']}"):
+            with self.attempt(f"logging adapter {row.get('version')} of step {row['step']}"):
                 self._adapter(int(row["step"]), row.get("version"))
 
     def evaluations(self, results: Sequence[Mapping[str, Any]]) -> None:
@@ -342,41 +50,10 @@ class Tracking:
         at the step they follow."""
 
         def values(result: Mapping[str, Any]) -> dict[str, Any]:
-            flat = _flat({k: v for k, v in result.items() if k != "step"}, sep="/")
-            return {f"eval/{k.removeprefix('against/')}": v for k, v in flat.items()}
+            flat_ = flat({k: v for k, v in result.items() if k != "step"}, sep="/")
+            return {f"eval/{k.removeprefix('against/')}": v for k, v in flat_.items()}
 
-        self._send("evaluations", results, values)
-
-    def _send(
-        self,
-        what: Literal["rows", "evaluations"],
-        records: Sequence[Mapping[str, Any]],
-        values: Callable[[Mapping[str, Any]], Mapping[str, Any]],
-    ) -> list[Mapping[str, Any]]:
-        """Queue the records past the mark, send the queue in one call; what was sent.
-
-        One call for many records: MLflow writes them in one transaction (a
-        memory-one run's 400 rows take a second, not twenty).
-        """
-        if self.tracker is None:
-            return []
-        queue = self._queues[what]
-        mark = int(self.state[f"{what}_through"])
-        last = max([int(r["step"]) for r in queue], default=mark)
-        queue += [r for r in records if int(r["step"]) > last]
-        if not queue:
-            return []
-        batch = [
-            (int(r["step"]), *split_values({k: v for k, v in values(r).items() if k != "step"}))
-            for r in queue
-        ]
-        steps = f"step {batch[0][0]}" + (f" to {batch[-1][0]}" if len(batch) > 1 else "")
-        with self._attempt(f"logging {what} of {steps}"):
-            self.tracker.log(batch)
-            self.state[f"{what}_through"] = batch[-1][0]
-            sent, queue[:] = list(queue), []
-            return sent
-        return []  # kept for the next call, in order
+        self.send("evaluations", results, values)
 
     def _adapter(self, step: int, version: Any) -> None:
         """The adapter a row names, when its folder is here: a reference (path, sha256, size),
@@ -386,8 +63,6 @@ class Tracking:
         folder = self.adapters_dir / version
         if not folder.is_dir():
             return
-        from backroom.model.adapters import adapter_digest
-
         sha, size = adapter_digest(folder)
         ref = {
             "version": version,
@@ -405,29 +80,6 @@ class Tracking:
         self.rows(read_rows(run_dir / "train_log.csv"))
         self.evaluations(read_evaluations(run_dir / "evaluations.jsonl"))
 
-    def close(self, error: BaseException | None = None) -> None:
-        """End the tracker's run (failed on ``error``, killed on Ctrl-C); say what tracking did."""
-        if self.tracker is None:
-            return
-        status: Status = "finished"
-        if isinstance(error, KeyboardInterrupt | asyncio.CancelledError):
-            status = "killed"
-        elif error is not None:
-            status = "failed"
-        with self._attempt("closing the run"):
-            self.tracker.close(status)
-        left = sum(len(q) for q in self._queues.values())
-        if self.failures or left:
-            log.warning(
-                "tracking (%s): %d call(s) failed, %d record(s) not sent; %s",
-                self.kind,
-                self.failures,
-                left,
-                self.state.get("where", ""),
-            )
-        else:
-            log.info("tracking (%s): %s", self.kind, self.state.get("where", ""))
-
 
 def open_tracking(
     spec: TrackingSpec | None,
@@ -441,52 +93,10 @@ def open_tracking(
 
     Blocking (clients start, stores open): call it in a worker thread from async code.
     """
-    state_path = run_dir / STATE_FILE
-    if spec is None:
-        return Tracking(None, "off", state_path, None)
-    previous: dict[str, Any] = {}
-    if state_path.exists():
-        try:
-            previous = json.loads(state_path.read_text())
-        except (OSError, ValueError):
-            previous = {}
-    same = previous.get("kind") == spec.kind and previous.get("spec") == spec.model_dump()
-    try:
-        run_id = previous.get("run_id") if same else None
-        at = Opening(run_dir, config, name or run_dir.resolve().name, run_id)
-        tracker: Tracker = TRACKERS[spec.kind](spec, at)
-    except ImportError as exc:
-        modules = ", ".join(required_modules(spec))
-        raise TrackingError(
-            f"tracking: {{kind: {spec.kind}}} needs {modules} ({exc}): pip install 'backroom[{spec.kind}]' "
-            "(or backroom[tracking] for all three)"
-        ) from None
-    except Exception as exc:
-        raise TrackingError(
-            f"tracking: {{kind: {spec.kind}}} could not start: {type(exc).__name__}: {exc}"
-        ) from None
-    tracking = Tracking(tracker, spec.kind, state_path, adapters_dir)
-    if same:
-        for key in ("rows_through", "evaluations_through", "failures"):
-            tracking.state[key] = previous.get(key, tracking.state[key])
-    tracking.state.update(
-        kind=spec.kind, spec=spec.model_dump(), run_id=tracker.run_id, where=tracker.where
-    )
-    tracking._save()
-    log.info("tracking (%s): %s", spec.kind, tracker.where)
+    title = str(config.get("run", "backroom"))
+    tracking = generic.open_tracking(spec, run_dir, config, Tracking, name, title, "training")
+    tracking.adapters_dir = adapters_dir
     return tracking
-
-
-def tracking_summary(run_dir: Path) -> str | None:
-    """One line for the terminal at the end of a run: where tracking went and what failed."""
-    try:
-        state = json.loads((run_dir / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    failures = int(state.get("failures", 0))
-    return f"tracking: {state.get('where', '?')}" + (
-        f"; {failures} tracking call(s) failed (see logs/trainer.log)" if failures else ""
-    )
 
 
 def _number(text: str) -> Any:
