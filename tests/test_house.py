@@ -51,7 +51,6 @@ LONG_MODULES: dict[str, str] = {
     "trainer/dpo.py": "DPO: preference pairs from episodes and TRL's trainer",
     "trainer/loop.py": "the training loop and the step's bookkeeping around it",
     "trainer/store.py": "the trainer's SQLite store: its schema and every query",
-    "trainer/tracking.py": "the three trackers (MLflow, W&B, TensorBoard) behind one interface",
 }
 
 
