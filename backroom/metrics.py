@@ -36,6 +36,7 @@ KNOWN_AGENT_KINDS = frozenset(
         "llm",
         "local",
         "nash-pricer",
+        "poker-colluder",
         "random",
         "split-cooperative",
         "split-defect",

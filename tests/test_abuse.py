@@ -623,6 +623,7 @@ async def test_each_role_reads_and_writes_exactly_the_topics_of_its_job(broker: 
             p.traces("ag"),
             p.episodes("kuhn"),
             p.referee_roster("ref"),
+            p.checkpoint("pol"),  # co-training: it follows the policy another trainer trains
         },
         "observer": {
             *statuses,

@@ -100,7 +100,7 @@ async def test_wrong_password_is_refused_with_a_clear_error(broker: Broker) -> N
 def test_a_bus_config_is_frozen_and_its_users_take_copies(tmp_path: Path) -> None:
     """The trainer raised the session expiry of the config its caller passed, for the caller
     too; an agent runner set its username. Now neither can: each keeps a copy of its own."""
-    from backroom.agents.base import make_agent
+    from backroom.agents.kinds import make_agent
     from backroom.agents.runtime import AgentRunner
     from backroom.trainer.bus import SESSION_EXPIRY_S, TrainerBus
     from backroom.trainer.store import Store

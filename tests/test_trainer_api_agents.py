@@ -91,6 +91,7 @@ async def test_trainable_llm_agent_traces_what_the_server_said(
     tuned, base = traces
     assert tuned.request[0]["model"] == "pol@v1" and base.request[0]["model"] == "tiny"
     assert (tuned.adapter_version, base.adapter_version) == ("v1", None)
+    assert (tuned.adapter_policy, base.adapter_policy) == ("pol", None)
     for t in traces:
         assert t.seat == 1 and t.prompt_ids and t.completion_ids
         assert len(t.logprobs) == len(t.completion_ids)

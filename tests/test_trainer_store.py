@@ -312,6 +312,17 @@ def test_trace_of_another_phase_is_not_joined(store: Store) -> None:
     assert [d.turn for d in joined[0].decisions] == [1]
 
 
+def test_a_voided_match_is_dropped_whole_and_counted(store: Store) -> None:
+    """A referee that shuts down voids the matches in its hands (on a bus shared by several
+    trainers, one run's referee may hold another's): no rounds were played to learn from."""
+    store.add_requests([req("m1")])
+    store.add_episode(record("m1").model_copy(update={"reason": "voided", "round_rewards": []}))
+    full(store, "m2")
+    joined, counts = store.join(["m1", "m2"])
+    assert [ep.record.match for ep in joined] == ["m2"] and counts == {"episode_voided": 1}
+    assert store.counters()["episode_voided"] == 1
+
+
 # --- join ---------------------------------------------------------------------------------
 
 

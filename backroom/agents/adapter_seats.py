@@ -131,6 +131,8 @@ class AdapterSeats(MemoryAgent):
         self.cache: AdapterCache | None = None
         #: What matches that start now play (unless their spec names a version).
         self.current: Played = (None, None)
+        #: The policy of each loaded adapter name (traces say whose version played).
+        self.policies: dict[str, str] = {}
         self._latest: Checkpoint | None = None
         self._checkpoints = asyncio.Lock()
 
@@ -166,6 +168,7 @@ class AdapterSeats(MemoryAgent):
         assert self.cache is not None
         cache_dir, limit = self.adapter_cache, self.max_adapter_bytes
         name = adapter_name(ref.policy, ref.version, ref.sha256)
+        self.policies[name] = ref.policy
         return await self.cache.acquire(owner, name, lambda: fetch_adapter(ref, cache_dir, limit))
 
     def _rejected(self, what: str, exc: AdapterRejected, instead: str) -> None:
@@ -305,6 +308,14 @@ class AdapterSeats(MemoryAgent):
         if played is None:  # a turn that overtook its match_start
             played = seats[turn.seat] = self._play_current(f"{turn.match}/{turn.seat}")
         return await asyncio.shield(played)  # a decision's deadline must not cancel the load
+
+    def _settled_policy(self, turn: Turn) -> str | None:
+        """Whose adapter this seat plays, if settled (None: the base model, or not known yet)."""
+        played = self.memory(turn.match).get("adapters", {}).get(turn.seat)
+        if played is None or not played.done() or played.cancelled() or played.exception():
+            return None
+        name = played.result()[0]
+        return None if name is None else self.policies.get(name)
 
     def _settled_version(self, turn: Turn) -> str | None:
         """The version this seat plays if known by now (a deadline may strike before it is)."""

@@ -487,7 +487,9 @@ class LLMAgent(MemoryAgent):
                 completion_ids,
                 logprobs,
             )
-            trace.adapter_version = self._played(turn.match)[1]
+            model, trace.adapter_version = self._played(turn.match)
+            if trace.adapter_version is not None:  # the server's name is "{policy}@{version}"
+                trace.adapter_policy = model.split("@", 1)[0]
             trace.temperature = float(decided[-1]["request"].get("temperature", 1.0))
         if len(trace.model_dump_json()) > MAX_TRACE_BYTES:
             # Keep what was said; drop the raw envelopes, then cut the longest texts.

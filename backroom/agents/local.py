@@ -133,6 +133,7 @@ class LocalAgent(AdapterSeats):
             folder = Path(self.initial_adapter)
             sha, _ = await asyncio.to_thread(adapter_digest, folder)
             name = adapter_name(self.policy or self.id, folder.name, sha)
+            self.policies[name] = self.policy or self.id
             await self.cache.acquire(CURRENT, name, lambda: folder)
             self.current = (name, folder.name)
 
@@ -362,6 +363,7 @@ class LocalAgent(AdapterSeats):
                 chosen=chosen,
                 temperature=self.temperature,
                 adapter_version=version,
+                adapter_policy=self._settled_policy(turn) if version is not None else None,
                 request=request,
                 reply=reply,
             )

@@ -60,7 +60,8 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #:   records (which identities are referees: any identity's status may *say*
 #:   ``kind: referee``); the trainer alone writes checkpoints and announced
 #:   versions (``models/+/versions/+``), the only adapters a ``local`` agent
-#:   loads (a match naming any other is refused).
+#:   loads (a match naming any other is refused); it reads checkpoints too, to
+#:   follow the policy another trainer trains (co-training).
 #: * ``observer`` (the web's spectating identity, healthchecks, dashboards):
 #:   reads statuses, public events, episodes, checkpoints and announced
 #:   versions; writes nothing.
@@ -113,7 +114,8 @@ ROLE_RULES: dict[Role, list[str]] = {
         f"topic read {PREFIX}/traces/+",
         f"topic read {PREFIX}/agents/+/status",
         f"topic read {PREFIX}/control/referees/+/roster",
-        f"topic write {PREFIX}/models/+/checkpoint",
+        # read too: in co-training a trainer follows the current adapter another one trains
+        f"topic readwrite {PREFIX}/models/+/checkpoint",
         f"topic write {PREFIX}/models/+/versions/+",
     ],
     "observer": [

@@ -424,6 +424,9 @@ class Trace(Envelope):
     chosen: int | None = None
     temperature: float = 1.0
     adapter_version: str | None = None
+    adapter_policy: str | None = Field(
+        default=None, description="whose version played (co-trained policies share version names)"
+    )
     request: JSON = None
     reply: JSON = None
 

@@ -125,6 +125,7 @@ def play(
     from backroom.analysis.league import print_standings
     from backroom.bus.client import run
     from backroom.league.config import load_league
+    from backroom.league.handoff import with_handed_entrants
     from backroom.league.play import LeagueError, run_league
     from backroom.runner.config import ConfigError
     from backroom.tracking import tracking_summary
@@ -135,6 +136,13 @@ def play(
         console.print(f"[red]bad league config:[/red] {exc}")
         raise typer.Exit(2) from None
     directory = out or Path("leagues") / config.league
+    try:  # checkpoints training runs handed over (`league:` in a training config)
+        config, handed = with_handed_entrants(config, directory)
+    except ConfigError as exc:
+        console.print(f"[red]bad league config:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if handed:
+        console.print(f"entrants handed over by training runs: {', '.join(handed)}", markup=False)
     metrics.serve(metrics_port)
 
     def notice(message: str) -> None:

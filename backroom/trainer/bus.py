@@ -42,6 +42,8 @@ from backroom.bus.wire import (
     Episode,
     MatchRequest,
     Trace,
+    WireError,
+    parse,
     parse_all,
 )
 from backroom.trainer.store import STORED, Request, Store
@@ -78,7 +80,11 @@ def parse_traces(payload: bytes) -> list[Trace] | str:
 class TrainerBus:
     """``async with TrainerBus(config, store, game) as bus``: stores what arrives, sends what is asked."""
 
-    def __init__(self, config: BusConfig, store: Store, game: str) -> None:
+    def __init__(
+        self, config: BusConfig, store: Store, game: str, follow: Sequence[str] = ()
+    ) -> None:
+        """``follow``: policies other trainers train on this bus (co-training), whose current
+        checkpoints this one reads (``current_of``)."""
         config = replace(config, session_expiry_s=max(config.session_expiry_s, SESSION_EXPIRY_S))
         self.store = store
         self.game = game
@@ -86,12 +92,16 @@ class TrainerBus:
         self.bus = Bus(config, role="trainer", persistent=True)
         #: The agents' statuses; an ``online`` counts while renewed (its heartbeat).
         self.presence = presence.Roster()
+        self.follow = list(follow)
+        self.checkpoints: dict[str, AdapterRef] = {}
         self._arrived = asyncio.Event()
 
     async def __aenter__(self) -> TrainerBus:
         await self.bus.subscribe(topics.episodes(self.game), self._on_episode)
         await self.bus.subscribe(topics.ALL_TRACES, self._on_trace)
         await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
+        for policy in self.follow:
+            await self.bus.subscribe(topics.checkpoint(policy), self._on_checkpoint)
         await self.bus.open()
         return self
 
@@ -125,6 +135,16 @@ class TrainerBus:
 
     def _on_status(self, topic: str, payload: bytes) -> None:
         if self.presence.see(topic, payload) is not None:  # capped: wire.MAX_STATUS_BYTES
+            self._arrived.set()
+
+    def _on_checkpoint(self, topic: str, payload: bytes) -> None:
+        """Another trainer's current adapter (the topic is the trainer role's alone: broker ACL)."""
+        try:
+            msg = parse(payload) if payload else None
+        except WireError:
+            return
+        if isinstance(msg, Checkpoint) and topics.checkpoint(msg.policy) == topic:
+            self.checkpoints[msg.policy] = msg.ref()
             self._arrived.set()
 
     # --- what the trainer sends ----------------------------------------------------
@@ -186,6 +206,14 @@ class TrainerBus:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), min(left, 1.0))
         return True
+
+    async def current_of(self, policies: Sequence[str], timeout_s: float) -> dict[str, AdapterRef]:
+        """The followed policies' current checkpoints, waiting for the first of each;
+        ``TimeoutError`` naming those no trainer announced in time."""
+        await self._until(lambda: all(p in self.checkpoints for p in policies), timeout_s)
+        if missing := sorted(set(policies) - set(self.checkpoints)):
+            raise TimeoutError(f"no checkpoint of policies {missing} within {timeout_s:.0f} s")
+        return {p: self.checkpoints[p] for p in policies}
 
     async def wait_online(self, agents: Sequence[str], timeout_s: float) -> list[str]:
         """Wait until every agent's status says online, renewed in time; return those still missing."""

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from backroom.model.adapters import ADAPTER_FILES
 from backroom.model.spec import ModelSpec
 from backroom.runner.config import AgentEntry, ConfigError, read_yaml, validate
 from backroom.tracking import TrackingSpec
@@ -111,11 +112,127 @@ class Evaluation(BaseModel):
     baselines: list[AgentEntry] = Field(default_factory=list)
 
 
+class PfspSpec(BaseModel):
+    """Prioritized fictitious self-play weights (AlphaStar): ``f(p)`` of the learner's win rate ``p``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weighting: Literal["hard", "variance"] = Field(
+        default="hard", description="hard: (1 - p)^exponent; variance: p (1 - p)"
+    )
+    exponent: float = Field(default=2.0, gt=0)
+
+
 class BufferSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     every: int = Field(default=1, ge=1, description="keep every Nth adapter as a future opponent")
     size: int = Field(default=16, ge=1, description="adapters kept; the oldest leaves first")
+    sample: Literal["uniform", "pfsp"] = Field(
+        default="uniform",
+        description="how a group's opponent is drawn from the buffer (or the opponents pool): "
+        "uniform (the paper's) or pfsp (by the learner's recorded win rate against each)",
+    )
+    pfsp: PfspSpec = Field(default_factory=PfspSpec)
+
+
+class OpponentEntry(BaseModel):
+    """One member of a fixed opponent pool: exactly one of ``agent``, ``run`` or ``policy``.
+
+    * ``agent``: an agent the run starts (a scripted kind, an ``llm`` on a server, ...);
+    * ``run`` (+ ``versions``): frozen adapters of another training run directory,
+      announced under ``policy`` (default ``frozen-<directory name>``) and played by
+      this run's own players;
+    * ``policy`` alone: co-training, the *current* adapter of a policy another
+      ``backroom train`` process trains on the same bus.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent: AgentEntry | None = None
+    run: str | None = Field(default=None, description="a training run directory (frozen adapters)")
+    versions: list[str] | Literal["last"] = Field(
+        default="last", description="versions of that run (v3, ...) or last"
+    )
+    policy: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> OpponentEntry:
+        kinds = [k for k, v in (("agent", self.agent), ("run", self.run)) if v is not None]
+        if self.policy is not None and self.run is None:
+            kinds.append("policy")
+        if len(kinds) != 1:
+            raise ValueError(
+                "give exactly one of agent (an agent to start), run (frozen adapters of a run "
+                f"directory) or policy (a policy co-trained on the bus); got {kinds or 'none'}"
+            )
+        if self.versions != "last" and self.run is None:
+            raise ValueError("versions: only with run (the versions of that run's adapters)")
+        return self
+
+    def frozen_policy(self) -> str:
+        """The policy name a frozen run's versions are announced under (its own, not the
+        learner's: the two runs' ``v3`` are different adapters)."""
+        assert self.run is not None
+        if self.policy:
+            return self.policy
+        name = "".join(c if c.isalnum() or c in "_.-" else "-" for c in Path(self.run).name)
+        return f"frozen-{name}"[:64]
+
+    @property
+    def kind(self) -> Literal["agent", "frozen", "live"]:
+        if self.agent is not None:
+            return "agent"
+        return "frozen" if self.run is not None else "live"
+
+
+class OpponentError(ValueError):
+    """A pool member that cannot be had; the message names the field."""
+
+
+def frozen_versions(run: Path, wanted: list[str] | str, where: str) -> list[str]:
+    """The adapter versions of a frozen run an opponent entry names, oldest first."""
+    folder = run / "adapters"
+    have = sorted(
+        (p.name for p in folder.glob("v*") if p.name[1:].isdigit() and p.is_dir()),
+        key=lambda v: int(v[1:]),
+    )
+    if not have:
+        raise OpponentError(f"{where}.run: {run} holds no adapters/v<N> (is it a training run?)")
+    if wanted == "last":
+        return [have[-1]]
+    if missing := [v for v in wanted if v not in have]:
+        raise OpponentError(f"{where}.versions: {missing} not in {folder} (it has {have})")
+    return list(wanted)
+
+
+def check_frozen(config: TrainConfig) -> None:
+    """Refuse, when the config is read, frozen runs and versions that are not there."""
+    for i, entry in enumerate(config.opponents):
+        if entry.run is None:
+            continue
+        run = Path(entry.run)
+        for version in frozen_versions(run, entry.versions, f"opponents[{i}]"):
+            if missing := [
+                n for n in ADAPTER_FILES if not (run / "adapters" / version / n).is_file()
+            ]:
+                raise OpponentError(
+                    f"opponents[{i}].run: {run / 'adapters' / version} lacks {', '.join(missing)}"
+                )
+
+
+class LeagueHandoff(BaseModel):
+    """Every ``every``-th checkpoint becomes an entrant of a league (docs/training.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dir: str = Field(description="the league directory; entrants go to <dir>/entrants.d/")
+    every: int = Field(default=10, ge=1, description="every Nth step's adapter")
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="entrant name prefix (default: the run's name)",
+    )
 
 
 class MemoryOneSpec(BaseModel):
@@ -180,6 +297,11 @@ class TrainConfig(BaseModel):
     )
     evaluation: Evaluation = Field(default_factory=Evaluation)
     buffer: BufferSpec = Field(default_factory=BufferSpec)
+    opponents: list[OpponentEntry] = Field(
+        default_factory=list,
+        description="a fixed pool every training match plays against (no self-play, no buffer)",
+    )
+    league: LeagueHandoff | None = None
     turn_timeout_s: float = Field(default=120.0, gt=0)
     episode_timeout_s: float = Field(
         default=600.0, gt=0, description="how long a step waits for its episodes"
@@ -263,7 +385,39 @@ class TrainConfig(BaseModel):
             raise ValueError(f"players must be distinct agent ids: {self.players}")
         if self.memory_one is not None:
             self._check_memory_one(self.hp)
+        if self.opponents:
+            self._check_opponents()
         return self
+
+    def _check_opponents(self) -> None:
+        """Refuse pools that would collide with this run's own names on the bus."""
+        ids = [o.agent.id for o in self.opponents if o.agent is not None]
+        taken = set(self.players) | {b.id for b in self.evaluation.baselines}
+        if clash := sorted(set(ids) & taken) or sorted({i for i in ids if ids.count(i) > 1}):
+            raise ValueError(
+                f"opponents: agent ids {clash} are used twice (players and evaluation "
+                "baselines are agents of the run too); give the pool's agents their own ids"
+            )
+        frozen = {(o.frozen_policy(), str(Path(o.run))) for o in self.opponents if o.run}
+        names = [name for name, _ in frozen]
+        if clash := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(
+                f"opponents: two frozen runs are announced as {clash}; give each its own policy:"
+            )
+        if any(o.policy == self.policy for o in self.opponents) or self.policy in names:
+            raise ValueError(
+                f"opponents: policy {self.policy!r} is this run's own policy; name the opponent's "
+                "policy (frozen adapters: policy: another name)"
+            )
+        if any(o.kind == "live" for o in self.opponents) and "run" not in self.model_fields_set:
+            raise ValueError(
+                "run: co-training processes share one bus, and match ids start with the run's "
+                "name; give each process its own run name"
+            )
+        if len(self.players) != 2:
+            raise ValueError("opponents: a pool plays two-seat games (one seat the learner's)")
+        if self.memory_one is not None:
+            raise ValueError("opponents: not with memory_one (it plays self-play and its buffer)")
 
     def _check_memory_one(self, hp: Hyperparameters) -> None:
         """Refuse what the memory-one policy would silently not do (it has no KL, no
@@ -295,6 +449,11 @@ def parse_train_config(data: Any, source: str = "config") -> TrainConfig:
         raise ConfigError(
             f"{source}: players: the game has {game.new_initial_state(0).num_players} seats"
         )
+    if config.opponents:
+        try:
+            check_frozen(config)
+        except OpponentError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
     if config.memory_one is not None:
         paper = {"reward": 3.0, "temptation": 5.0, "sucker": 0.0, "punishment": 1.0}
         if config.game != "ipd":

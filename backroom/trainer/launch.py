@@ -45,7 +45,8 @@ def agent_entries(config: TrainConfig) -> list[dict[str, Any]]:
     players = [
         {"id": p, "kind": "local", "options": player_options(config)} for p in config.players
     ]
-    return players + [b.model_dump() for b in config.evaluation.baselines]
+    pool = [o.agent.model_dump() for o in config.opponents if o.agent is not None]
+    return players + [b.model_dump() for b in config.evaluation.baselines] + pool
 
 
 def start_stack(

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import csv
-import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,10 +36,17 @@ from backroom import metrics
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import AdapterRef
 from backroom.games.ipd import COOPERATE
-from backroom.model.adapters import adapter_digest
+from backroom.model.adapters import AdapterRejected, adapter_digest
 from backroom.trainer.advantages import Hyper, assign_credit
 from backroom.trainer.bus import TrainerBus
-from backroom.trainer.config import TrainConfig
+from backroom.trainer.config import OpponentError, TrainConfig
+from backroom.trainer.entrants import entrant_due, send_entrant
+from backroom.trainer.evaluation import (
+    evaluate_and_log,
+    evaluated_steps,
+    evaluation_due,
+    play,
+)
 from backroom.trainer.learner import (
     Learner,
     LoraSettings,
@@ -48,16 +55,20 @@ from backroom.trainer.learner import (
     StepStats,
     sample_of,
 )
+from backroom.trainer.opponents import (
+    Opponent,
+    Records,
+    live_policies,
+    resolve_pool,
+    with_current,
+)
 from backroom.trainer.parallel import finish, follow, lead_step, sync_parameters
-from backroom.trainer.rollouts import AgentBuffer, plan_evaluation, plan_step
+from backroom.trainer.rollouts import AgentBuffer, plan_step
 from backroom.trainer.serving import AdapterServer, announce_to_servers
-from backroom.trainer.store import Joined, Request, Store
+from backroom.trainer.store import Joined, Store
 from backroom.trainer.tracking import Tracking, TrackingError, open_tracking
 
 log = logging.getLogger("backroom.trainer")
-
-#: How long traces may trail their episode (they travel on another client's connection).
-TRACE_GRACE_S = 10.0
 
 
 class TrainError(RuntimeError):
@@ -175,51 +186,33 @@ class TrainLog:
         return len(missing)
 
 
-def evaluation_due(config: TrainConfig, step: int) -> bool:
-    return (step + 1) % config.evaluation.every == 0 or step + 1 == config.steps
-
-
-def evaluated_steps(run_dir: Path) -> set[int]:
-    path = run_dir / "evaluations.jsonl"
-    if not path.exists():
-        return set()
-    steps = set()
-    for line in path.read_text().splitlines():
-        try:
-            steps.add(int(json.loads(line)["step"]))
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn last line from a kill: that evaluation is run again
-    return steps
-
-
-async def _rollouts(
-    tb: TrainerBus, store: Store, planned: list[Request], timeout_s: float, window: int
-) -> list[str]:
-    """Send (or, on resume, re-send what has no episode yet) and wait; return the missing matches."""
-    matches = [r.match for r in planned]
-    known = {m for m in matches if store.request(m) is not None}
-    fresh = [r for r in planned if r.match not in known]
-    if fresh:
-        store.add_requests(fresh)  # stored before sent: a crash after this resends, never forgets
-    outstanding = set(store.missing_episodes(matches))
-    await tb.request([r for r in planned if r.match in outstanding], window, timeout_s)
-    missing = await tb.wait_episodes(matches, timeout_s)
-    await tb.wait_traces(matches, TRACE_GRACE_S)
-    return missing
-
-
 @dataclass
 class Run:
-    """What training starts from: the learner, the adapter it plays, the buffer, the next step."""
+    """What training starts from: the learner, the adapter it plays, the buffer, the next step;
+    the opponent pool and the learner's record against its opponents (PFSP)."""
 
     learner: Learner
     current: AdapterRef
     buffer: AgentBuffer
     first_step: int
+    pool: list[Opponent] = field(default_factory=list)
+    records: Records = field(default_factory=Records)
+
+
+#: transformers' loading is not thread-safe (it swaps process-wide defaults while it
+#: builds a model): two trainers in one process (co-training in a test, a notebook)
+#: load their learners one at a time.
+_LOADING = threading.Lock()
 
 
 def build_learner(config: TrainConfig, adapter: Path | None) -> Learner:
     """The base model with the run's LoRA (fresh, or ``adapter`` to continue); blocking."""
+    assert config.hp is not None
+    with _LOADING:
+        return _learner(config, adapter)
+
+
+def _learner(config: TrainConfig, adapter: Path | None) -> Learner:
     assert config.hp is not None
     hp = config.hp
     return Learner(
@@ -353,12 +346,20 @@ async def train(  # noqa: PLR0915 (the training loop read top to bottom: resume,
         base_url = server.public_url if server else None
         logged = [(step, version) for step, version, _ in store.steps()]
         run = await asyncio.to_thread(open_run, config, run_dir, logged, resume, base_url)
+        try:
+            run.pool = await asyncio.to_thread(resolve_pool, config)
+        except (OpponentError, AdapterRejected) as exc:  # its files went since the config was read
+            raise TrainError(str(exc)) from None
+        run.records = Records.from_store(store, run.first_step)
+        players += [o.agent for o in run.pool if o.agent is not None]
         tracking = await _open_tracking(config, run_dir)
         learner = run.learner
         sync_parameters(learner)  # data-parallel ranks start from rank 0's adapter
-        async with TrainerBus(bus_config, store, config.game) as tb:
+        async with TrainerBus(bus_config, store, config.game, live_policies(run.pool)) as tb:
             for old in run.buffer.refs:  # resumed: their location may be new (the server's port)
                 await tb.announce(old, current=False)
+            for frozen in (o.ref for o in run.pool if o.live is None and o.ref is not None):
+                await tb.announce(frozen, current=False)  # local agents load only what is announced
             await _announce(tb, config, run.current)
             if missing := await tb.wait_online(players, online_timeout_s):
                 raise TrainError(f"agents not online after {online_timeout_s:.0f}s: {missing}")
@@ -366,16 +367,23 @@ async def train(  # noqa: PLR0915 (the training loop read top to bottom: resume,
             train_log.catch_up(store.steps())
             await asyncio.to_thread(tracking.catch_up, run_dir)
             last = run.first_step - 1
+            if last >= 0 and entrant_due(config, last):  # a kill may have come before its file
+                await asyncio.to_thread(send_entrant, config, run_dir, last, run.current)
             if last >= 0 and evaluation_due(config, last) and last not in evaluated_steps(run_dir):
                 evaluations.append(
                     await _evaluate_and_log(tb, store, config, last, run, run_dir, tracking)
                 )
             for step in range(run.first_step, config.steps):
                 planned = store.requests(step=step, kind="train") or plan_step(
-                    config, step, run.current, run.buffer.refs
+                    config,
+                    step,
+                    run.current,
+                    run.buffer.refs,
+                    await _pool_now(tb, run, online_timeout_s),
+                    run.records if config.buffer.sample == "pfsp" else None,
                 )
                 t0 = time.perf_counter()
-                missing = await _rollouts(
+                missing = await play(
                     tb, store, planned, config.episode_timeout_s, config.concurrency
                 )
                 rollout_s = time.perf_counter() - t0
@@ -403,6 +411,7 @@ async def train(  # noqa: PLR0915 (the training loop read top to bottom: resume,
                     {k: v for k, v in row.items() if isinstance(v, float | int)},
                     [ep.record.match for ep in joined],
                 )
+                run.records.add_joined(joined)
                 _export(row, stats.tokens)
                 train_log.append(row)
                 await asyncio.to_thread(tracking.rows, [row])
@@ -411,6 +420,8 @@ async def train(  # noqa: PLR0915 (the training loop read top to bottom: resume,
                         await tb.retract(gone)  # no match will name it again
                 run.current = ref
                 await _announce(tb, config, ref)
+                if entrant_due(config, step):
+                    await asyncio.to_thread(send_entrant, config, run_dir, step, ref)
                 if on_step:
                     on_step(step, row)
                 log.info(
@@ -456,11 +467,21 @@ async def _evaluate_and_log(
     run_dir: Path,
     tracking: Tracking,
 ) -> dict[str, Any]:
-    result = await _evaluate(tb, store, config, step, run.current)
-    with (run_dir / "evaluations.jsonl").open("a") as f:
-        f.write(json.dumps(result) + "\n")
+    pool = await _pool_now(tb, run, 60.0)
+    result = await evaluate_and_log(tb, store, config, step, run.current, pool, run_dir)
     await asyncio.to_thread(tracking.evaluations, [result])
     return result
+
+
+async def _pool_now(tb: TrainerBus, run: Run, timeout_s: float) -> list[Opponent]:
+    """The pool with the co-trained policies' current adapters (waiting for their first)."""
+    live = live_policies(run.pool)
+    if not live:
+        return run.pool
+    try:
+        return with_current(run.pool, await tb.current_of(live, timeout_s))
+    except TimeoutError as exc:
+        raise TrainError(f"opponents: {exc}; is the other trainer running on this bus?") from None
 
 
 async def _announce(tb: TrainerBus, config: TrainConfig, ref: AdapterRef) -> None:
@@ -521,41 +542,3 @@ def _export(row: dict[str, Any], tokens: int) -> None:
         if key.startswith("reward_seat"):
             metrics.TRAIN_REWARD.labels(seat=key.removeprefix("reward_seat")).set(value)
     metrics.TRAIN_VERSION_LAG.set(row["version_lag"])
-
-
-async def _evaluate(
-    tb: TrainerBus, store: Store, config: TrainConfig, step: int, current: AdapterRef
-) -> dict[str, Any]:
-    """Play the current adapter against every baseline; log mean returns (and IPD cooperation)."""
-    planned = store.requests(step=step, kind="eval") or plan_evaluation(config, step, current)
-    missing = await _rollouts(tb, store, planned, config.episode_timeout_s, config.concurrency)
-    joined, _ = store.join([r.match for r in planned])
-    by_label: dict[str, list[Joined]] = {}
-    for ep in joined:
-        by_label.setdefault(ep.request.label, []).append(ep)
-    result: dict[str, Any] = {
-        "step": step,
-        "version": current.version,
-        "missing": len(missing),
-        "against": {},
-    }
-    for label, eps in by_label.items():
-        mine = float(np.mean([ep.record.returns[0] for ep in eps]))
-        theirs = float(np.mean([ep.record.returns[1] for ep in eps]))
-        moves = [
-            a.action for ep in eps for a in ep.record.actions if a.phase == "act" and a.seat == 0
-        ]
-        coop = (
-            sum(1 for m in moves if m == COOPERATE) / len(moves)
-            if config.game == "ipd" and moves
-            else None
-        )
-        result["against"][label] = {
-            "learner": mine,
-            "opponent": theirs,
-            "matches": len(eps),
-            "cooperation_rate": coop,
-        }
-        metrics.TRAIN_EVAL.labels(baseline=label).set(mine)
-    log.info("evaluation after step %d: %s", step, result["against"])
-    return result

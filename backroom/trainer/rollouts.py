@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from backroom.bus.wire import AdapterRef, MatchSpec
 from backroom.seeds import evaluation_seed, rollout_seed
 from backroom.trainer.config import TrainConfig
+from backroom.trainer.opponents import Opponent, Records, draw
 from backroom.trainer.store import Request
 
 
@@ -59,35 +60,47 @@ def _spec(
 
 
 def plan_step(
-    config: TrainConfig, step: int, current: AdapterRef, buffer: Iterable[AdapterRef]
+    config: TrainConfig,
+    step: int,
+    current: AdapterRef,
+    buffer: Iterable[AdapterRef],
+    pool: Sequence[Opponent] = (),
+    records: Records | None = None,
 ) -> list[Request]:
     """The rollouts of one step: ``batch_size / k`` CRN groups of ``k`` matches, one seed per group.
 
-    A group plays self-play (the current adapter on every seat, every seat
-    trained) or, with probability rho (by default Advantage Alignment only, as
-    in the paper), the current adapter against one buffer adapter for the whole
-    group; then only the current adapter's seat is trained, alternating
-    between seats from group to group.
+    Without a pool, a group plays self-play (the current adapter on every
+    seat, every seat trained) or, with probability rho (by default Advantage
+    Alignment only, as in the paper), the current adapter against one buffer
+    adapter for the whole group. With a pool (``opponents:``) every group plays
+    one pool member. Against a buffer adapter or a pool member only the
+    current adapter's seat is trained, alternating between seats from group
+    to group. ``buffer.sample: pfsp`` draws that opponent by ``records``.
     """
     assert config.hp is not None
     hp = config.hp
     rng = random.Random(f"{config.seed}/rollouts/{step}")
     rho = hp.rho  # 0 for the GRPO variants unless the config asks (config.py)
-    pool = list(buffer)
+    refs = list(buffer)
     groups = hp.batch_size // hp.group_size
     requests = []
     for g in range(groups):
         group = f"{config.run}.s{step}.g{g}"
         seed = rollout_seed(config.seed, step, groups, g)  # one per CRN group: chance alike in it
+        seats = list(config.players)
         adapters: list[AdapterRef | None] = [current] * len(config.players)
         trainable = tuple(range(len(config.players)))
         label = "self-play"
-        if pool and rng.random() < rho:
-            opponent = rng.choice(pool)
-            mine = g % 2
+        mine = g % 2
+        if pool:
+            member = draw(rng, pool, [o.label for o in pool], config, records)
+            seats[1 - mine] = member.agent or seats[1 - mine]
+            adapters[1 - mine] = member.ref
+            trainable, label = (mine,), member.label
+        elif refs and rng.random() < rho:
+            opponent = draw(rng, refs, [f"buffer {r.version}" for r in refs], config, records)
             adapters[1 - mine] = opponent
-            trainable = (mine,)
-            label = f"buffer {opponent.version}"
+            trainable, label = (mine,), f"buffer {opponent.version}"
         for i in range(hp.group_size):
             requests.append(
                 Request(
@@ -95,7 +108,7 @@ def plan_step(
                     step=step,
                     group=group,
                     kind="train",
-                    spec=_spec(config, list(config.players), seed, group, adapters, i),
+                    spec=_spec(config, seats, seed, group, adapters, i),
                     trainable=trainable,
                     label=label,
                 )
@@ -103,15 +116,17 @@ def plan_step(
     return requests
 
 
-def plan_evaluation(config: TrainConfig, step: int, current: AdapterRef) -> list[Request]:
-    """The current adapter (seat 0) against each fixed baseline (seat 1), and against itself."""
+def plan_evaluation(
+    config: TrainConfig, step: int, current: AdapterRef, pool: Sequence[Opponent] = ()
+) -> list[Request]:
+    """The current adapter (seat 0) against each fixed baseline (seat 1), itself, and each pool member."""
     requests = []
-    opponents: list[tuple[str, AdapterRef | None]] = [
-        (b.id, None) for b in config.evaluation.baselines
+    opponents: list[tuple[str, str, AdapterRef | None]] = [
+        (b.id, b.id, None) for b in config.evaluation.baselines
     ]
-    opponents.append((config.players[1], current))  # self-play with the same adapter
-    for b, (agent, ref) in enumerate(opponents):
-        label = "self" if ref is not None else agent
+    opponents.append(("self", config.players[1], current))  # self-play with the same adapter
+    opponents += [(o.label.replace(" ", "-"), o.agent or config.players[1], o.ref) for o in pool]
+    for b, (label, agent, ref) in enumerate(opponents):
         for i in range(config.evaluation.matches):
             group = f"{config.run}.e{step}.{label}"
             seed = evaluation_seed(config.seed, step, b, i)

@@ -408,7 +408,8 @@ class Store:
         A decision is kept only with a trace from the agent the episode seats
         there: the trace's topic proves who sent it, the episode proves who
         played. Nothing is guessed: no trace, no decision. A match in which a
-        seat refused its adapter (``adapter_refused``) is dropped whole. Returns the
+        seat refused its adapter (``adapter_refused``), or that was voided, is
+        dropped whole. Returns the
         episodes in the order of ``matches`` and this call's counts (which
         are also added to the persistent counters).
         """
@@ -430,6 +431,11 @@ class Store:
                     drop("episode_missing")
                     continue
                 request, record, traces = loaded
+                if record.reason == "voided":
+                    # stopped unplayed (its referee shut down: with several trainers on one
+                    # bus, a finished run's referee voids the others' matches in its hands)
+                    drop("episode_voided")
+                    continue
                 if any(a.fallback == "adapter_refused" for a in record.actions):
                     # a seat played no policy (its named adapter was never announced):
                     # the other seats' returns say nothing about the versions they faced
@@ -505,6 +511,17 @@ class Store:
             "SELECT used_step FROM episodes WHERE match = ?", (match,)
         ).fetchone()
         return None if row is None else row[0]
+
+    def used_outcomes(self, before_step: int) -> list[tuple[str, str, str]]:
+        """(label, trainable JSON, returns JSON) of the training matches that fed a step before
+        ``before_step``, in match order: the learner's record against its opponents (PFSP)."""
+        return self._db.execute(
+            "SELECT r.label, r.trainable, json_extract(e.record, '$.returns')"
+            " FROM episodes e JOIN requests r ON r.match = e.match"
+            " WHERE r.kind = 'train' AND e.used_step IS NOT NULL AND e.used_step < ?"
+            " ORDER BY r.match",
+            (before_step,),
+        ).fetchall()
 
     # --- training log -----------------------------------------------------------------
 

@@ -1,0 +1,129 @@
+"""The trainer's evaluations, and how any of its requests are played: sent, stored, waited for.
+
+Every ``evaluation.every`` steps (and after the last) the current adapter
+plays seat 0 against each fixed baseline, itself and each pool member
+(``rollouts.plan_evaluation``); the mean returns per opponent go to
+``evaluations.jsonl`` and Prometheus. A line torn by a kill is run again on
+resume (``evaluated_steps``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backroom import metrics
+from backroom.bus.wire import AdapterRef
+from backroom.games.ipd import COOPERATE
+from backroom.trainer.bus import TrainerBus
+from backroom.trainer.config import TrainConfig
+from backroom.trainer.entrants import league_progress
+from backroom.trainer.opponents import Opponent
+from backroom.trainer.rollouts import plan_evaluation
+from backroom.trainer.store import Joined, Request, Store
+
+log = logging.getLogger("backroom.trainer")
+
+#: How long traces may trail their episode (they travel on another client's connection).
+TRACE_GRACE_S = 10.0
+
+
+def evaluation_due(config: TrainConfig, step: int) -> bool:
+    return (step + 1) % config.evaluation.every == 0 or step + 1 == config.steps
+
+
+def evaluated_steps(run_dir: Path) -> set[int]:
+    path = run_dir / "evaluations.jsonl"
+    if not path.exists():
+        return set()
+    steps = set()
+    for line in path.read_text().splitlines():
+        try:
+            steps.add(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line from a kill: that evaluation is run again
+    return steps
+
+
+async def play(
+    tb: TrainerBus, store: Store, planned: list[Request], timeout_s: float, window: int
+) -> list[str]:
+    """Send (or, on resume, re-send what has no episode yet) and wait; return the missing matches."""
+    matches = [r.match for r in planned]
+    known = {m for m in matches if store.request(m) is not None}
+    fresh = [r for r in planned if r.match not in known]
+    if fresh:
+        store.add_requests(fresh)  # stored before sent: a crash after this resends, never forgets
+    outstanding = set(store.missing_episodes(matches))
+    await tb.request([r for r in planned if r.match in outstanding], window, timeout_s)
+    missing = await tb.wait_episodes(matches, timeout_s)
+    await tb.wait_traces(matches, TRACE_GRACE_S)
+    return missing
+
+
+async def evaluate(
+    tb: TrainerBus,
+    store: Store,
+    config: TrainConfig,
+    step: int,
+    current: AdapterRef,
+    pool: Sequence[Opponent] = (),
+) -> dict[str, Any]:
+    """Play the current adapter against every baseline and pool member; log mean returns
+    (and IPD cooperation)."""
+    planned = store.requests(step=step, kind="eval") or plan_evaluation(config, step, current, pool)
+    missing = await play(tb, store, planned, config.episode_timeout_s, config.concurrency)
+    joined, _ = store.join([r.match for r in planned])
+    by_label: dict[str, list[Joined]] = {}
+    for ep in joined:
+        by_label.setdefault(ep.request.label, []).append(ep)
+    result: dict[str, Any] = {
+        "step": step,
+        "version": current.version,
+        "missing": len(missing),
+        "against": {},
+    }
+    for label, eps in by_label.items():
+        mine = float(np.mean([ep.record.returns[0] for ep in eps]))
+        theirs = float(np.mean([ep.record.returns[1] for ep in eps]))
+        moves = [
+            a.action for ep in eps for a in ep.record.actions if a.phase == "act" and a.seat == 0
+        ]
+        coop = (
+            sum(1 for m in moves if m == COOPERATE) / len(moves)
+            if config.game == "ipd" and moves
+            else None
+        )
+        result["against"][label] = {
+            "learner": mine,
+            "opponent": theirs,
+            "matches": len(eps),
+            "cooperation_rate": coop,
+        }
+        metrics.TRAIN_EVAL.labels(baseline=label).set(mine)
+    log.info("evaluation after step %d: %s", step, result["against"])
+    if (progress := league_progress(config)) is not None:
+        result["league"] = progress  # the ratings the league has given this run's entrants
+        log.info("league %s after step %d: %s", progress["league"], step, progress["entrants"])
+    return result
+
+
+async def evaluate_and_log(
+    tb: TrainerBus,
+    store: Store,
+    config: TrainConfig,
+    step: int,
+    current: AdapterRef,
+    pool: Sequence[Opponent],
+    run_dir: Path,
+) -> dict[str, Any]:
+    """``evaluate``, its result appended to ``run_dir/evaluations.jsonl``."""
+    result = await evaluate(tb, store, config, step, current, pool)
+    with (run_dir / "evaluations.jsonl").open("a") as f:
+        f.write(json.dumps(result) + "\n")
+    return result
