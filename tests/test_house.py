@@ -26,6 +26,7 @@ MODULE_LINES = 500
 
 # "path::qualified.name" -> why it is one piece.
 LONG_FUNCTIONS: dict[str, str] = {
+    "cli/league.py::play": "`backroom league`: config, handed entrants, play, standings, hold",
     "human/replay_view.py::match_view": "one match's steps rebuilt from its record, in play order",
     "human/web.py::web_app": "the routes are closures over one app's state; each is short",
     "model/adapters.py::_download": "one streamed fetch: each size and time bound is a branch",
@@ -50,6 +51,7 @@ LONG_MODULES: dict[str, str] = {
     "solvers/tree.py": "the explicit game tree and its array form, used by every solver",
     "trainer/dpo.py": "DPO: preference pairs from episodes and TRL's trainer",
     "trainer/loop.py": "the training loop and the step's bookkeeping around it",
+    "trainer/config.py": "the training config's one schema: hyperparameters, opponents, DPO",
     "trainer/store.py": "the trainer's SQLite store: its schema and every query",
 }
 
