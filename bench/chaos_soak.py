@@ -291,7 +291,7 @@ class Chaos:
             self.last_event = time.time()
 
 
-async def soak(
+async def soak(  # noqa: C901, PLR0915 (one run under faults: start, play beside the chaos, stop, then the report's counts)
     matches: int,
     duration: float,
     seed: int,

@@ -219,7 +219,7 @@ def compare(run_dirs: list[Path], out: Path) -> str:
     return save(fig, out, "ipd_runs_compared")
 
 
-def main() -> None:
+def main() -> None:  # noqa: PLR0915 (twenty options, then the runs of each algorithm and seed)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--steps", type=int, default=12)

@@ -374,7 +374,8 @@ class LLMAgent(MemoryAgent):
             **self.extra_body,
         }
         attempts: list[dict[str, Any]] = []
-        calls.append({"purpose": purpose, "request": body, "attempts": attempts})
+        call: dict[str, Any] = {"purpose": purpose, "request": body, "attempts": attempts}
+        calls.append(call)
         sem = in_flight_slots(self.max_in_flight)
         for attempt in range(self.retries + 1):
             left = deadline - loop.time()
@@ -402,28 +403,9 @@ class LLMAgent(MemoryAgent):
                 REQUESTS.labels(model=self.model, outcome="transport_error").inc()
             else:
                 info.update(status=resp.status_code, elapsed_s=loop.time() - started)
-                if resp.status_code == 200:
-                    try:
-                        data = resp.json()
-                        text = data["choices"][0]["message"].get("content") or ""
-                    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-                        info.update(outcome="bad_reply", body=resp.text[:2000])
-                        REQUESTS.labels(model=self.model, outcome="bad_reply").inc()
-                    else:
-                        info.update(outcome="ok", reply=data)
-                        calls[-1]["tokens"] = _token_info(data)
-                        REQUESTS.labels(model=self.model, outcome="ok").inc()
-                        self._account(data.get("usage") or {})
-                        return str(text)
-                elif resp.status_code == 429 or resp.status_code >= 500:
-                    outcome = "rate_limited" if resp.status_code == 429 else "server_error"
-                    delay = retry_after_seconds(resp.headers.get("retry-after"))
-                    info.update(outcome=outcome, retry_after=delay, body=resp.text[:2000])
-                    REQUESTS.labels(model=self.model, outcome=outcome).inc()
-                else:
-                    info.update(outcome="client_error", body=resp.text[:2000])
-                    REQUESTS.labels(model=self.model, outcome="client_error").inc()
-                    raise RequestFailed(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                text, delay = self._reply(resp, info, call)
+                if text is not None:
+                    return text
             if attempt == self.retries:
                 break
             wait = delay if delay is not None else self._backoff(attempt)
@@ -432,6 +414,38 @@ class LLMAgent(MemoryAgent):
                 raise DeadlineExceeded()
             await asyncio.sleep(wait)
         raise RequestFailed(f"no usable reply after {self.retries + 1} attempts")
+
+    def _reply(
+        self, resp: httpx.Response, info: dict[str, Any], call: dict[str, Any]
+    ) -> tuple[str | None, float | None]:
+        """One HTTP answer: its text, or none and the server's wait (``Retry-After``) before a retry.
+
+        A 200 whose body is no chat completion is retried after the backoff;
+        a 4xx other than 429 is not (``RequestFailed``): asking again would ask
+        the same thing. ``info`` (the attempt's record) gets the outcome.
+        """
+        if resp.status_code == 200:
+            try:
+                data = resp.json()
+                text = data["choices"][0]["message"].get("content") or ""
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+                info.update(outcome="bad_reply", body=resp.text[:2000])
+                REQUESTS.labels(model=self.model, outcome="bad_reply").inc()
+                return None, None
+            info.update(outcome="ok", reply=data)
+            call["tokens"] = _token_info(data)
+            REQUESTS.labels(model=self.model, outcome="ok").inc()
+            self._account(data.get("usage") or {})
+            return str(text), None
+        if resp.status_code == 429 or resp.status_code >= 500:
+            outcome = "rate_limited" if resp.status_code == 429 else "server_error"
+            delay = retry_after_seconds(resp.headers.get("retry-after"))
+            info.update(outcome=outcome, retry_after=delay, body=resp.text[:2000])
+            REQUESTS.labels(model=self.model, outcome=outcome).inc()
+            return None, delay
+        info.update(outcome="client_error", body=resp.text[:2000])
+        REQUESTS.labels(model=self.model, outcome="client_error").inc()
+        raise RequestFailed(f"HTTP {resp.status_code}: {resp.text[:200]}")
 
     def _account(self, usage: dict[str, Any]) -> None:
         p = int(usage.get("prompt_tokens") or 0)

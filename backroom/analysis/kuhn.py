@@ -763,7 +763,17 @@ def _dealt_line(dealt: Mapping[str, Any]) -> str:
 
 def tables(run: str, r: dict[str, Any]) -> list[Table]:
     """Rich tables of :func:`analyze`'s result: seats, coalition, Table 1, channels."""
-    out: list[Table] = []
+    out = [_seats_table(run, r)]
+    if c := r.get("coalition"):
+        out.append(_coalition_table(r, c))
+    if tab := r.get("table1"):
+        out.append(_table1_table(tab))
+    if r.get("channels"):
+        out.append(_channels_table(r["channels"]))
+    return out
+
+
+def _seats_table(run: str, r: dict[str, Any]) -> Table:
     title = f"{run} kuhn: {r['episodes']} hands".strip()
     if r.get("other_rules"):
         title += f" ({r['other_rules']} with other rules left out)"
@@ -785,64 +795,67 @@ def tables(run: str, r: dict[str, Any]) -> list[Table]:
             t.caption += ", on the hands played"
     if dealt := _dealt_line(r.get("dealt") or {}):
         t.caption = f"{t.caption}\n{dealt}" if t.caption else dealt
-    out.append(t)
-    if c := r.get("coalition"):
-        t = Table(title=f"coalition {' + '.join(c['agents'])} (seats {c['seats']}; {c['source']})")
-        t.add_column("(R_A + R_B) / 2 per hand")
-        t.add_column("value", justify="right")
-        t.add_row("played", _pm(c["mean"], c["se"]))
-        if "cfr_value" in c:
-            t.add_row("all play CFR (same seats)", _fmt(c["cfr_value"]))
-            t.add_row("advantage over independent play", _pm(c["advantage"], c["advantage_se"]))
-            t.add_row(
-                "advantage, deal's CFR value subtracted",
-                _pm(c["advantage_given_deal"], c["advantage_given_deal_se"]),
-            )
-        for name, adv in (c.get("solver_advantage") or {}).items():
-            t.add_row(SOLVER_READINGS.get(name, name), _fmt(adv))
-        if c.get("paper_advantage") is not None:
-            t.add_row("Loki paper (Figure 2 average)", _fmt(c["paper_advantage"], 4))
-        if solver := r.get("solver"):
-            t.caption = (
-                f"team solve: CFR+ x {solver['team_iterations']}, "
-                f"exploitability {solver['team_game_exploitability']:.2g}"
-            )
-        if not _whole_deck(r):
-            more = "CFR and solver values are on the hands played, not the whole deck"
-            t.caption = f"{t.caption}\n{more}" if t.caption else more
-        out.append(t)
-    if tab := r.get("table1"):
-        t = Table(
-            title=f"Table 1: expected chips of player C (seat {tab['seat']}) per hand [A, B, C]"
+    return t
+
+
+def _coalition_table(r: dict[str, Any], c: dict[str, Any]) -> Table:
+    t = Table(title=f"coalition {' + '.join(c['agents'])} (seats {c['seats']}; {c['source']})")
+    t.add_column("(R_A + R_B) / 2 per hand")
+    t.add_column("value", justify="right")
+    t.add_row("played", _pm(c["mean"], c["se"]))
+    if "cfr_value" in c:
+        t.add_row("all play CFR (same seats)", _fmt(c["cfr_value"]))
+        t.add_row("advantage over independent play", _pm(c["advantage"], c["advantage_se"]))
+        t.add_row(
+            "advantage, deal's CFR value subtracted",
+            _pm(c["advantage_given_deal"], c["advantage_given_deal_se"]),
         )
-        t.add_column("")
-        for h in tab["hands"]:
-            t.add_column(f"[{', '.join(map(str, h))}]", justify="right")
-        t.add_column(tab.get("last", "all hands"), justify="right")
-        for label, cells in tab["rows"].items():
-            if label == MEASURED_ROW:
-                t.add_row(label, *(_measured_cell(c) for c in cells))
-            else:
-                t.add_row(label, *(_fmt(v, 2) for v in cells))
-        out.append(t)
-    if r.get("channels"):
-        t = Table(title="messages per channel")
-        for col in ("channel", "messages", "overheard", "deliveries", "senders", "overheard by"):
-            t.add_column(
-                col, justify="right" if col in ("messages", "overheard", "deliveries") else "left"
-            )
-        for name, ch in r["channels"].items():
-            t.add_row(
-                name,
-                str(ch["messages"]),
-                str(ch["overheard_messages"]),
-                str(ch["deliveries"]),
-                ", ".join(ch["senders"]) or "-",
-                ", ".join(ch["overhearers"]) or "-",
-            )
-        t.caption = "overheard: messages an eavesdropper read; deliveries: one per reader"
-        out.append(t)
-    return out
+    for name, adv in (c.get("solver_advantage") or {}).items():
+        t.add_row(SOLVER_READINGS.get(name, name), _fmt(adv))
+    if c.get("paper_advantage") is not None:
+        t.add_row("Loki paper (Figure 2 average)", _fmt(c["paper_advantage"], 4))
+    if solver := r.get("solver"):
+        t.caption = (
+            f"team solve: CFR+ x {solver['team_iterations']}, "
+            f"exploitability {solver['team_game_exploitability']:.2g}"
+        )
+    if not _whole_deck(r):
+        more = "CFR and solver values are on the hands played, not the whole deck"
+        t.caption = f"{t.caption}\n{more}" if t.caption else more
+    return t
+
+
+def _table1_table(tab: dict[str, Any]) -> Table:
+    t = Table(title=f"Table 1: expected chips of player C (seat {tab['seat']}) per hand [A, B, C]")
+    t.add_column("")
+    for h in tab["hands"]:
+        t.add_column(f"[{', '.join(map(str, h))}]", justify="right")
+    t.add_column(tab.get("last", "all hands"), justify="right")
+    for label, cells in tab["rows"].items():
+        if label == MEASURED_ROW:
+            t.add_row(label, *(_measured_cell(c) for c in cells))
+        else:
+            t.add_row(label, *(_fmt(v, 2) for v in cells))
+    return t
+
+
+def _channels_table(channels: dict[str, Any]) -> Table:
+    t = Table(title="messages per channel")
+    for col in ("channel", "messages", "overheard", "deliveries", "senders", "overheard by"):
+        t.add_column(
+            col, justify="right" if col in ("messages", "overheard", "deliveries") else "left"
+        )
+    for name, ch in channels.items():
+        t.add_row(
+            name,
+            str(ch["messages"]),
+            str(ch["overheard_messages"]),
+            str(ch["deliveries"]),
+            ", ".join(ch["senders"]) or "-",
+            ", ".join(ch["overhearers"]) or "-",
+        )
+    t.caption = "overheard: messages an eavesdropper read; deliveries: one per reader"
+    return t
 
 
 MEASURES = {GAME: GameMeasures(analyze, tables)}

@@ -141,7 +141,8 @@ class Connection:
         self.outbox.close()
 
     def _make_client(self, clean_start: bool, expiry_s: int | None = None) -> aiomqtt.Client:
-        props = Properties(PacketTypes.CONNECT)
+        # paho's Properties has no annotations (paho-mqtt 2.1).
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = self.config.session_expiry_s if expiry_s is None else expiry_s
         will = None
         if self.will is not None and not clean_start:

@@ -85,17 +85,11 @@ def train_cmd(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Train LoRA adapters from play (multi-agent GRPO, Advantage Alignment, or DPO on table talk)."""
-    from backroom.trainer.config import load_train_config
-
     setup_logging(verbose)
     edits = [f"steps={steps}"] if steps is not None else []
     edits += [f"hyper.batch_size={batch}"] if batch is not None else []
     edits += [f"params.rounds={rounds}"] if rounds is not None else []
-    try:
-        config = load_train_config(config_path, [*edits, *(overrides or [])])
-    except ConfigError as exc:
-        console.print(f"[red]bad config:[/red] {exc}", soft_wrap=True)
-        raise typer.Exit(2) from None
+    config = _load_config(config_path, [*edits, *(overrides or [])])
     target = run_dir or Path("runs") / config.run
     if config.tracking is not None:
         from backroom.trainer.tracking import required_modules
@@ -122,6 +116,17 @@ def train_cmd(
             soft_wrap=True,
             markup=False,
         )
+
+
+def _load_config(config_path: Path, edits: list[str]) -> TrainConfig:
+    """The config with the command line's edits, or a one-line refusal (exit 2)."""
+    from backroom.trainer.config import load_train_config
+
+    try:
+        return load_train_config(config_path, edits)
+    except ConfigError as exc:
+        console.print(f"[red]bad config:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 def _set_torch_threads(config: TrainConfig, threads: int | None, nproc: int, spawn: bool) -> None:

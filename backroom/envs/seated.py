@@ -71,7 +71,7 @@ def load_factory(path: str) -> Callable[..., Any]:
             f"env: cannot import {module_name!r} ({exc}){extra}; give 'package.module:factory', "
             f"e.g. {EXAMPLE_PATH!r}, of an installed environment"
         ) from None
-    factory = getattr(module, attribute or "env", None)
+    factory: object = getattr(module, attribute or "env", None)
     if not callable(factory):
         raise ValueError(
             f"env: {module_name!r} has no callable {attribute or 'env'!r}; "

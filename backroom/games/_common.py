@@ -305,12 +305,12 @@ def parse_float(action: Any, lo: float, hi: float, what: str) -> float:
         value = float(m.group())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise IllegalActionError(f"{what} must be a number in [{lo}, {hi}], got {action!r}")
-    value = float(value)
-    if not math.isfinite(value):
+    number = float(value)
+    if not math.isfinite(number):
         raise IllegalActionError(f"{what} must be finite, got {action!r}")
-    if not lo <= value <= hi:
-        raise IllegalActionError(f"{what} must be in [{lo}, {hi}], got {value}")
-    return value
+    if not lo <= number <= hi:
+        raise IllegalActionError(f"{what} must be in [{lo}, {hi}], got {number}")
+    return number
 
 
 def split_allocation(quantity: float, mine: float, theirs: float) -> float:

@@ -113,27 +113,7 @@ def parse_action(text: str, legal: Mapping[str, Any]) -> JSON:
     text = text.strip()
     choices = list(legal.get("choices", []))
     if choices:
-        labels = action_labels(legal)
-        low = text.lower()
-        for choice, label in zip(choices, labels, strict=True):
-            if label.lower() == low:
-                return choice
-        for choice, name in zip(choices, legal.get("game_names", []), strict=False):
-            if str(name).lower() == low:  # the game's own name for an offered move
-                return choice
-        if numbered(legal) and text.isdigit():
-            i = int(text)
-            if 1 <= i <= len(choices):
-                return choices[i - 1]
-            raise ValueError(f"pick a number from 1 to {len(choices)}")
-        prefixed = [
-            c
-            for c, label in zip(choices, labels, strict=True)
-            if low and label.lower().startswith(low)
-        ]
-        if len(prefixed) == 1:
-            return prefixed[0]
-        raise ValueError(f"not one of: {describe_legal(legal)}")
+        return _parse_choice(text, choices, legal)
     schema = legal.get("schema", {})
     kind = schema.get("type")
     if kind in ("integer", "number"):
@@ -156,3 +136,26 @@ def parse_action(text: str, legal: Mapping[str, Any]) -> JSON:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def _parse_choice(text: str, choices: list[JSON], legal: Mapping[str, Any]) -> JSON:
+    """One of the listed ``choices``, by ``parse_action``'s order of readings (label first)."""
+    labels = action_labels(legal)
+    low = text.lower()
+    for choice, label in zip(choices, labels, strict=True):
+        if label.lower() == low:
+            return choice
+    for choice, name in zip(choices, legal.get("game_names", []), strict=False):
+        if str(name).lower() == low:  # the game's own name for an offered move
+            return choice
+    if numbered(legal) and text.isdigit():
+        i = int(text)
+        if 1 <= i <= len(choices):
+            return choices[i - 1]
+        raise ValueError(f"pick a number from 1 to {len(choices)}")
+    prefixed = [
+        c for c, label in zip(choices, labels, strict=True) if low and label.lower().startswith(low)
+    ]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    raise ValueError(f"not one of: {describe_legal(legal)}")

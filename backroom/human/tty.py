@@ -490,22 +490,7 @@ class HumanTTY(Agent):
         p = self.active()
         if text.startswith("/"):
             cmd, _, rest = text.partition(" ")
-            if cmd == "/help":
-                self.say(Text(HELP))
-            elif cmd == "/quit":
-                _quit()
-            elif cmd == "/view":
-                for v in self.views.values():
-                    self.say(render_view(v))
-            elif cmd == "/rules":
-                for v in self.views.values():
-                    self.say(render_rules(v.start))
-            elif cmd == "/skip" and p is not None and p.turn.phase == "talk":
-                p.future.set_result(None)
-            elif cmd == "/say":
-                await self.free_chat(rest)
-            else:
-                self.say(Text(f"unknown command {cmd!r}; /help lists them"))
+            await self.command(cmd, rest)
             return
         if p is None:
             if text:
@@ -529,6 +514,28 @@ class HumanTTY(Agent):
             self.say(Text(str(exc), style="red"))
             return
         p.future.set_result(action)
+
+    async def command(self, cmd: str, rest: str) -> None:
+        """A line that starts with ``/`` (the list is ``HELP``)."""
+        from rich.text import Text
+
+        p = self.active()
+        if cmd == "/help":
+            self.say(Text(HELP))
+        elif cmd == "/quit":
+            _quit()
+        elif cmd == "/view":
+            for v in self.views.values():
+                self.say(render_view(v))
+        elif cmd == "/rules":
+            for v in self.views.values():
+                self.say(render_rules(v.start))
+        elif cmd == "/skip" and p is not None and p.turn.phase == "talk":
+            p.future.set_result(None)
+        elif cmd == "/say":
+            await self.free_chat(rest)
+        else:
+            self.say(Text(f"unknown command {cmd!r}; /help lists them"))
 
     async def free_chat(self, rest: str, plain: bool = False) -> None:
         """Chat outside talk turns, on a channel that is always open to this seat."""

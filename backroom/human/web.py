@@ -560,7 +560,7 @@ class WebHub:
             raise JoinError(f"unknown request {op!r}")
 
 
-def web_app(
+def web_app(  # noqa: C901, PLR0915 (the routes are closures over one app's state; each route is short)
     broker_url: str,
     credentials_dir: str | Path | None = None,
     *,

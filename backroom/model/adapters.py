@@ -277,7 +277,7 @@ def _fetch_http(ref: AdapterRef, cache_dir: Path, timeout_s: float, min_rate: fl
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def _download(ref: AdapterRef, folder: Path, timeout_s: float, min_rate: float) -> None:
+async def _download(ref: AdapterRef, folder: Path, timeout_s: float, min_rate: float) -> None:  # noqa: C901, PLR0915 (one streamed fetch: each size and time bound its docstring lists is a branch)
     """Both files into ``folder``, hashed as they arrive; ``AdapterRejected`` unless they are ``ref``.
 
     Never more bytes than announced: the config (first in digest order, at

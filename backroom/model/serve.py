@@ -213,7 +213,7 @@ def resolve_adapter(req: LoadLora, adapter_dir: Path | None) -> tuple[Path, str]
     return folder, sha
 
 
-def serve_model_app(
+def serve_model_app(  # noqa: C901, PLR0915 (the endpoints are closures over one backend; each endpoint is short)
     backend: Backend,
     model_name: str | None = None,
     *,

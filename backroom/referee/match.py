@@ -60,6 +60,14 @@ class Voided(Exception):
     pass
 
 
+class Refused(Exception):
+    """An agent's answer the open turn does not take: the error it gets back."""
+
+    def __init__(self, reason: ErrorReason, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+
+
 @dataclass
 class Pending:
     """A seat the referee is waiting on, for one turn."""
@@ -399,32 +407,10 @@ class Match:
                 "late" if late else "bad_turn",
                 f"turn {msg.turn} is not the open turn {p.turn}",
             )
-        if isinstance(msg, Chat):
-            if p.phase != "talk":
-                return self.reject(agent, msg, "wrong_phase", "this turn wants an action, not chat")
-            if msg.channel != p.channel:
-                return self.reject(
-                    agent, msg, "wrong_channel", f"this talk turn is on {p.channel!r}"
-                )
-            channel = self.channels[p.channel or TABLE]
-            if len(msg.text) > channel.max_chars:
-                return self.reject(
-                    agent, msg, "too_long", f"{len(msg.text)} characters > {channel.max_chars}"
-                )
-            answer: Any = msg.text
-            # A game's talk phase checks its own messages, not a side channel's opening words.
-            if p.phase == "talk" and self.state.phase == "talk" and channel.opens != "start":
-                try:
-                    self.state.check_action(seat, msg.text)
-                except IllegalActionError as exc:
-                    return self.reject(agent, msg, "illegal_action", str(exc))
-        else:
-            if p.phase != "act":
-                return self.reject(agent, msg, "wrong_phase", "this turn wants chat on its channel")
-            try:
-                answer = self.state.check_action(seat, msg.action)
-            except IllegalActionError as exc:
-                return self.reject(agent, msg, "illegal_action", str(exc))
+        try:
+            answer = self.answer(seat, p, msg)
+        except Refused as no:
+            return self.reject(agent, msg, no.reason, no.detail)
         self.referee.latency(agent, p.phase).observe(time.perf_counter() - p.sent_at)
         del self.pending[seat]
         # The agent's word is taken for this label only, and only for its own seat's move.
@@ -432,6 +418,35 @@ class Match:
         self.answers[seat] = answer
         if not self.pending:
             self.end_turn()
+
+    def answer(self, seat: int, p: Pending, msg: Action | Chat) -> Any:
+        """What ``msg`` answers to ``seat``'s open turn ``p``: its checked move, or its text.
+
+        ``Refused`` when the turn does not take it: the wrong phase or
+        channel, a message too long, an illegal move (the agent may answer
+        again until the deadline).
+        """
+        if isinstance(msg, Action):
+            if p.phase != "act":
+                raise Refused("wrong_phase", "this turn wants chat on its channel")
+            try:
+                return self.state.check_action(seat, msg.action)
+            except IllegalActionError as exc:
+                raise Refused("illegal_action", str(exc)) from None
+        if p.phase != "talk":
+            raise Refused("wrong_phase", "this turn wants an action, not chat")
+        if msg.channel != p.channel:
+            raise Refused("wrong_channel", f"this talk turn is on {p.channel!r}")
+        channel = self.channels[p.channel or TABLE]
+        if len(msg.text) > channel.max_chars:
+            raise Refused("too_long", f"{len(msg.text)} characters > {channel.max_chars}")
+        # A game's talk phase checks its own messages, not a side channel's opening words.
+        if self.state.phase == "talk" and channel.opens != "start":
+            try:
+                self.state.check_action(seat, msg.text)
+            except IllegalActionError as exc:
+                raise Refused("illegal_action", str(exc)) from None
+        return msg.text
 
     def free_chat(self, agent: str, seat: int, msg: Chat) -> None:
         channel = self.channels.get(msg.channel)

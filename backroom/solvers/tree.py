@@ -444,21 +444,9 @@ class _Builder:
         infoset_level = np.array([level[i] for i in order], dtype=np.int64)
         slot_level = infoset_level[slot_infoset]
         slot_player = np.array([self.iset_player[i] for i in order], dtype=np.int64)[slot_infoset]
-        blocks: list[tuple[int, int, int, int]] = []
-        for s in range(len(slot_level)):
-            p, d = int(slot_player[s]), int(slot_level[s])
-            if blocks and blocks[-1][:2] == (p, d):
-                blocks[-1] = (p, d, blocks[-1][2], s + 1)
-            else:
-                blocks.append((p, d, s, s + 1))
+        blocks = _blocks(slot_player, slot_level)
         root_slot = np.array([lo for p, d, lo, hi in blocks if d == 0], dtype=np.int64)
-        player_bounds = [
-            (
-                int(np.searchsorted(slot_player, p, "left")),
-                int(np.searchsorted(slot_player, p, "right")),
-            )
-            for p in range(n)
-        ]
+        player_bounds = _player_bounds(slot_player, n)
         assert all(lo == root_slot[p] for p, (lo, _hi) in enumerate(player_bounds))
 
         z_seq = np.array([t[1] for t in self.terms], dtype=np.int64).reshape(-1, n)
@@ -499,6 +487,29 @@ class _Builder:
             node_features=self.node_features,
             info=self.game.info,
         )
+
+
+def _player_bounds(slot_player: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """Each player's slice of the slots, which are ordered by player."""
+    return [
+        (
+            int(np.searchsorted(slot_player, p, "left")),
+            int(np.searchsorted(slot_player, p, "right")),
+        )
+        for p in range(n)
+    ]
+
+
+def _blocks(slot_player: np.ndarray, slot_level: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """(player, level, first slot, end slot) of each run of slots of one player and level."""
+    blocks: list[tuple[int, int, int, int]] = []
+    for s in range(len(slot_level)):
+        p, d = int(slot_player[s]), int(slot_level[s])
+        if blocks and blocks[-1][:2] == (p, d):
+            blocks[-1] = (p, d, blocks[-1][2], s + 1)
+        else:
+            blocks.append((p, d, s, s + 1))
+    return blocks
 
 
 def build_tree(

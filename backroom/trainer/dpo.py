@@ -513,25 +513,10 @@ def run_dpo(config: TrainConfig, run_dir: Path) -> str:
         source = resolve_run_dir(settings.source)
     except FileNotFoundError as exc:
         raise DpoError(f"dpo.source: {exc}") from None
-    episodes_path, traces_path = source / "episodes.jsonl", source / "traces.jsonl"
-    for path in (episodes_path, traces_path):
-        if not path.is_file():
-            raise DpoError(
-                f"dpo.source: {path} not found; dpo.source must name a run directory "
-                "played by `backroom run` with trainable (local) agents that talk"
-            )
     stats: dict[str, int] = {}
-    episodes = []
-    for record in read_records(episodes_path, stats):
-        if record.game == config.game:
-            episodes.append(record)
-        else:
-            stats["episode_other_game"] = stats.get("episode_other_game", 0) + 1
-    if not episodes:
-        raise DpoError(f"dpo.source: {episodes_path} holds no episode of game {config.game!r}")
-    pairs = preference_pairs(
-        episodes, read_talk_traces(traces_path, stats), settings.max_pairs, stats
-    )
+    episodes = _source_episodes(source, config.game, stats)
+    traces = read_talk_traces(source / "traces.jsonl", stats)
+    pairs = preference_pairs(episodes, traces, settings.max_pairs, stats)
     if not pairs:
         raise DpoError(
             f"dpo.source: no preference pair in {source}: {stats.get('talk_used', 0)} talk decisions "
@@ -590,6 +575,26 @@ def run_dpo(config: TrainConfig, run_dir: Path) -> str:
         f"{config.policy}: {folder} (sha256 {sha[:12]}); pairs: {run_dir / PAIRS_FILE}; "
         f"metrics: {run_dir / METRICS_FILE}."
     )
+
+
+def _source_episodes(source: Path, game: str, stats: dict[str, int]) -> list[EpisodeRecord]:
+    """The episodes of ``game`` in run directory ``source``, which must hold traces too."""
+    episodes_path, traces_path = source / "episodes.jsonl", source / "traces.jsonl"
+    for path in (episodes_path, traces_path):
+        if not path.is_file():
+            raise DpoError(
+                f"dpo.source: {path} not found; dpo.source must name a run directory "
+                "played by `backroom run` with trainable (local) agents that talk"
+            )
+    episodes = []
+    for record in read_records(episodes_path, stats):
+        if record.game == game:
+            episodes.append(record)
+        else:
+            stats["episode_other_game"] = stats.get("episode_other_game", 0) + 1
+    if not episodes:
+        raise DpoError(f"dpo.source: {episodes_path} holds no episode of game {game!r}")
+    return episodes
 
 
 def _dropped(stats: dict[str, int]) -> str:

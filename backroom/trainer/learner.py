@@ -322,7 +322,7 @@ class Learner:
 
     # --- one step -------------------------------------------------------------------
 
-    def step(self, samples: Sequence[Sample]) -> StepStats:
+    def step(self, samples: Sequence[Sample]) -> StepStats:  # noqa: PLR0915 (one optimiser step, read in order: micro-batches, all-reduce, Adam)
         """One optimiser step over the whole batch (gradients accumulated over micro-batches).
 
         Data-parallel when ``torch.distributed`` is initialised (``backroom

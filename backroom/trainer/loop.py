@@ -321,7 +321,7 @@ def save_step(
     return adapter_ref(config, folder, version, base_url)
 
 
-async def train(
+async def train(  # noqa: C901, PLR0915 (the training loop read top to bottom: resume, roll out, learn, publish, evaluate)
     config: TrainConfig,
     run_dir: Path,
     bus_config: BusConfig,

@@ -29,8 +29,8 @@ def panels(items: list[dict]) -> list[dict]:
     return out
 
 
-def load() -> tuple[list[dict], list[str]]:
-    errors: list[str] = []
+def load_datasources(errors: list[str]) -> set:
+    """The provisioned data sources' uids; what is wrong with them goes to ``errors``."""
     uids = set()
     for f in sorted((PROVISIONING / "datasources").glob("*.y*ml")):
         doc = yaml.safe_load(f.read_text())
@@ -43,6 +43,25 @@ def load() -> tuple[list[dict], list[str]]:
             uids.add(ds.get("uid"))
     if not uids:
         errors.append("no data source provisioned")
+    return uids
+
+
+def check_panels(d: Path, dash: dict, uids: set, errors: list[str]) -> None:
+    """Every panel of dashboard file ``d`` queries a provisioned data source with a query."""
+    for p in panels(dash.get("panels", [])):
+        if p.get("type") == "row":
+            continue
+        for t in p.get("targets", []):
+            uid = (t.get("datasource") or p.get("datasource") or {}).get("uid")
+            if uid not in uids:
+                errors.append(f"{d}: panel {p.get('title')!r}: data source {uid!r} not provisioned")
+            if not t.get("expr", "").strip():
+                errors.append(f"{d}: panel {p.get('title')!r}: empty query")
+
+
+def load() -> tuple[list[dict], list[str]]:
+    errors: list[str] = []
+    uids = load_datasources(errors)
     dashboards: list[dict] = []
     for f in sorted((PROVISIONING / "dashboards").glob("*.y*ml")):
         doc = yaml.safe_load(f.read_text())
@@ -55,17 +74,7 @@ def load() -> tuple[list[dict], list[str]]:
                 dash = json.loads(d.read_text())
                 dash["_folder"] = prov.get("folder", "")
                 dashboards.append(dash)
-                for p in panels(dash.get("panels", [])):
-                    if p.get("type") == "row":
-                        continue
-                    for t in p.get("targets", []):
-                        uid = (t.get("datasource") or p.get("datasource") or {}).get("uid")
-                        if uid not in uids:
-                            errors.append(
-                                f"{d}: panel {p.get('title')!r}: data source {uid!r} not provisioned"
-                            )
-                        if not t.get("expr", "").strip():
-                            errors.append(f"{d}: panel {p.get('title')!r}: empty query")
+                check_panels(d, dash, uids, errors)
     home = os.environ.get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
     if home and not Path(home).is_file():
         errors.append(f"GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH: {home} is no file")
