@@ -26,7 +26,6 @@ MODULE_LINES = 500
 
 # "path::qualified.name" -> why it is one piece.
 LONG_FUNCTIONS: dict[str, str] = {
-    "cli/league.py::play": "`backroom league`: config, handed entrants, play, standings, hold",
     "human/replay_view.py::match_view": "one match's steps rebuilt from its record, in play order",
     "human/web.py::web_app": "the routes are closures over one app's state; each is short",
     "model/adapters.py::_download": "one streamed fetch: each size and time bound is a branch",

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -160,6 +161,26 @@ def bus_config(
             f"no password for {username!r}: set BACKROOM_PASSWORD or pass --credentials DIR"
         )
     return BusConfig.from_url(broker or DEFAULT_URL, username=username, password=password)
+
+
+def stop_on_first_sigint(notice: Callable[[], None]) -> asyncio.Event:
+    """An event the first Ctrl-C sets (after ``notice()``); a second one interrupts at once.
+
+    ``run`` and ``league`` end on the first Ctrl-C with what was finished so far,
+    summarised as such, and restore Python's handler so that a second Ctrl-C
+    quits without waiting. Call it inside the running loop.
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def first_sigint() -> None:
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        notice()
+
+    loop.add_signal_handler(signal.SIGINT, first_sigint)
+    return stop
 
 
 #: How long a service may take to clean up after SIGTERM/SIGINT before it is ended anyway.

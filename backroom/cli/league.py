@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from backroom.cli.common import BrokerOpt, CredsOpt, console
+from backroom.cli.common import BrokerOpt, CredsOpt, console, stop_on_first_sigint
 
 SHOW = "show"
 
@@ -149,16 +149,9 @@ def play(
         console.print(message, style="yellow", markup=False, highlight=False, soft_wrap=True)
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def first_sigint() -> None:
-            stop.set()
-            loop.remove_signal_handler(signal.SIGINT)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            notice("Ctrl-C: stopping; what is counted stays counted (--resume goes on)")
-
-        loop.add_signal_handler(signal.SIGINT, first_sigint)
+        stop = stop_on_first_sigint(
+            lambda: notice("Ctrl-C: stopping; what is counted stays counted (--resume goes on)")
+        )
         summary = await run_league(
             config,
             directory,
@@ -185,7 +178,7 @@ def play(
             )
         if hold and not stop.is_set():
             console.print("holding: the rating gauges stay served until Ctrl-C or SIGTERM")
-            loop.add_signal_handler(signal.SIGTERM, stop.set)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
             await stop.wait()
 
     try:

@@ -24,7 +24,15 @@ from rich.text import Text
 from backroom import metrics
 from backroom.bus.broker import BrokerError
 from backroom.bus.client import BusError, run
-from backroom.cli.common import BrokerOpt, CredsOpt, MetricsOpt, RunsOpt, console, require_kind
+from backroom.cli.common import (
+    BrokerOpt,
+    CredsOpt,
+    MetricsOpt,
+    RunsOpt,
+    console,
+    require_kind,
+    stop_on_first_sigint,
+)
 from backroom.runner.config import ConfigError, RunConfig, load_config, parse_config
 
 if TYPE_CHECKING:
@@ -128,20 +136,12 @@ def execute(
     )
 
     async def play() -> RunResult:
-        # The first Ctrl-C ends the run with the matches finished so far, summarised as
-        # such; a second one interrupts at once (Python's default handler again).
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def first_sigint() -> None:
-            stop.set()
-            loop.remove_signal_handler(signal.SIGINT)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            _notice(
+        stop = stop_on_first_sigint(
+            lambda: _notice(
                 "Ctrl-C: stopping; the table holds the matches finished so far (again: quit now)"
             )
-
-        loop.add_signal_handler(signal.SIGINT, first_sigint)
+        )
+        loop = asyncio.get_running_loop()
         try:
             return await run_local(
                 config,
