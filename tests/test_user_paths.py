@@ -19,7 +19,6 @@ import pytest
 from backroom.agents.runtime import AgentRunner
 from backroom.bus import topics
 from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, free_port
-from backroom.bus.wire import Error
 from backroom.runs import read_episodes
 
 from .conftest import RawAgent, Runner, agents, identity, load_factor, loki_spec, stack
@@ -152,12 +151,23 @@ async def test_referee_process_serves_prometheus_metrics(broker: Broker, tmp_pat
             for i, m in enumerate(ids):
                 await run.submit(m, loki_spec(["a", "b", "c"], seed=i, channels=[]))
             eps = await run.wait(ids)
-            await mal.send(b"not json")
-            await mal.next_of(Error)
+            # A referee reads only the outboxes of agents seated in its matches (lingering
+            # a few seconds after their last one): the malformed payload comes from a,
+            # just seated, on its own connection; its Error goes to a's inbox.
+            assert runners[0].bus is not None
+            await runners[0].bus.publish(topics.outbox("a"), b"not json")
+        async with httpx.AsyncClient() as client:
+
+            async def scrape() -> str:
+                return (await client.get(f"http://127.0.0.1:{mport}/metrics")).text
+
+            deadline = time.monotonic() + 10 * load_factor()
+            counted = re.compile(r'backroom_invalid_inputs_total\{reason="malformed"\} [1-9]')
+            while not counted.search(text := await scrape()):
+                assert time.monotonic() < deadline, "the referee never counted the payload"
+                await asyncio.sleep(0.05)
         for r in runners:
             await r.__aexit__(None, None, None)
-        async with httpx.AsyncClient() as client:
-            text = (await client.get(f"http://127.0.0.1:{mport}/metrics")).text
     finally:
         proc.terminate()
         proc.wait(10)
