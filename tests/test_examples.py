@@ -75,6 +75,7 @@ def test_24_player_beauty_contest_with_discussion(processes: str, tmp_path: Path
     assert len(ep.deliveries) == 23 * len(spoken)
 
 
+@pytest.mark.slow  # 40 s on 2 busy cores: the default suite stays under 15 minutes
 async def test_800_round_bertrand_referee_memory_stays_flat(broker: Broker, tmp_path: Path) -> None:
     """Over the bus, the referee's memory grows only by the episode record, not per round beyond it."""
     from backroom.bus.wire import MatchSpec
