@@ -34,6 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -358,21 +359,34 @@ def can_log_in(stack: Stack, identity: str, timeout_s: float = 10) -> bool:
 
 
 @contextlib.contextmanager
-def mallory(stack: Stack) -> Iterator[None]:
-    """An agent on "another machine": in from the host through the published MQTT port."""
+def mallory(stack: Stack) -> Iterator[threading.Event]:
+    """An agent on "another machine": in from the host through the published MQTT port.
+
+    Once a referee seats her (her first inbox message), she sends a payload that is
+    not JSON: the referee refuses it, answers with an error and counts it. Before
+    she is seated no referee reads her outbox (``referee/outboxes.py``). The event
+    says it went out.
+    """
     import paho.mqtt.client as mqtt
 
     creds = json.loads((stack.work / "generated/secrets/credentials.json").read_text())
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, "mallory", protocol=mqtt.MQTTv5)
     client.username_pw_set("mallory", creds["mallory"]["password"])
+    sent = threading.Event()
+
+    def on_message(c: mqtt.Client, _userdata: object, _msg: mqtt.MQTTMessage) -> None:
+        if not sent.is_set():
+            sent.set()
+            c.publish(topics.outbox("mallory"), b"{not json", qos=1)
+
+    client.on_message = on_message
     client.connect("127.0.0.1", stack.ports["MQTT"])
     client.loop_start()
     try:
+        client.subscribe(topics.inbox("mallory"), qos=1)
         online = dump(Status(state="online", kind="random"))
         client.publish(topics.status("mallory"), online, qos=1, retain=True).wait_for_publish(10)
-        # Not JSON: the referee refuses it, answers with an error and counts it.
-        client.publish(topics.outbox("mallory"), b"{not json", qos=1).wait_for_publish(10)
-        yield
+        yield sent
     finally:
         offline = dump(Status(state="offline", kind="random"))
         client.publish(topics.status("mallory"), offline, qos=1, retain=True).wait_for_publish(10)
@@ -454,11 +468,12 @@ def test_compose_stack_comes_up_plays_and_is_observed(docker: None, tmp_path: Pa
         stack.compose("restart", "mosquitto")
         stack.wait_healthy(["mosquitto", "referee", "alice", "bob", "carol", "qwen"])
 
-        with mallory(stack):
+        with mallory(stack) as misbehaved:
             out = stack.compose(*RUNNER)
             assert "200 matches of kuhn" in out, out
             out = stack.compose(*RUNNER, BACKROOM_RUN_CONFIG="/configs/extra.yaml")
             assert "3 matches of kuhn" in out, out
+            assert misbehaved.is_set(), "mallory was never seated"
         # A league among the agent services (examples/league_compose.yaml): it holds after its
         # matches, so its rating gauges stay served for Prometheus and the dashboard's panel.
         league = COMPOSE_DIR.parent / "examples" / "league_compose.yaml"
