@@ -23,15 +23,15 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from backroom import wal
 from backroom.bus.wire import EpisodeRecord, MatchSpec
 
 SCHEMA_VERSION = 1
-BUSY_TIMEOUT_MS = 10_000
 #: Seconds between group commits of results while a league plays.
 FLUSH_S = 0.25
 #: Episode reasons that are no result (the match did not really happen).
@@ -92,10 +92,8 @@ class LeagueStore:
 
     def __init__(self, path: str | Path, readonly: bool = False) -> None:
         self.path = Path(path)
-        uri = f"file:{self.path}?mode=ro" if readonly else str(self.path)
-        self._db = sqlite3.connect(
-            uri, uri=readonly, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
-        )
+        # NORMAL: a result lost to a power cut is replayed, never doubled.
+        self._db = wal.connect(self.path, "NORMAL", readonly)
         self._pending: list[tuple[object, ...]] = []
         self._voids: list[tuple[object, ...]] = []
         self._counts: dict[str, int] = {}
@@ -107,25 +105,10 @@ class LeagueStore:
             raise
 
     def _open(self, readonly: bool) -> None:
-        db = self._db
-        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if readonly:
             return
-        mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise RuntimeError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
-        db.execute("PRAGMA synchronous = NORMAL")  # a lost result is replayed, never doubled
-        with self._tx():
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{self.path}: schema version {version} is newer than this code's {SCHEMA_VERSION}"
-                )
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        self._known = {r[0] for r in db.execute("SELECT key FROM results")}
+        wal.create_schema(self._db, self.path, _SCHEMA, SCHEMA_VERSION)
+        self._known = {r[0] for r in self._db.execute("SELECT key FROM results")}
 
     def close(self) -> None:
         try:
@@ -144,15 +127,8 @@ class LeagueStore:
     ) -> None:
         self.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return wal.transaction(self._db)
 
     # --- meta -------------------------------------------------------------------------
 

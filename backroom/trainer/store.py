@@ -35,13 +35,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from backroom import wal
 from backroom.bus.wire import EpisodeRecord, MatchSpec, Trace
 
 #: What ``add_traces`` returns for each trace it stored (the other keys are reasons it refused).
@@ -50,8 +51,6 @@ STORED = "stored"
 #: ``PRAGMA user_version`` of the schema below; a newer file is refused, not guessed at.
 SCHEMA_VERSION = 1
 
-#: How long a write waits for another connection's write lock (a second process on the file).
-BUSY_TIMEOUT_MS = 10_000
 
 KINDS = ("train", "eval")
 
@@ -145,8 +144,8 @@ class Store:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        # isolation_level=None: no implicit transactions; ``_tx`` says where each one begins and ends.
-        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        # FULL: see the module docstring.
+        self._db = wal.connect(self.path, "FULL")
         #: Counted since the last commit of the counters (see the module docstring).
         self._pending: dict[str, int] = {}
         try:
@@ -156,25 +155,8 @@ class Store:
             raise
 
     def _open(self) -> None:
-        db = self._db
-        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            # Durability and non-blocking readers are the point of this store: fail, don't degrade.
-            raise RuntimeError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
-        db.execute("PRAGMA synchronous = FULL")
-        db.execute("PRAGMA foreign_keys = ON")
-        with self._tx():
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{self.path}: schema version {version} is newer than this code's {SCHEMA_VERSION}"
-                )
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
-            if version < SCHEMA_VERSION:
-                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._db.execute("PRAGMA foreign_keys = ON")
+        wal.create_schema(self._db, self.path, _SCHEMA, SCHEMA_VERSION)
 
     def close(self) -> None:
         try:
@@ -197,17 +179,8 @@ class Store:
     ) -> None:
         self.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction: BEGIN IMMEDIATE takes the write lock up front, so a second
-        process waits (busy timeout) at the start instead of failing to upgrade halfway."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return wal.transaction(self._db)
 
     # --- what the trainer asked for ---------------------------------------------------
 
