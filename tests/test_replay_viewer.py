@@ -372,12 +372,14 @@ async def test_a_match_being_played_is_followed_then_replayed(
             await open_view(page, f"{url}/replay#/list")
             assert "1 matches" in await page.inner_text("h2")
             second = "t.live.2"
-            await run.submit(second, loki_spec(["a", "human", "c"], seed=2, turn_timeout_s=30))
+            await run.submit(
+                second, loki_spec(["a", "human", "c"], seed=2, turn_timeout_s=30 * load_factor())
+            )
             # the human seat has not answered: the match runs, and the list shows it live
             row = f"#matches tr.live a[href='#/live/{second}']"
             await page.wait_for_selector(row, timeout=20_000 * load_factor())
             await page.click(row)
-            await page.wait_for_selector("#live-log .event")
+            await page.wait_for_selector("#live-log .event", timeout=20_000 * load_factor())
             stop = asyncio.Event()
             player = asyncio.create_task(play_raw(raw, stop=stop))
             (ep,) = await run.wait([second], timeout=30 * load_factor())

@@ -76,7 +76,7 @@ async def test_an_agent_that_renews_its_online_counts_as_present(
                 ["alice", "bob", "carol"],
                 ready_timeout_s=10 * load_factor(),
             ),
-            60,
+            60 * load_factor(),
         )
     assert [e.reason for e in got] == ["normal", "normal"]
 
@@ -123,7 +123,7 @@ async def test_a_run_stopped_mid_play_closes_its_traces_file(
             )
         )
         await eventually(lambda: str(traces) in _open_paths(), 10 * load_factor())
-        await asyncio.wait_for(run, 60)
+        await asyncio.wait_for(run, 60 * load_factor())
     assert str(traces) not in _open_paths()
     assert all(json.loads(line) for line in traces.read_text().splitlines())
 
@@ -147,6 +147,7 @@ async def test_the_trainer_does_not_count_a_stale_online_either(
             # Its retained "online" counts for one window from its arrival, then lapses.
             await eventually(lambda: "ghost" in tb.presence.names(), 10 * load_factor())
             await eventually(lambda: not tb.presence.is_online("ghost"), 10 * load_factor())
+            await eventually(lambda: tb.presence.is_online("live"), 10 * load_factor())
             assert await tb.wait_online(["ghost", "live"], 1.0) == ["ghost"]
 
 

@@ -245,7 +245,12 @@ def test_every_nth_checkpoint_becomes_a_league_entrant_file(tmp_path: Path) -> N
     # the same agent as a league's `from_run` entrant names and seats it (`<id>.vN`)
     same = entrant["entrant"]
     assert (same["id"], same["from_run"], same["versions"]) == ("grpo", entrant["from_run"], ["v2"])
-    assert {**same["options"], "adapter": agent.options["adapter"]} == agent.options
+    assert {k: v for k, v in same["options"].items() if k != "adapter"} == {
+        k: v for k, v in agent.options.items() if k != "adapter"
+    }
+    # the adapter is what `from_run` + `versions` name, not an option of the entrant
+    assert "adapter" not in same["options"]
+    assert Path(agent.options["adapter"]) == Path(same["from_run"]) / "adapters" / "v2"
 
 
 def test_backroom_train_starts_the_pools_agents() -> None:
