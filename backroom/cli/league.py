@@ -123,7 +123,9 @@ def play(
 ) -> None:
     from backroom import metrics
     from backroom.analysis.league import print_standings
+    from backroom.bus.broker import BrokerError
     from backroom.bus.client import run
+    from backroom.bus.errors import BusError
     from backroom.league.config import load_league
     from backroom.league.handoff import with_handed_entrants
     from backroom.league.play import LeagueError, run_league
@@ -183,6 +185,6 @@ def play(
 
     try:
         run(main())
-    except LeagueError as exc:
+    except (LeagueError, BrokerError, BusError) as exc:  # as `backroom run` says them
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -88,12 +88,12 @@ class Judge:
         """Count a refused message and answer it (once per payload, within the agent's budget)."""
         self.refused += 1
         metrics.INVALID_INPUTS.labels(reason=reason).inc()
+        if self._judging == agent and self._held is not None:
+            self._held_more += 1  # one Error per payload: the rest are counted, never built
+            return
         error = Error(match=match, reason=reason, detail=detail, ref_seq=ref_seq)
         if self._judging == agent:
-            if self._held is None:
-                self._held = error
-            else:
-                self._held_more += 1
+            self._held = error
             return
         self.send_error(agent, error)
 

@@ -78,7 +78,7 @@ async def evaluate(
     (and IPD cooperation)."""
     planned = store.requests(step=step, kind="eval") or plan_evaluation(config, step, current, pool)
     missing = await play(tb, store, planned, config.episode_timeout_s, config.concurrency)
-    joined, _ = store.join([r.match for r in planned])
+    joined, dropped = store.join([r.match for r in planned])
     by_label: dict[str, list[Joined]] = {}
     for ep in joined:
         by_label.setdefault(ep.request.label, []).append(ep)
@@ -86,6 +86,8 @@ async def evaluate(
         "step": step,
         "version": current.version,
         "missing": len(missing),
+        # played but not evaluated (voided, an adapter refused...): said, never silently gone
+        "dropped": dict(dropped),
         "against": {},
     }
     for label, eps in by_label.items():
@@ -107,6 +109,15 @@ async def evaluate(
         }
         metrics.TRAIN_EVAL.labels(baseline=label).set(mine)
     log.info("evaluation after step %d: %s", step, result["against"])
+    if result["missing"] or dropped:
+        log.warning(
+            "evaluation after step %d: %d of %d matches without an episode, dropped: %s "
+            "(the means above are of the rest)",
+            step,
+            len(missing),
+            len(planned),
+            dict(dropped) or "none",
+        )
     if (progress := league_progress(config)) is not None:
         result["league"] = progress  # the ratings the league has given this run's entrants
         log.info("league %s after step %d: %s", progress["league"], step, progress["entrants"])

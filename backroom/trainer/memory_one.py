@@ -103,6 +103,14 @@ class Settings:
     #: "per_seat" (the paper's) or "pooled_other_matches" (advantages.loo_advantages)
     baseline: Baseline = "per_seat"
 
+    def __post_init__(self) -> None:
+        # Checked here, not in ``train``: every learner built from Settings (also
+        # memory_one_exploit's) would otherwise train plain GRPO on a typo.
+        if self.algorithm not in ("grpo", "grpo_sum", "adalign"):
+            raise ValueError(
+                f"algorithm must be 'grpo', 'grpo_sum' or 'adalign', got {self.algorithm!r}"
+            )
+
 
 @dataclass
 class Result:
@@ -197,8 +205,6 @@ def train(s: Settings, seed: int, on_step: StepHook | None = None) -> Result:
     ``on_step`` sees each step's row: the behaviour policy's P(A) per state, the
     share of A, mean returns per seat, loss and entropy; it draws no random number.
     """
-    if s.algorithm not in ("grpo", "grpo_sum", "adalign"):
-        raise ValueError(f"algorithm must be 'grpo', 'grpo_sum' or 'adalign', got {s.algorithm!r}")
     rng = np.random.default_rng(seed)
     logit0 = float(np.log(s.init_coop / (1 - s.init_coop)))
     if s.tied_features:
