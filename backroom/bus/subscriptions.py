@@ -54,10 +54,6 @@ class Subscriptions:
         self.handlers = [(f, h) for f, h in self.handlers if f != topic_filter]
         self._routes.clear()
 
-    def filters(self) -> list[str]:
-        """Every filter, once each."""
-        return list(dict.fromkeys([f for f, _ in self.handlers] + list(self.exact)))
-
     async def subscribe(self, client: aiomqtt.Client, topic_filter: str, qos: int = 1) -> None:
         """SUBSCRIBE on ``client``; the broker's refusal raises ``NotAuthorizedError``."""
         codes = await client.subscribe(topic_filter, qos=qos)

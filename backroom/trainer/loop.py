@@ -371,7 +371,9 @@ async def train(  # noqa: C901, PLR0915 (the training loop read top to bottom: r
                 await asyncio.to_thread(send_entrant, config, run_dir, last, run.current)
             if last >= 0 and evaluation_due(config, last) and last not in evaluated_steps(run_dir):
                 evaluations.append(
-                    await _evaluate_and_log(tb, store, config, last, run, run_dir, tracking)
+                    await _evaluate_and_log(
+                        tb, store, config, last, run, run_dir, tracking, online_timeout_s
+                    )
                 )
             for step in range(run.first_step, config.steps):
                 planned = store.requests(step=step, kind="train") or plan_step(
@@ -431,7 +433,9 @@ async def train(  # noqa: C901, PLR0915 (the training loop read top to bottom: r
                 )
                 if evaluation_due(config, step):
                     evaluations.append(
-                        await _evaluate_and_log(tb, store, config, step, run, run_dir, tracking)
+                        await _evaluate_and_log(
+                            tb, store, config, step, run, run_dir, tracking, online_timeout_s
+                        )
                     )
         return TrainResult(run_dir, len(store.steps()), run.current.version, evaluations)
     finally:
@@ -466,8 +470,10 @@ async def _evaluate_and_log(
     run: Run,
     run_dir: Path,
     tracking: Tracking,
+    online_timeout_s: float,
 ) -> dict[str, Any]:
-    pool = await _pool_now(tb, run, 60.0)
+    # The co-trained policies' first checkpoints are waited for as long as agents are.
+    pool = await _pool_now(tb, run, online_timeout_s)
     result = await evaluate_and_log(tb, store, config, step, run.current, pool, run_dir)
     await asyncio.to_thread(tracking.evaluations, [result])
     return result
