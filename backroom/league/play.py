@@ -45,10 +45,10 @@ from backroom.league.schedule import (
 from backroom.league.standings import CONFIG, STORE, Standings, write_standings
 from backroom.league.store import FLUSH_S, LeagueStore
 from backroom.league.tracking import LeagueTracking, Plots, open_league_tracking
-from backroom.runner.config import EXTERNAL, RunConfig
-from backroom.runner.local import already_online, run_matches
+from backroom.runner.config import RunConfig
+from backroom.runner.local import already_online, connect_stack, run_matches
 from backroom.runner.results import Faults, PlayClock, RunError
-from backroom.runner.stack import Stack, identities, run_names, start_processes
+from backroom.runner.stack import Stack, start_processes
 from backroom.runs import bind_run_dir, new_run_dir
 from backroom.tracking import TrackingError, require_client
 
@@ -333,23 +333,11 @@ async def _session(
     bind_run_dir(run_dir, run_key)
     stack = Stack(run_dir)
     try:
-        names = run_names(whole, stack.nonce) if broker_url is None else None
-        stack.start_broker(broker_url, credentials_dir, identities(whole, names))
-        if names is None:
-            names = run_names(whole, stack.nonce if stack.can_add_identities() else None)
-        stack.names = names
-        bus_config = stack.identity(names.runner, role="runner", ephemeral=names.own)
-        if stack.broker is None and names.own:
-            await asyncio.sleep(0.3)  # the broker rereads its files (SIGHUP) before we log in
+        # The runner's: start or join the broker, name the processes, refuse to throw anyone off.
+        bus_config = await connect_stack(stack, whole, broker_url, credentials_dir, spawn)
+        names = stack.names
+        assert names is not None  # connect_stack names them
         agents = list(league.agents)
-        if spawn and stack.broker is None:  # someone else's broker: throw nobody off it
-            mine = [*names.referees, *(a.id for a in config.agents() if a.kind != EXTERNAL)]
-            if taken := await already_online(bus_config, mine):
-                raise LeagueError(
-                    f"already online on {stack.url}: {', '.join(taken)}; starting them again "
-                    "would throw those processes off the broker: stop them, rename the "
-                    "entrants, or make them `external`"
-                )
         if optional := sorted(config.optional()):
             online = set(await already_online(bus_config, optional))
             league.summary.skipped = [a for a in optional if a not in online]

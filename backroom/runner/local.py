@@ -262,7 +262,7 @@ async def run_local(
     external: list[str] | None = None  # None: the config's `external` agents
     faults = Faults()
     try:
-        bus_config = await _connect_stack(stack, config, broker_url, credentials_dir, spawn)
+        bus_config = await connect_stack(stack, config, broker_url, credentials_dir, spawn)
         names = stack.names
         assert names is not None
         if spawn:
@@ -313,7 +313,7 @@ async def run_local(
         stack.stop()
 
 
-async def _connect_stack(
+async def connect_stack(
     stack: Stack,
     config: RunConfig,
     broker_url: str | None,
