@@ -14,7 +14,6 @@ the key is what makes a match "the same match" across a resumed league.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from backroom.bus.wire import ChannelSpec, MatchSpec, RewardTransform
 from backroom.league.config import MAX_PERMUTATIONS, LeagueConfig, LeagueGame
 from backroom.runner.config import build_game
+from backroom.seeds import derive_seed
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,8 @@ class Slot:
 
 
 def crn_seed(league_seed: int, game: str, index: int) -> int:
-    """The seed of every match at seed index ``index`` of ``game``: a fixed hash, not ``hash()``."""
-    digest = hashlib.blake2b(f"{league_seed}/{game}/{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % 2**31
+    """The seed of every match at seed index ``index`` of ``game`` (every seat order plays it)."""
+    return derive_seed("backroom", "league", league_seed, game, index, bits=31)
 
 
 def players_of(game: LeagueGame) -> int:
