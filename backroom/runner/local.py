@@ -192,7 +192,8 @@ async def run_matches(
         if await play.wait_ready(external, stop):
             await play.play(request, len(matches), ack_timeout_s, stop)
         faults.interrupted = stop is not None and stop.is_set() and ledger.unfinished > 0
-        await asyncio.sleep(0.2)  # traces of the last decisions are still on their way
+        if traces_path is not None:  # a league's rounds without traces need not wait
+            await asyncio.sleep(0.2)  # traces of the last decisions are still on their way
     return ledger.result()
 
 
