@@ -116,10 +116,7 @@ class Bus:
 
         Handlers run on the receive path and must not block: hand work to a task.
         """
-        self.subscriptions.add(topic_filter, handler)
-        client = self.connection.client
-        if client is not None and self.connected.is_set():
-            await self.subscriptions.subscribe(client, topic_filter, qos)
+        await self.subscribe_many([topic_filter], handler, qos)
 
     async def subscribe_many(self, filters: list[str], handler: Handler, qos: int = 1) -> None:
         """``subscribe`` for each of ``filters``, in one SUBSCRIBE (one round trip)."""

@@ -56,10 +56,7 @@ class Subscriptions:
 
     async def subscribe(self, client: aiomqtt.Client, topic_filter: str, qos: int = 1) -> None:
         """SUBSCRIBE on ``client``; the broker's refusal raises ``NotAuthorizedError``."""
-        codes = await client.subscribe(topic_filter, qos=qos)
-        for code in codes:
-            if getattr(code, "is_failure", False):
-                raise NotAuthorizedError(f"broker refused subscription to {topic_filter!r}: {code}")
+        await self.subscribe_many(client, [topic_filter], qos)
 
     async def subscribe_many(
         self, client: aiomqtt.Client, filters: list[str], qos: int = 1
