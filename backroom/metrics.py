@@ -90,6 +90,11 @@ INPUTS_DROPPED = Counter(
     "backroom_inputs_dropped_total",
     "Outbox payloads the referee dropped unread: the sender's input budget was spent",
 )
+INPUTS_MUTED = Counter(
+    "backroom_inputs_muted_total",
+    "Times the referee stopped reading an identity (outbox and status) until its input "
+    "budget refilled",
+)
 UNPROVEN_REFEREES = Counter(
     "backroom_unproven_referee_statuses_total",
     "Statuses saying online as a referee from identities no referee roster record names",

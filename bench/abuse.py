@@ -6,14 +6,15 @@
 For each attack, on a Mosquitto of its own (``Broker``) that knows the run's
 identities and the attacker's (``mallory``, a plain agent): the demo
 (``backroom demo``'s config: team colluders, CFR carol, every part its own OS
-process as ``backroom run`` starts them) is played twice, alternating, once
-calm and once with the attack running for the whole run. It prints matches
-per second of each and their ratio, against the issue's target (0.8; 0.5 for
-the 10-a-second flood of 63 KB arrays). A third run sends the same bytes at
-the same pace to a topic the attacker may not write (the broker refuses each,
-nobody reads them): the flood's cost to the machine by itself, the attacker's
-process and the broker, which on 2 shared cores is most of it; ``/control``
-is the attacked rate over that one, the share the referee's handling costs. Then the shutdown under the same
+process as ``backroom run`` starts them) is played calm, under the attack
+(running for the whole run), and under its control: the same bytes at the
+same pace to a topic the attacker may not write (the broker refuses each,
+nobody reads them), which is what the flood costs the machine by itself (the
+attacker's process, and the broker). Each is played ``--rounds`` times, taking turns at going first (the
+machine drifts within a minute), and the medians are compared: ``ratio`` is
+attacked over calm, against the issue's target (0.8; 0.5 for the
+10-a-second flood of 63 KB arrays), ``/control`` attacked over the control,
+the share backroom's own handling of the flood costs. Then the shutdown under the same
 attack: a ``backroom referee`` process of its own, flooded for a second, is
 sent SIGTERM, and the seconds until it exits are printed (target 2); then the same
 for a ``backroom run`` of the demo (the runner, with its own referee and agents),
@@ -36,8 +37,10 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import multiprocessing
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -128,28 +131,36 @@ async def denied_flood(
     return {"payloads": sent}
 
 
+def _attacker(name: str, url: str, creds_dir: str, control: bool) -> None:
+    """A child process that runs ``name``'s attack (or its control) until it is terminated."""
+    logging.getLogger("backroom").setLevel(logging.ERROR)
+    case = next(c for c in CASES if c.name == name)
+    if control:
+        asyncio.run(denied_flood(url, Path(creds_dir), 3600.0, case.payload, case.per_s))
+    else:
+        asyncio.run(case.attack(url, Path(creds_dir), 3600.0))
+
+
 async def play(
     broker: Broker, runs: Path, matches: int, case: Case | None, control: bool = False
 ) -> float:
     """The demo's matches per second on ``broker``, with ``case``'s attack (or its
-    ``control``) beside it."""
+    ``control``) beside it, from a process of its own as a real attacker's would be."""
     config = demo_config().model_copy(update={"matches": matches})
-    attack: asyncio.Task[dict[str, Any]] | None = None
-    if case is not None and control:
-        attack = asyncio.create_task(
-            denied_flood(broker.url, broker.dir, 3600.0, case.payload, case.per_s)
+    attacker = None
+    if case is not None:
+        attacker = multiprocessing.get_context("spawn").Process(
+            target=_attacker, args=(case.name, broker.url, str(broker.dir), control), daemon=True
         )
-    elif case is not None:
-        attack = asyncio.create_task(case.attack(broker.url, broker.dir, 3600.0))
+        attacker.start()
     try:
         result = await run_local(
             config, runs_dir=runs, broker_url=broker.url, credentials_dir=broker.dir
         )
     finally:
-        if attack is not None:
-            attack.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await attack
+        if attacker is not None:
+            attacker.terminate()
+            attacker.join()
     if len(result.episodes) != matches:
         raise SystemExit(f"{case and case.name}: {len(result.episodes)} of {matches} episodes")
     return result.matches_per_second
@@ -314,6 +325,9 @@ async def run_checks(names: list[str] | None) -> int:
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--matches", type=int, default=300, help="demo hands a side")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="calm, control and attacked runs of each attack"
+    )
     names = [c.name for c in CASES] + [c.name for c in CHECKS]
     ap.add_argument("--only", nargs="*", choices=names, default=None)
     args = ap.parse_args()
@@ -321,7 +335,7 @@ async def main() -> None:
     cases = [c for c in CASES if not args.only or c.name in args.only]
     print(
         f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
-        f"{args.matches} demo hands a side"
+        f"{args.matches} demo hands a side, {args.rounds} rounds (medians)"
     )
     print(
         f"{'attack':<12} {'calm m/s':>9} {'control':>8} {'attacked':>9} {'ratio':>6} "
@@ -336,9 +350,15 @@ async def main() -> None:
                 broker.credentials.add(budgets.SEATER, role="runner")
                 broker.reload()
                 runs = Path(d) / "runs"
-                calm = await play(broker, runs, args.matches, None)
-                control = await play(broker, runs, args.matches, case, control=True)
-                attacked = await play(broker, runs, args.matches, case)
+                rates: dict[str, list[float]] = {"calm": [], "control": [], "attacked": []}
+                for r in range(args.rounds):
+                    order = list(rates)[r % 3 :] + list(rates)[: r % 3]  # each first in turn
+                    for side in order:
+                        attack = None if side == "calm" else case
+                        rates[side].append(
+                            await play(broker, runs, args.matches, attack, side == "control")
+                        )
+                calm, control, attacked = (statistics.median(rates[k]) for k in rates)
                 term = await sigterm_seconds(broker, case)
                 runner_term = await runner_sigterm_seconds(broker, runs, case)
             finally:
@@ -346,11 +366,14 @@ async def main() -> None:
         ratio = attacked / calm if calm else 0.0
         apart = attacked / control if control else 0.0
         ok = ratio >= case.target and max(term, runner_term) <= 2.0
+        why = "" if ok else "  <- MISSED"
+        if not ok and apart >= case.target and max(term, runner_term) <= 2.0:
+            why = f"  <- MISSED, as the control did ({control / calm:.2f} of calm)"
         failed += not ok
         print(
             f"{case.name:<12} {calm:>9.1f} {control:>8.1f} {attacked:>9.1f} {ratio:>6.2f} "
             f"{case.target:>6.1f} {apart:>8.2f}  {term:>9.2f} {runner_term:>9.2f}  {case.what}"
-            f"{'' if ok else '  <- MISSED'}"
+            f"{why}"
         )
     print(f"{len(cases) - failed} of {len(cases)} rate attacks within their targets")
     print()

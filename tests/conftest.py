@@ -252,7 +252,9 @@ async def drained(ref: Referee, timeout: float = 10.0) -> None:
     await ref.bus.subscribe(probe, on)
     await ref.bus.publish(probe, marker)
     await asyncio.wait_for(back.wait(), timeout)
-    await eventually(lambda: ref.idle.is_set() and not ref.tasks, timeout)
+    await eventually(
+        lambda: ref.idle.is_set() and not ref.tasks and not ref.outboxes.changing, timeout
+    )
 
 
 def make_tiny_qwen(folder: Path) -> Path:

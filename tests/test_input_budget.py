@@ -5,8 +5,9 @@ throughput by ~60% for seconds.) Each payload is charged the loop time it
 took (``WorkBudget``, issue 22: bytes were the wrong price); past
 ``input_burst_s`` (then ``input_share`` of each second) a payload is dropped
 before it is parsed, counted in ``backroom_inputs_dropped_total``, and
-answered by one ``rate_limited`` error out of the sender's error budget;
-another identity's budget is its own.
+answered by one ``rate_limited`` error out of the sender's error budget,
+and the sender is not read until its budget is full again; another
+identity's budget is its own.
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ async def test_a_flood_is_dropped_unread_and_counted_and_others_are_served(
         await trent.send(b"{nope")
         await mal.barrier(ref)
         await trent.barrier(ref)
+        assert "mallory" in ref.outboxes.muted  # and not read until its budget is full again
     reasons = [e.reason for e in mal.of(Error)]
-    # one payload was judged and charged what it took; nine were dropped unread
+    # One payload was judged and charged what it took; the next was dropped unread and
+    # mallory unsubscribed, and those the broker had sent before that were dropped too.
     assert reasons.count("malformed") == 1
-    assert reasons.count("rate_limited") == 9
-    assert dropped() - before == 9
+    assert 1 <= reasons.count("rate_limited") <= 9
+    assert dropped() - before == reasons.count("rate_limited")
     assert [e.reason for e in trent.of(Error)] == ["malformed"]  # its own budget

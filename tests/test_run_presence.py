@@ -179,3 +179,71 @@ def test_the_roster_holds_an_online_for_three_periods_and_an_offline_not_at_all(
     assert presence.read(status("x"), b"{not json", lambda e: dropped.append(e.reason)) is None
     assert presence.read("backroom/v1/control/matches", renewing) is None
     assert dropped == ["malformed"]
+
+
+async def test_a_playing_runner_reads_no_status_of_an_identity_it_does_not_seat(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Would have caught: the runner read ``agents/+/status`` for the whole run, so a flat-out
+    flood of status flips from any identity cost it a third of its matches per second
+    (``bench/abuse.py``, ``flip_status``: 0.62 of calm). Once the run plays it reads only
+    its agents' and its referees' statuses: 2,000 statuses mallory sends mid-run never
+    reach it, while carol's (seated) still does."""
+    from prometheus_client import REGISTRY
+
+    from backroom.bus.wire import Turn
+
+    from .conftest import RawAgent, play_raw
+
+    def runner_in() -> float:
+        labels = {"direction": "in", "role": "runner"}
+        return REGISTRY.get_sample_value("backroom_bus_messages_total", labels) or 0.0
+
+    config = parse_config(
+        {
+            "run": "narrow",
+            "game": "kuhn",
+            "params": {"variant": "loki"},
+            "agents": [
+                {"id": "alice", "kind": "random"},
+                {"id": "bob", "kind": "random"},
+                {"id": "carol", "kind": "external"},
+            ],
+            "matches": 2,
+            "concurrency": 1,
+            "turn_timeout_s": 60,
+        },
+        source="test",
+    )
+    notices: list[str] = []
+    players = agents(("alice", "random"), ("bob", "random"))
+    async with (
+        stack(broker, tmp_path / "runs", players),
+        RawAgent(identity(broker, "carol")) as carol,
+        RawAgent(identity(broker, "mallory")) as mal,
+    ):
+        run = asyncio.create_task(
+            run_matches(
+                config,
+                identity(broker, "runner", "runner"),
+                ["alice", "bob", "carol"],
+                on_notice=notices.append,
+                external=["carol"],
+            )
+        )
+        await carol.next_of(Turn, timeout=30 * load_factor())  # the run plays, waiting on carol
+        before = runner_in()
+        for i in range(2000):
+            state = "offline" if i % 2 else "online"
+            await mal.bus.publish(status("mallory"), Status(state=state, kind="raw"))
+        # Behind mallory's statuses in every reader's queue, one the runner acts on.
+        await carol.bus.publish(status("carol"), Status(state="offline", kind="raw"))
+        await eventually(lambda: any("carol went offline" in n for n in notices), 30)
+        assert runner_in() - before < 100  # carol's status, acks: not mallory's 2,000
+        await carol.bus.publish(status("carol"), Status(state="online", kind="raw"))
+        stop = asyncio.Event()
+        driver = asyncio.create_task(play_raw(carol, "call", stop))
+        episodes = await asyncio.wait_for(run, 60 * load_factor())
+        stop.set()
+        await driver
+    assert len(episodes) == 2

@@ -23,10 +23,10 @@ from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
 from backroom.bus.wire import MAX_STATUS_BYTES, Error, Status, dump
-from backroom.referee.budgets import WorkBudget
+from backroom.referee.budgets import PAYLOAD_OVERHEAD_S, WorkBudget
 from backroom.referee.service import Referee
 
-from .conftest import RawAgent, drained, identity, load_factor
+from .conftest import RawAgent, drained, eventually, identity, load_factor
 
 ONES = b"[" + b",".join([b"1"] * 31_500) + b"]"  # 63 KB: under MAX_PAYLOAD_BYTES
 
@@ -88,7 +88,8 @@ async def test_statuses_share_the_outbox_budget_and_big_ones_are_dropped_unread(
 ) -> None:
     """Online/offline flips and 60 KB statuses had no budget (throughput cut 8x and 14x):
     now a status comes out of its sender's one budget and one past ``MAX_STATUS_BYTES``
-    is dropped before it is parsed; another identity's status still counts."""
+    is dropped before it is parsed; another identity's status still counts. Over its
+    budget, the sender is not read at all for a while (``Outboxes.mute``)."""
     over = sample("backroom_statuses_dropped_total", reason="over_budget")
     big = sample("backroom_statuses_dropped_total", reason="oversized")
     huge = dump(Status(state="online", kind="x")).replace(
@@ -113,13 +114,59 @@ async def test_statuses_share_the_outbox_budget_and_big_ones_are_dropped_unread(
         for i in range(20):
             state = "offline" if i % 2 else "online"
             await mal.bus.publish(topics.status("mallory"), Status(state=state, kind="raw"))
-        await mal.echo()  # its last status, back from the broker: the referee has all 21
+        await mal.echo()  # its last status, back from the broker: the referee had all it read
         await drained(ref)
         await trent.published(topics.status("trent"), Status(state="offline", kind="raw"))
         await drained(ref)
         assert "trent" in ref.offline
-        assert "mallory" not in ref.offline  # its first flip (online) was read, the rest dropped
-    assert sample("backroom_statuses_dropped_total", reason="over_budget") - over == 20
+        assert "mallory" not in ref.offline  # its first flip (online) was read, the rest not
+        assert "mallory" in ref.outboxes.muted
+    # The second went over the budget; those the broker had sent before the UNSUBSCRIBE
+    # arrived were dropped too (how many depends on the timing), the rest never came.
+    assert 1 <= sample("backroom_statuses_dropped_total", reason="over_budget") - over <= 20
+
+
+async def test_an_identity_over_budget_is_not_read_until_its_budget_is_full_again(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Would have caught: a payload dropped over budget was still received (the socket,
+    paho: some 100 µs, as much as judging it), so a seated agent's flat-out flood of small
+    payloads took half the referee's matches while the budget said 10%. Now the first
+    payload over budget unsubscribes the sender's outbox and status, which the broker
+    then drops, until the budget has refilled; then it is read again."""
+    dropped = sample("backroom_inputs_dropped_total")
+    muted = sample("backroom_inputs_muted_total")
+    async with (
+        Referee(
+            identity(broker, "referee", "referee"),
+            runs_dir=tmp_path / "runs",
+            input_burst_s=0.02,
+            input_share=0.05,
+        ) as ref,
+        RawAgent(identity(broker, "mallory")) as mal,
+    ):
+        await ref.outboxes.seat(["mallory"])  # as if seated here
+        ref.budgets.input("mallory").tokens = -0.01  # in debt: 0.6 s until full again
+        await mal.send(b"{nope")
+        await mal.echo()
+        await drained(ref)  # dropped over budget, and the UNSUBSCRIBE done
+        assert "mallory" in ref.outboxes.muted
+        assert sample("backroom_inputs_muted_total") - muted == 1
+        first = sample("backroom_inputs_dropped_total") - dropped
+        assert first >= 1
+        for _ in range(50):
+            await mal.send(b"{nope")
+        await mal.published(topics.status("mallory"), Status(state="offline", kind="raw"))
+        await drained(ref)
+        # Not one of them reached the referee: none dropped, none judged, no status read.
+        assert sample("backroom_inputs_dropped_total") - dropped == first
+        assert "mallory" not in ref.offline
+        await eventually(lambda: "mallory" not in ref.outboxes.muted, 10 * load_factor())
+        await drained(ref)  # subscribed again: its retained status comes with it
+        await mal.published(topics.status("mallory"), Status(state="offline", kind="raw"))
+        await drained(ref)
+        assert "mallory" in ref.offline  # read again
+        assert sample("backroom_inputs_muted_total") - muted == 1
 
 
 async def test_the_referee_answers_sigterm_within_2s_under_an_outbox_and_status_flood(
@@ -183,14 +230,17 @@ def test_one_budgets_object_for_inputs_and_errors_bounded_in_memory() -> None:
 
     budgets = Budgets(error_burst=2, error_rate_per_s=1e-9, input_burst_s=1.0, keep=2)
     budgets.input("mallory").tokens = 1e-12  # spent: the next payload is judged, then debt
-    with budgets.admit("mallory") as ticket:
+    with budgets.admit("mallory", 5) as ticket:
         assert ticket.open
         ticket.uncharged = -1.0  # as if judging it took a second of the loop
     debt = budgets.input("mallory").tokens
     assert debt < -0.99
-    with budgets.admit("mallory") as ticket:
+    with budgets.admit("mallory", 5) as ticket:
         assert not ticket.open  # dropped unread...
     assert debt - budgets.input("mallory").tokens < 2 * PAYLOAD_OVERHEAD_S  # ...for the overhead
+    with budgets.admit("mallory", 60_000) as ticket:
+        assert not ticket.open  # a bigger payload costs its receipt more (``PAYLOAD_BYTE_S``)
+    assert ticket.overhead > PAYLOAD_OVERHEAD_S + 40e-6
     assert [budgets.may_error("mallory") for _ in range(3)] == [True, True, False]
     assert budgets.may_error("trent")  # a bucket of its own
     budgets.input("trent")
@@ -232,3 +282,39 @@ def test_the_time_a_match_spends_refusing_a_move_is_charged_to_its_sender() -> N
 
     assert charged(refuse=True) >= work_s  # refused: the sender's cost
     assert charged(refuse=False) < work_s / 2  # accepted: the match's, not charged
+
+
+def test_a_payload_its_matches_took_whole_costs_its_sender_nothing() -> None:
+    """Would have caught: every payload paid its receipt (``PAYLOAD_OVERHEAD_S``), moves the
+    matches took included, so an honest agent in a 300-matches-a-second demo spent some
+    3% of the referee's loop, and a budget small enough to hold a seated flood to 0.8 of
+    the calm rate (``INPUT_SHARE``) muted it (27 of 8,000 matches timed out at 3%).
+    Play the rules bound (one move a turn, the free-chat allowance) is not charged; a
+    payload with anything else in it pays for all of it."""
+    from backroom.bus.wire import Action, Chat, WireError
+    from backroom.referee.budgets import Budgets
+    from backroom.referee.inputs import Judge
+
+    move = Action(match="m1", turn=1, action="call")
+    chat = Chat(match="m1", channel="team", text="hi")
+
+    def charged(payload: bytes, refuse: set[str]) -> float:
+        budgets = Budgets(input_burst_s=1.0, input_share=1e-9)
+        judge = Judge(budgets, lambda _agent, _error: None)
+
+        def match(agent: str, msg: object) -> None:  # ``Referee._from_agent``, in short
+            if isinstance(msg, WireError):
+                return judge.reject(agent, msg.reason, msg.detail)
+            start, refused = time.monotonic(), judge.refused
+            if getattr(msg, "type", None) in refuse:
+                judge.reject(agent, "not_your_turn", "not your turn", "m1", 1)
+            judge.moved(start, refused)
+
+        judge.outbox("alice", payload, match)
+        return 1.0 - budgets.input("alice").tokens
+
+    both = b"[" + dump(move) + b"," + dump(chat) + b"]"
+    assert charged(dump(move), refuse=set()) == 0.0  # taken: free
+    assert charged(both, refuse=set()) == 0.0  # a batch taken whole: free
+    assert charged(both, refuse={"chat"}) >= PAYLOAD_OVERHEAD_S  # one refused: all paid
+    assert charged(b"{nope", refuse=set()) >= PAYLOAD_OVERHEAD_S  # not play at all

@@ -122,8 +122,11 @@ class Bus:
         """``subscribe`` for each of ``filters``, in one SUBSCRIBE (one round trip)."""
         for topic_filter in filters:
             self.subscriptions.add(topic_filter, handler)
+        # While a connection subscribes every filter (``subscribe_all``) it is not yet
+        # "connected", and a handler may subscribe meanwhile (a retained record naming a
+        # topic to follow): sent now, or the connection's list may already be past it.
         client = self.connection.client
-        if client is not None and self.connected.is_set():
+        if client is not None and filters:  # no topic at all: a protocol error
             await self.subscriptions.subscribe_many(client, filters, qos)
 
     async def unsubscribe_many(self, filters: list[str]) -> None:
@@ -131,7 +134,7 @@ class Bus:
         for topic_filter in filters:
             self.subscriptions.remove(topic_filter)
         client = self.connection.client
-        if client is not None and self.connected.is_set():
+        if client is not None and filters:
             with contextlib.suppress(aiomqtt.MqttError):
                 await client.unsubscribe(filters)
 
@@ -142,7 +145,7 @@ class Bus:
         """
         self.subscriptions.remove(topic_filter)
         client = self.connection.client
-        if client is not None and self.connected.is_set():
+        if client is not None:
             with contextlib.suppress(aiomqtt.MqttError):
                 await client.unsubscribe(topic_filter)
 

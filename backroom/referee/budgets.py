@@ -6,7 +6,10 @@ than it received: one payload (a batch of any length) gets at most one
 (``ERROR_BURST``, refilled at ``ERROR_RATE_PER_S``); errors past it are
 dropped and counted in ``backroom_errors_dropped_total``. What each identity
 sends is budgeted too, in seconds of the referee's loop its outbox and status
-payloads cost (``WorkBudget``): past it, payloads are dropped unread.
+payloads cost (``WorkBudget``): past it, payloads are dropped unread, and the
+referee stops reading that identity until the budget has refilled
+(``referee.outboxes``): a payload dropped unread still cost the socket and
+paho its receipt.
 """
 
 from __future__ import annotations
@@ -29,12 +32,17 @@ ERROR_RATE_PER_S = 20.0
 #: dropped before it is parsed (``backroom_inputs_dropped_total``) and its moves
 #: are lost, so that agent's seats time out to their defaults, while every other
 #: agent's matches go on at full speed.
-INPUT_BURST_S = 0.25
-INPUT_SHARE = 0.1
+INPUT_BURST_S = 0.05
+INPUT_SHARE = 0.03
 #: What a payload costs before its handler runs (the socket, paho, the dispatch),
 #: which the handler cannot time: charged on top, so that a flood of tiny
-#: payloads is priced too. Some 30 µs on a 2020s core.
-PAYLOAD_OVERHEAD_S = 30e-6
+#: payloads is priced too. Measured as the referee process's CPU seconds per
+#: payload under a flat-out flood of small ones from a seated agent (103 µs;
+#: 140 µs at 1 KB, 149 µs at 60 KB: ``PAYLOAD_BYTE_S``), on one of this
+#: project's 2-core machines (docs/operations.md, *Limits*). 30 µs, the guess
+#: before, priced a flood at a third of what it cost.
+PAYLOAD_OVERHEAD_S = 100e-6
+PAYLOAD_BYTE_S = 0.8e-9
 #: Budgets of each kind kept at once (identities are bounded by the broker's password
 #: file, but the referee does not trust that to bound its memory).
 ERROR_BUDGETS = 10_000
@@ -92,6 +100,10 @@ class WorkBudget:
         self.tokens -= seconds
         self.at = max(self.at, now)
 
+    def refill_s(self) -> float:
+        """Seconds from the last payload's end until the balance is back at the full burst."""
+        return max(0.0, self.burst - self.tokens) / self.share
+
 
 class Ticket:
     """One payload's admission: ``open`` when it may be handled; ``uncharged`` are seconds of
@@ -99,21 +111,26 @@ class Ticket:
     Leaving the ``with`` block charges the budget (a class, not a generator: every payload
     takes this path)."""
 
-    __slots__ = ("budget", "open", "start", "uncharged")
+    __slots__ = ("budget", "free", "open", "overhead", "start", "uncharged")
 
-    def __init__(self, budget: WorkBudget, start: float) -> None:
+    def __init__(self, budget: WorkBudget, start: float, size: int) -> None:
         self.budget = budget
         self.start = start
         self.open = budget.open(start)
+        self.overhead = PAYLOAD_OVERHEAD_S + size * PAYLOAD_BYTE_S
         self.uncharged = 0.0
+        self.free = False  # every message in it was play its match took: nothing charged
 
     def __enter__(self) -> Ticket:
         return self
 
     def __exit__(self, *exc: object) -> None:
         end = time.monotonic()
+        if self.free:
+            self.budget.charge(0.0, end)
+            return
         spent = end - self.start - self.uncharged if self.open else 0.0
-        self.budget.charge(spent + PAYLOAD_OVERHEAD_S, end)
+        self.budget.charge(spent + self.overhead, end)
 
 
 class _Lru(Generic[V]):
@@ -163,13 +180,14 @@ class Budgets:
         now = time.monotonic()
         return self._errors.get(agent, now).take(now)
 
-    def admit(self, agent: str) -> Ticket:
-        """Admit one payload of ``agent``'s (``with budgets.admit(agent) as ticket``), and
-        charge it the loop time it took when the block ends.
+    def admit(self, agent: str, size: int) -> Ticket:
+        """Admit one payload of ``agent``'s, ``size`` bytes long (``with budgets.admit(agent,
+        len(payload)) as ticket``), and charge it the loop time it took when the block ends.
 
         A payload past the budget is not to be handled (``ticket.open`` is
-        false) and costs only ``PAYLOAD_OVERHEAD_S``; one handled costs the
-        seconds it held the loop, less ``ticket.uncharged``, plus the overhead.
+        false) and costs only the overhead (``PAYLOAD_OVERHEAD_S`` and
+        ``PAYLOAD_BYTE_S`` a byte); one handled costs the seconds it held the
+        loop, less ``ticket.uncharged``, plus the overhead.
         """
         start = time.monotonic()
-        return Ticket(self._inputs.get(agent, start), start)
+        return Ticket(self._inputs.get(agent, start), start, size)

@@ -51,10 +51,14 @@ class RefereeGroup:
         self._probed = asyncio.Event()
         self._proposed: str | None = None  # the group this referee proposed, if it did
         self._moving: asyncio.Task[None] | None = None  # to a smaller group (``converge``)
+        self.on_status: Handler = lambda _topic, _payload: None
+        self._following: set[asyncio.Task[None]] = set()  # subscriptions to peers' statuses
 
-    async def subscribe(self, bus: Bus) -> None:
-        """Follow the group records and this referee's probe (before connecting)."""
+    async def subscribe(self, bus: Bus, on_status: Handler) -> None:
+        """Follow the group records and this referee's probe (before connecting), and the
+        status of each referee a record names (``on_status``, which calls ``follow``)."""
         self.bus = bus
+        self.on_status = on_status
         await bus.subscribe(topics.REFEREE_GROUPS, self._on_record)
         await bus.subscribe(topics.referee_probe(self.name), self._on_probe)
 
@@ -127,6 +131,12 @@ class RefereeGroup:
         if min(self.records.values()) < self.current:
             self._moving = asyncio.ensure_future(self._move())
 
+    def _followed(self, task: asyncio.Task[None]) -> None:
+        """A peer's status subscribed (or the connection lost first: the next one has it)."""
+        self._following.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.log.debug("following a peer's status: %r", task.exception())
+
     def stop(self) -> None:
         if self._moving is not None:
             self._moving.cancel()
@@ -171,5 +181,9 @@ class RefereeGroup:
         if not GROUP_NAME.match(name):
             self.records.pop(referee, None)  # an emptied (or foreign) record
             return
+        if referee not in self.records and referee != self.name and self.bus is not None:
+            task = asyncio.ensure_future(self.bus.subscribe(topics.status(referee), self.on_status))
+            self._following.add(task)
+            task.add_done_callback(self._followed)
         self.records[referee] = name
         self.converge()

@@ -1,22 +1,27 @@
-"""Which outboxes a referee reads: those of the agents seated in its matches.
+"""Which identities a referee reads: the agents seated in its matches, outbox and status.
 
 Reading ``agents/+/outbox`` made every identity's payload the referee's
 work: a flat-out flood of small malformed payloads from an agent seated
 nowhere was received, parsed by paho and dropped by the budget in Python,
 tens of microseconds each, and cut the referee's matches per second to 0.40
 of what the same flood cost the machine by itself (``bench/abuse.py``,
-``flood_small``). Subscribed to the outboxes of the agents it seats, the
-referee never sees an unseated identity's payloads: the broker drops
-messages nobody subscribed to. An agent is read from before its first
-match here starts (``seat``) until ``LINGER_S`` after its last one ended
-(late moves still get their ``late``, and an agent in match after match is
-not subscribed again each time); the subscriptions and unsubscriptions of
-one moment leave as one SUBSCRIBE or UNSUBSCRIBE.
+``flood_small``). Reading ``agents/+/status`` did the same for status flips
+and 60 KB statuses. Subscribed to the outbox and the status of the agents
+it seats, the referee never sees an unseated identity's payloads: the broker
+drops messages nobody subscribed to. An agent is read from before its first
+match here starts (``seat``; its retained status comes with the
+subscription) until ``LINGER_S`` after its last one ended (late moves still
+get their ``late``, and an agent in match after match is not subscribed
+again each time); the subscriptions and unsubscriptions of one moment leave
+as one SUBSCRIBE or UNSUBSCRIBE.
 
-A seated identity's flood is still read, within its input budget
-(``referee.budgets``). Unsubscribing it while over budget was tried and did
-not pay: a flat-out flood of small payloads stays within its 10% share most
-of the time (docs/operations.md, *Limits*).
+A seated identity is read within its input budget (``referee.budgets``).
+Dropping a payload over budget unread still cost its receipt (some 100 µs
+of the socket and paho, as much as judging it), so a seated agent's flat-out
+flood took half the referee's matches while the budget said 10%: an
+identity over budget is now not read at all (``mute``: its outbox and status
+unsubscribed) until its budget is full again. Its moves meanwhile are lost,
+so its seats time out to their defaults; every other agent's matches go on.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections import Counter
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
+from backroom import metrics
 from backroom.bus import topics
 from backroom.bus.client import Bus, Handler
 
@@ -38,18 +44,34 @@ LINGER_S = 5.0
 log = logging.getLogger("backroom.referee")
 
 
-class Outboxes:
-    """The agents whose outbox this referee reads, by the matches that seat them here."""
+def _topics(agents: Iterable[str]) -> list[str]:
+    return [t for a in agents for t in (topics.outbox(a), topics.status(a))]
 
-    def __init__(self, handler: Handler, linger_s: float = LINGER_S) -> None:
-        self.handler = handler
+
+class Outboxes:
+    """The agents whose outbox and status this referee reads, by the matches that seat them here."""
+
+    def __init__(self, on_outbox: Handler, on_status: Handler, linger_s: float = LINGER_S) -> None:
+        self.on_outbox = on_outbox
+        self.on_status = on_status
         self.linger_s = linger_s
         self.bus: Bus | None = None
         self.seats: Counter[str] = Counter()  # agent -> its matches here
-        self.reading: set[str] = set()  # agents whose outbox is subscribed
+        self.reading: set[str] = set()  # agents seated here or lingering: to be read
+        #: Agents over their input budget, not read until the handle fires (``mute``).
+        self.muted: dict[str, asyncio.TimerHandle] = {}
         self._idle: dict[str, float] = {}  # agent -> when its last match here ended
         self._sweep: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def changing(self) -> bool:
+        """Whether a SUBSCRIBE or UNSUBSCRIBE made here is still on its way."""
+        return bool(self._tasks)
+
+    def _route(self, topic: str, payload: bytes) -> None:
+        """One handler for both topics of an agent: one SUBSCRIBE for both."""
+        (self.on_status if topic.endswith("/status") else self.on_outbox)(topic, payload)
 
     async def seat(self, agents: Iterable[str]) -> None:
         """Read ``agents``' outboxes from now on (one SUBSCRIBE for those not read yet).
@@ -64,9 +86,10 @@ class Outboxes:
             self._idle.pop(agent, None)
             if agent not in self.reading:
                 self.reading.add(agent)
-                new.append(agent)
+                if agent not in self.muted:
+                    new.append(agent)
         if new and self.bus is not None:
-            await self.bus.subscribe_many([topics.outbox(a) for a in new], self.handler)
+            await self.bus.subscribe_many(_topics(new), self._route)
 
     def unseat(self, agents: Iterable[str]) -> None:
         """A match of ``agents`` ended: those in no other match here are let go after the linger."""
@@ -79,11 +102,43 @@ class Outboxes:
         if self._idle and self._sweep is None:
             self._sweep = asyncio.get_running_loop().call_later(self.linger_s, self._let_go)
 
+    def mute(self, agent: str, seconds: float) -> None:
+        """``agent`` went over its input budget: read nothing of it for ``seconds``.
+
+        Called for each payload dropped over budget, so also for those already on
+        their way when the UNSUBSCRIBE left: those change nothing. Once the time
+        is up the agent is read again if it is still seated or lingering here,
+        and a payload still over budget mutes it again."""
+        if agent in self.muted:
+            return
+        self.muted[agent] = asyncio.get_running_loop().call_later(seconds, self._unmute, agent)
+        metrics.INPUTS_MUTED.inc()
+        log.warning(
+            "%s is over its input budget: not read for %.1fs (its seats here get their defaults)",
+            agent,
+            seconds,
+        )
+        if agent in self.reading:
+            self._spawn(self._unsubscribe([agent]))
+
+    def _unmute(self, agent: str) -> None:
+        del self.muted[agent]
+        if agent in self.reading:
+            self._spawn(self._resubscribe(agent))
+
+    async def _resubscribe(self, agent: str) -> None:
+        # Let go or muted again since: not read.
+        if agent in self.reading and agent not in self.muted and self.bus is not None:
+            await self.bus.subscribe_many(_topics([agent]), self._route)
+
     def close(self) -> None:
-        """Stop letting agents go (the connection closes next)."""
+        """Stop letting agents go and muting them (the connection closes next)."""
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
+        for handle in self.muted.values():
+            handle.cancel()
+        self.muted.clear()
 
     def _let_go(self) -> None:
         """Unsubscribe, in one UNSUBSCRIBE, every agent idle here for the linger."""
@@ -94,6 +149,7 @@ class Outboxes:
             del self._idle[agent]
         gone = [a for a in due if a in self.reading]
         self.reading.difference_update(gone)
+        gone = [a for a in gone if a not in self.muted]  # not subscribed now
         if gone:
             self._spawn(self._unsubscribe(gone))
         if self._idle:
@@ -102,10 +158,10 @@ class Outboxes:
             self._sweep = asyncio.get_running_loop().call_later(wait, self._let_go)
 
     async def _unsubscribe(self, agents: list[str]) -> None:
-        # Seated again since (``seat`` ran first): still read.
-        gone = [a for a in agents if a not in self.reading]
+        # Seated again since (``seat`` ran first): still read, unless muted.
+        gone = [a for a in agents if a not in self.reading or a in self.muted]
         if gone and self.bus is not None:
-            await self.bus.unsubscribe_many([topics.outbox(a) for a in gone])
+            await self.bus.unsubscribe_many(_topics(gone))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)

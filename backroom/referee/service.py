@@ -115,8 +115,8 @@ class Referee:
         self._counters: dict[tuple[str, str], Any] = {}
         self._latency: dict[tuple[str, str], Any] = {}
         self.budgets = Budgets(error_burst, error_rate_per_s, input_burst_s, input_share)
-        self.outboxes = Outboxes(self._on_outbox)
-        self.judge = Judge(self.budgets, self.send_to)
+        self.outboxes = Outboxes(self._on_outbox, self._on_status)
+        self.judge = Judge(self.budgets, self.send_to, self.outboxes.mute)
         self.peers = RefereeGroup(self.name, self._on_request, self._announce, self.log)
         self.bus: Bus | None = None
         self.idle = asyncio.Event()
@@ -183,12 +183,12 @@ class Referee:
             on_disconnect=[self._on_disconnect],
             role="referee",
         )
-        # "online" is announced only once requests and outboxes are being read.
-        await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
-        self.outboxes.bus = (
-            self.bus
-        )  # the outboxes of the agents seated here (``referee.outboxes``)
-        await self.peers.subscribe(self.bus)
+        # "online" is announced only once requests and outboxes are being read. Statuses
+        # read: this referee's own (was the name used before?), its peers' (``peers``), and
+        # those of the agents seated here (``referee.outboxes``), never ``agents/+/status``.
+        await self.bus.subscribe(topics.status(self.name), self._on_status)
+        self.outboxes.bus = self.bus
+        await self.peers.subscribe(self.bus, self._on_status)
         self._starting = True
         try:
             await self.bus.open()
@@ -439,7 +439,7 @@ class Referee:
         """Follow an identity's status, out of the same budget as its outbox (``Judge.status``)."""
         agent = topics.agent_of(topic)
         if agent is not None:
-            self.judge.status(agent, lambda: self._follow_status(topic, payload))
+            self.judge.status(agent, len(payload), lambda: self._follow_status(topic, payload))
 
     def _follow_status(self, topic: str, payload: bytes) -> None:
         """Follow an explicit ``online`` or ``offline``; no heartbeat expiry here.

@@ -190,6 +190,7 @@ async def run_matches(
         )
         await play.claim(claim_window_s)
         if await play.wait_ready(external, stop):
+            await play.narrow()
             await play.play(request, len(matches), ack_timeout_s, stop)
         faults.interrupted = stop is not None and stop.is_set() and ledger.unfinished > 0
         if traces_path is not None:  # a league's rounds without traces need not wait
@@ -222,8 +223,11 @@ async def already_online(bus_config: BusConfig, names: Iterable[str]) -> list[st
     def on_status(topic: str, payload: bytes) -> None:
         roster.see(topic, payload)
 
+    names = sorted(set(names))
+    if not names:
+        return []
     async with Bus(bus_config, role="runner") as bus:
-        await bus.subscribe(topics.ALL_STATUS, on_status)
+        await bus.subscribe_many([topics.status(n) for n in names], on_status)
         await bus.subscribe(topics.inbox(bus_config.username or "runner"), lambda *_: None)
     return sorted(roster.online(set(names)))
 

@@ -47,6 +47,12 @@ class Wiring:
     expiry to statuses that declare a period (agents do; referees do not, so
     theirs hold until they say ``offline``): a stale retained ``online`` of an
     agent that died does not count once its renewals are overdue.
+
+    While it waits for its processes the runner reads every status, to say
+    who is missing and who only claims to be a referee; once the run plays
+    (``narrow``) only those of the run's agents and of rostered referees: a
+    flood of status flips or 60 KB statuses from an identity the run does not
+    seat cost it a third of its matches per second (``bench/abuse.py``).
     """
 
     def __init__(
@@ -94,6 +100,9 @@ class Wiring:
         self.claiming = True
         #: Thrown off while claiming the identity: another process has it.
         self.taken = asyncio.Event()
+        #: Whose statuses are read, once the run plays (``narrow``); None: everyone's.
+        self.reading: set[str] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def publish(self, request: MatchRequest) -> None:
         # Batched: requests released together (a batch of episodes came back) go out as one message.
@@ -125,6 +134,33 @@ class Wiring:
         self.rostered.add(name)
         if (claim := self.unproven.pop(name, None)) is not None:
             self.on_status(topics.status(name), claim)
+        if self.reading is not None and name not in self.reading:
+            self._follow([name])
+
+    async def narrow(self) -> None:
+        """Read only the statuses the run acts on from now on: its agents' and its referees'."""
+        assert self.bus is not None
+        self.reading = set()
+        self._follow([a.id for a in self.config.agents] + self.wait_for + sorted(self.rostered))
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+        await self.bus.unsubscribe(topics.ALL_STATUS)  # after: nothing missed between the two
+
+    def _follow(self, names: list[str]) -> None:
+        assert self.bus is not None and self.reading is not None
+        new = [n for n in dict.fromkeys(names) if n not in self.reading]
+        self.reading.update(new)
+        task = asyncio.ensure_future(
+            self.bus.subscribe_many([topics.status(n) for n in new], self.on_status)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._followed)
+
+    def _followed(self, task: asyncio.Task[None]) -> None:
+        # Cut off mid-subscribe: the next connection subscribes every filter again.
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()
 
     def on_status(self, topic: str, payload: bytes) -> None:
         seen = presence.read(topic, payload)
