@@ -1,6 +1,6 @@
 """Issue 22's attacks, each replayed against a real broker beside the same run without it.
 
-    .venv/bin/python bench/abuse.py                          # every attack, 300 demo hands a side
+    .venv/bin/python bench/abuse.py                          # every attack, 1,000 demo hands a side
     .venv/bin/python bench/abuse.py --only flood_ones --matches 200
 
 For each attack, on a Mosquitto of its own (``Broker``) that knows the run's
@@ -109,6 +109,13 @@ CASES = [
         budgets.flip_status,
         0.8,
         "online/offline flips of a status, flat out",
+        b'{"v":1,"type":"status","state":"offline","kind":"raw"}',
+    ),
+    Case(
+        "flip_seated",
+        budgets.flip_status_seated,
+        0.8,
+        "online/offline flips of a status from an agent seated here, flat out",
         b'{"v":1,"type":"status","state":"offline","kind":"raw"}',
     ),
     Case("big_status", budgets.big_status, 0.8, "60 KB statuses, flat out", b"x" * 60_000),
@@ -324,7 +331,7 @@ async def run_checks(names: list[str] | None) -> int:
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--matches", type=int, default=300, help="demo hands a side")
+    ap.add_argument("--matches", type=int, default=1000, help="demo hands a side")
     ap.add_argument(
         "--rounds", type=int, default=3, help="calm, control and attacked runs of each attack"
     )

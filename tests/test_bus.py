@@ -348,3 +348,28 @@ def test_a_write_that_fails_inside_a_handler_reconnects_instead_of_deadlocking(
         pytest.fail("the client hung after a failed write inside a handler (deadlock)")
     assert proc.returncode == 0, out
     assert "reconnects 1" in out, out
+
+
+def test_a_filter_added_again_with_its_handler_is_routed_once() -> None:
+    """Would have caught: subscribing a filter again (a referee seating an agent whose first
+    SUBSCRIBE was refused or cut off, a peer's record read twice) added its handler twice,
+    and each message on it was handled twice."""
+    from prometheus_client import Counter as PromCounter
+
+    from backroom.bus.subscriptions import Subscriptions
+
+    subs = Subscriptions(PromCounter("test_subs_in_total", "messages in, for this test"))
+    got: list[str] = []
+
+    def handler(topic: str, _payload: bytes) -> None:
+        got.append(topic)
+
+    for _ in range(2):
+        subs.add("backroom/v1/agents/a/outbox", handler)
+        subs.add("backroom/v1/agents/+/status", handler)
+    subs.deliver("backroom/v1/agents/a/outbox", b"")
+    subs.deliver("backroom/v1/agents/b/status", b"")
+    assert got == ["backroom/v1/agents/a/outbox", "backroom/v1/agents/b/status"]
+    subs.add("backroom/v1/agents/a/outbox", lambda _t, _p: got.append("other"))
+    subs.deliver("backroom/v1/agents/a/outbox", b"")  # another handler still gets its own
+    assert got[2:] == ["backroom/v1/agents/a/outbox", "other"]

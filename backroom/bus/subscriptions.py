@@ -42,11 +42,16 @@ class Subscriptions:
         self._count_in = count_in
 
     def add(self, topic_filter: str, handler: Handler) -> None:
+        """Route ``topic_filter`` to ``handler`` too; adding the same pair again changes nothing
+        (a filter subscribed again after a refusal must not be handled twice)."""
         if _exact(topic_filter):
-            self.exact.setdefault(topic_filter, []).append(handler)
+            handlers = self.exact.setdefault(topic_filter, [])
+            if handler not in handlers:
+                handlers.append(handler)
             return
-        self.handlers.append((topic_filter, handler))
-        self._routes.clear()
+        if (topic_filter, handler) not in self.handlers:
+            self.handlers.append((topic_filter, handler))
+            self._routes.clear()
 
     def remove(self, topic_filter: str) -> None:
         if self.exact.pop(topic_filter, None) is not None:

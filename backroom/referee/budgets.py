@@ -27,11 +27,17 @@ ERROR_RATE_PER_S = 20.0
 #: What one identity's outbox and status payloads may cost the referee's loop, in
 #: seconds: a burst, then this share of every second (``WorkBudget``). What is
 #: charged is the work of judging them (parsing, refusals, statuses), not the
-#: matches' own work on the moves they carry: a busy agent in hundreds of
-#: matches spends some 1% of the loop on it. Past the budget a payload is
-#: dropped before it is parsed (``backroom_inputs_dropped_total``) and its moves
-#: are lost, so that agent's seats time out to their defaults, while every other
-#: agent's matches go on at full speed.
+#: matches' own work on the moves they carry, and nothing for a payload its
+#: matches took whole (play the rules bound: ``Ticket.free``), so an honest agent
+#: pays only for what is refused and 8,000 demo hands muted nobody. Past the
+#: budget a payload is dropped before it is parsed
+#: (``backroom_inputs_dropped_total``) and the identity is not read at all until
+#: the budget is full again (``Outboxes.mute``): its moves are lost, so its seats
+#: time out to their defaults, while every other agent's matches go on. The burst
+#: is small because what the broker holds for the referee while it reads a flood
+#: (up to ``max_inflight_messages``) still arrives after the UNSUBSCRIBE, a stall
+#: for every match: a 0.25 s burst cost a seated flood's victims a third of their
+#: rate (docs/operations.md, *Limits*).
 INPUT_BURST_S = 0.05
 INPUT_SHARE = 0.03
 #: What a payload costs before its handler runs (the socket, paho, the dispatch),

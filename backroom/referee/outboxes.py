@@ -89,7 +89,15 @@ class Outboxes:
                 if agent not in self.muted:
                     new.append(agent)
         if new and self.bus is not None:
-            await self.bus.subscribe_many(_topics(new), self._route)
+            try:
+                await self.bus.subscribe_many(_topics(new), self._route)
+            except BaseException:
+                # Refused (a broker whose ACL does not let referees read outboxes) or cut
+                # off: not read, and out of the bus's list (a next connection would
+                # subscribe them for good), so the next match seating them tries again.
+                self.reading.difference_update(new)
+                self._spawn(self._unsubscribe(new))
+                raise
 
     def unseat(self, agents: Iterable[str]) -> None:
         """A match of ``agents`` ended: those in no other match here are let go after the linger."""

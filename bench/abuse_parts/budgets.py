@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from abuse_parts import login
@@ -77,34 +78,56 @@ async def seat(url: str, creds_dir: str | Path, agent: str, seated: asyncio.Even
                 await asyncio.wait_for(seated.wait(), 1.0)
 
 
-async def flood_small_seated(
-    url: str, creds_dir: str | Path, seconds: float, agent: str = "mallory"
-) -> dict[str, float]:
-    """``flood_small`` from an agent seated in a match of the attacked referee's (one that
-    never ends: its other seats never answer), so that the referee reads its outbox
-    (``referee.outboxes``): what it costs is its input budget's share, and what the budget
-    does not price (the socket, paho)."""
+@contextlib.asynccontextmanager
+async def seated_bus(url: str, creds_dir: str | Path, agent: str) -> AsyncIterator[Bus]:
+    """``agent``'s bus, once ``agent`` is seated in a match of the attacked referee's (one
+    that never ends: its other seats never answer), so that the referee reads its outbox
+    and status (``referee.outboxes``)."""
     seated = asyncio.Event()
 
     def on_inbox(_topic: str, payload: bytes) -> None:
         if any(isinstance(m, MatchStart) for m in parse_all(payload)):
             seated.set()
 
-    sent = 0
     async with Bus(login(url, creds_dir, agent)) as bus:
         await bus.subscribe(topics.inbox(agent), on_inbox)
         seater = asyncio.create_task(seat(url, creds_dir, agent, seated))
         try:
             await seated.wait()
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                await bus.publish(topics.outbox(agent), b"{nope")
-                sent += 1
+            yield bus
         finally:
             seater.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await seater
+
+
+async def flood_small_seated(
+    url: str, creds_dir: str | Path, seconds: float, agent: str = "mallory"
+) -> dict[str, float]:
+    """``flood_small`` from an agent seated on the attacked referee: what it costs is its
+    input budget's share (``INPUT_SHARE``); past it the referee stops reading it."""
+    sent = 0
+    async with seated_bus(url, creds_dir, agent) as bus:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            await bus.publish(topics.outbox(agent), b"{nope")
+            sent += 1
     return {"payloads": sent, "seconds": seconds}
+
+
+async def flip_status_seated(
+    url: str, creds_dir: str | Path, seconds: float, agent: str = "mallory"
+) -> dict[str, float]:
+    """``flip_status`` from an agent seated on the attacked referee: each ``offline`` visits
+    its matches, out of the same budget as its outbox."""
+    flips = [dump(Status(state=s, kind="raw")) for s in ("offline", "online")]
+    sent = 0
+    async with seated_bus(url, creds_dir, agent) as bus:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            await bus.publish(topics.status(agent), flips[sent % 2])
+            sent += 1
+    return {"statuses": sent, "seconds": seconds}
 
 
 async def flip_status(
