@@ -336,9 +336,10 @@ async def refereed(broker: Broker, runs: Path, in_process: bool) -> AsyncIterato
                 }
                 argv = [sys.executable, "-m", "backroom", "agent", "random", "--id", n]
                 procs.append(await asyncio.create_subprocess_exec(*argv, env=env))
-        while any(
-            ref.kind_of(n) != "random" for n in names
-        ):  # online, so latency is labelled by kind
+        # Read as if seated for the whole bench (they are, in every match): a referee reads
+        # only its seated agents' statuses. Online, so latency is labelled by kind.
+        await ref.outboxes.seat(names)
+        while any(ref.kind_of(n) != "random" for n in names):
             await asyncio.sleep(0.05)
         async with Bus(runner_cfg) as bus:
             side = Refereed(bus, names)

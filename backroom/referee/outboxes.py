@@ -38,7 +38,7 @@ from backroom import metrics
 from backroom.bus import topics
 from backroom.bus.client import Bus, Handler
 
-#: Seconds an agent's outbox is still read after its last match here ended.
+#: Seconds an agent's outbox and status are still read after its last match here ended.
 LINGER_S = 5.0
 
 log = logging.getLogger("backroom.referee")
@@ -74,7 +74,8 @@ class Outboxes:
         (self.on_status if topic.endswith("/status") else self.on_outbox)(topic, payload)
 
     async def seat(self, agents: Iterable[str]) -> None:
-        """Read ``agents``' outboxes from now on (one SUBSCRIBE for those not read yet).
+        """Read ``agents``' outboxes and statuses from now on (one SUBSCRIBE for those not
+        read yet, unless muted).
 
         Awaited before the match sends anything: the broker then routes the
         agents' answers to this referee. A match seating an agent whose SUBSCRIBE

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from backroom.bus import presence, topics
 from backroom.bus.client import Bus, BusConfig
+from backroom.bus.errors import LoginRefused
 from backroom.bus.wire import IDENTITY_WINDOW_S, EpisodeRecord, MatchRequest, MatchSpec
 from backroom.runner.config import EXTERNAL, RunConfig
 from backroom.runner.dispatch import (
@@ -318,6 +319,20 @@ async def run_local(
         stack.stop()
 
 
+async def _accepted(bus_config: BusConfig, timeout_s: float = 10.0) -> None:
+    """Return once the broker takes ``bus_config``'s login: one just added is refused until
+    the broker has reread its password file (a fixed 0.3 s wait was a guess at how long)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            async with Bus(bus_config, role="runner"):
+                return
+        except LoginRefused:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
 async def connect_stack(
     stack: Stack,
     config: RunConfig,
@@ -338,7 +353,7 @@ async def connect_stack(
     bus_config = stack.identity(names.runner, role="runner", ephemeral=names.own)
     if stack.broker is None:
         if names.own:
-            await asyncio.sleep(0.3)  # the broker rereads its files (SIGHUP) before we log in
+            await _accepted(bus_config)  # the broker rereads its files on SIGHUP, not at once
         if spawn:
             mine = [*names.referees, *(a.id for a in config.agents if a.kind != EXTERNAL)]
             if taken := await already_online(bus_config, mine):
