@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from backroom import metrics
@@ -51,9 +51,18 @@ def _topics(agents: Iterable[str]) -> list[str]:
 class Outboxes:
     """The agents whose outbox and status this referee reads, by the matches that seat them here."""
 
-    def __init__(self, on_outbox: Handler, on_status: Handler, linger_s: float = LINGER_S) -> None:
+    def __init__(
+        self,
+        on_outbox: Handler,
+        on_status: Handler,
+        linger_s: float = LINGER_S,
+        forget: Callable[[str], None] | None = None,
+    ) -> None:
         self.on_outbox = on_outbox
         self.on_status = on_status
+        #: Told each agent let go: what its status said is not followed any more, so it
+        #: must not be believed when the agent is seated again (its status is read anew).
+        self.forget = forget
         self.linger_s = linger_s
         self.bus: Bus | None = None
         self.seats: Counter[str] = Counter()  # agent -> its matches here
@@ -158,6 +167,9 @@ class Outboxes:
             del self._idle[agent]
         gone = [a for a in due if a in self.reading]
         self.reading.difference_update(gone)
+        if self.forget is not None:
+            for agent in gone:
+                self.forget(agent)
         gone = [a for a in gone if a not in self.muted]  # not subscribed now
         if gone:
             self._spawn(self._unsubscribe(gone))

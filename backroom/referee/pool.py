@@ -28,7 +28,7 @@ async def claim_pooled(
     a name of the pool that is free. Trying a name a running referee holds
     throws that one off (once or twice: the bus's clean-start pre-login and its
     login; it reconnects at once and keeps its name, voiding the matches it had
-    in flight); that try also reads every referee's status, so later tries skip
+    in flight); that try also reads every pool name's status, so later tries skip
     the names online and a pass throws off at most one referee.
 
     Replicas racing for one name settle it within the identity window, since
@@ -56,11 +56,12 @@ async def claim_pooled(
             except KeyError as exc:  # no credentials for this name of the pool
                 say(f"skipping {name!r}: {exc.args[0]}")
                 continue
+            ref.watch = pool  # a referee reads only the statuses it is told to
             usable.append(name)
             try:
                 return await ref.open()
             except IdentityInUse:
-                # It read every referee's retained status meanwhile: skip the names
+                # It read the pool's retained statuses meanwhile: skip the names
                 # online, so the rest of the pass throws nobody else off.
                 held |= ref.referees_online
                 if ref.name_announced():

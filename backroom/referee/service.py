@@ -115,7 +115,7 @@ class Referee:
         self._counters: dict[tuple[str, str], Any] = {}
         self._latency: dict[tuple[str, str], Any] = {}
         self.budgets = Budgets(error_burst, error_rate_per_s, input_burst_s, input_share)
-        self.outboxes = Outboxes(self._on_outbox, self._on_status)
+        self.outboxes = Outboxes(self._on_outbox, self._on_status, forget=self._forget)
         self.judge = Judge(self.budgets, self.send_to, self.outboxes.mute)
         self.peers = RefereeGroup(self.name, self._on_request, self._announce, self.log)
         self.bus: Bus | None = None
@@ -126,6 +126,10 @@ class Referee:
         self._starting = False
         self._claiming = False  # connected, not yet started
         self._used_before = contested
+        #: Referees whose statuses are read from the first connection on, with this one's
+        #: own: a name pool's (``referee.pool``), so that a try that finds its name taken
+        #: has read which of the others are online.
+        self.watch: list[str] = []
         self._taken = asyncio.Event()
         #: Until when (monotonic) offline agents are waited for after a reconnect.
         self._settle_until = 0.0
@@ -184,9 +188,11 @@ class Referee:
             role="referee",
         )
         # "online" is announced only once requests and outboxes are being read. Statuses
-        # read: this referee's own (was the name used before?), its peers' (``peers``), and
-        # those of the agents seated here (``referee.outboxes``), never ``agents/+/status``.
-        await self.bus.subscribe(topics.status(self.name), self._on_status)
+        # read: this referee's own (was the name used before?) and ``watch``'s, its peers'
+        # (``peers``), and those of the agents seated here (``referee.outboxes``), never
+        # ``agents/+/status``.
+        watched = dict.fromkeys([self.name, *self.watch])
+        await self.bus.subscribe_many([topics.status(n) for n in watched], self._on_status)
         self.outboxes.bus = self.bus
         await self.peers.subscribe(self.bus, self._on_status)
         self._starting = True
@@ -461,14 +467,22 @@ class Referee:
             self.peers.follow(agent, msg.state == "online")
         (self.batching.add if msg.batches else self.batching.discard)(agent)
         if msg.state == "offline":
-            if agent not in self.offline:
-                self.offline_since[agent] = time.monotonic()
+            # Since when: kept while it was not read (``_forget``), so an agent that went
+            # away a while ago gets no new grace when it is seated here again.
+            self.offline_since.setdefault(agent, time.monotonic())
             self.offline.add(agent)
             for match in self.matches.values():
                 match.seat_offline(agent)
         else:
             self.offline.discard(agent)
             self.offline_since.pop(agent, None)
+
+    def _forget(self, agent: str) -> None:
+        """``agent`` is not read here any more: its last status may be stale by the time it is
+        seated again, when its retained status comes with the subscription. An ``offline``
+        believed meanwhile defaulted its first turn at once though it was back online."""
+        self.offline.discard(agent)  # ``offline_since`` stays: see ``_follow_status``
+        self.batching.discard(agent)
 
     def offline_wait(self, agent: str) -> float:
         """Seconds of ``agent``'s offline grace left: its seats wait that long, then default.
