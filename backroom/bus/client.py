@@ -129,6 +129,13 @@ class Bus:
         if client is not None and filters:  # no topic at all: a protocol error
             await self.subscriptions.subscribe_many(client, filters, qos)
 
+    def follow(self, filters: list[str], handler: Handler) -> None:
+        """``subscribe_many`` from a handler, which must not wait: routed from now on, the
+        SUBSCRIBE sent in the background (its SUBACK not awaited). A refusal or a connection
+        lost on the way is logged; the filters stay, and the next connection subscribes them."""
+        if filters:
+            self.connection.background(self.subscribe_many(filters, handler))
+
     async def unsubscribe_many(self, filters: list[str]) -> None:
         """``unsubscribe`` each of ``filters``, in one UNSUBSCRIBE."""
         for topic_filter in filters:

@@ -279,6 +279,14 @@ class Connection:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def background(self, coro: Any) -> None:
+        """Run ``coro`` as a task of this connection's; its failure is logged, not raised."""
+        self._background(coro).add_done_callback(self._log_failure)
+
+    def _log_failure(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.info("bus %s: background %r", self.config.username, exc)
+
 
 def _is_auth_failure(exc: aiomqtt.MqttCodeError) -> bool:
     """Whether a refused CONNECT means bad credentials (MQTT 3.1.1: 4, 5; MQTT 5: 0x86, 0x87).

@@ -52,7 +52,6 @@ class RefereeGroup:
         self._proposed: str | None = None  # the group this referee proposed, if it did
         self._moving: asyncio.Task[None] | None = None  # to a smaller group (``converge``)
         self.on_status: Handler = lambda _topic, _payload: None
-        self._following: set[asyncio.Task[None]] = set()  # subscriptions to peers' statuses
 
     async def subscribe(self, bus: Bus, on_status: Handler) -> None:
         """Follow the group records and this referee's probe (before connecting), and the
@@ -131,12 +130,6 @@ class RefereeGroup:
         if min(self.records.values()) < self.current:
             self._moving = asyncio.ensure_future(self._move())
 
-    def _followed(self, task: asyncio.Task[None]) -> None:
-        """A peer's status subscribed (or the connection lost first: the next one has it)."""
-        self._following.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.log.debug("following a peer's status: %r", task.exception())
-
     def stop(self) -> None:
         if self._moving is not None:
             self._moving.cancel()
@@ -182,8 +175,6 @@ class RefereeGroup:
             self.records.pop(referee, None)  # an emptied (or foreign) record
             return
         if referee not in self.records and referee != self.name and self.bus is not None:
-            task = asyncio.ensure_future(self.bus.subscribe(topics.status(referee), self.on_status))
-            self._following.add(task)
-            task.add_done_callback(self._followed)
+            self.bus.follow([topics.status(referee)], self.on_status)  # whether it is online
         self.records[referee] = name
         self.converge()

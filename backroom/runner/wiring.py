@@ -102,7 +102,6 @@ class Wiring:
         self.taken = asyncio.Event()
         #: Whose statuses are read, once the run plays (``narrow``); None: everyone's.
         self.reading: set[str] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
     def publish(self, request: MatchRequest) -> None:
         # Batched: requests released together (a batch of episodes came back) go out as one message.
@@ -134,33 +133,17 @@ class Wiring:
         self.rostered.add(name)
         if (claim := self.unproven.pop(name, None)) is not None:
             self.on_status(topics.status(name), claim)
-        if self.reading is not None and name not in self.reading:
-            self._follow([name])
+        if self.reading is not None and name not in self.reading and self.bus is not None:
+            self.reading.add(name)
+            self.bus.follow([topics.status(name)], self.on_status)
 
     async def narrow(self) -> None:
         """Read only the statuses the run acts on from now on: its agents' and its referees'."""
         assert self.bus is not None
-        self.reading = set()
-        self._follow([a.id for a in self.config.agents] + self.wait_for + sorted(self.rostered))
-        if self._tasks:
-            await asyncio.wait(list(self._tasks))
+        names = [a.id for a in self.config.agents] + self.wait_for + sorted(self.rostered)
+        self.reading = set(names)
+        await self.bus.subscribe_many([topics.status(n) for n in self.reading], self.on_status)
         await self.bus.unsubscribe(topics.ALL_STATUS)  # after: nothing missed between the two
-
-    def _follow(self, names: list[str]) -> None:
-        assert self.bus is not None and self.reading is not None
-        new = [n for n in dict.fromkeys(names) if n not in self.reading]
-        self.reading.update(new)
-        task = asyncio.ensure_future(
-            self.bus.subscribe_many([topics.status(n) for n in new], self.on_status)
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._followed)
-
-    def _followed(self, task: asyncio.Task[None]) -> None:
-        # Cut off mid-subscribe: the next connection subscribes every filter again.
-        self._tasks.discard(task)
-        if not task.cancelled():
-            task.exception()
 
     def on_status(self, topic: str, payload: bytes) -> None:
         seen = presence.read(topic, payload)
