@@ -31,6 +31,7 @@ async def play_async(
                 game=game.name,
                 params=game.public_params(),  # as the referee tells the players
                 turn_timeout_s=10,
+                **({"seed": seed} if seed is not None else {}),  # agents' draws replay from it
             )
         )
     log: list[dict[str, Any]] = []

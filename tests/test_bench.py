@@ -128,3 +128,39 @@ def test_the_warm_up_gives_a_small_transformer_the_cooperative_prior(tmp_path: P
         scored = asyncio.run(backend.score(ids, cands))
         probs.append(softmax([s.total for s in scored])[0])
     assert all(0.9 < p < 0.99 for p in probs), probs
+
+
+@pytest.mark.slow  # two short `backroom train` runs with their processes, about a minute
+def test_the_exploitability_bench_on_the_bus_prints_a_row_per_opponent(tmp_path: Path) -> None:
+    """bench/ipd_exploitability_bus.py trains its frozen opponents, runs a learner against each
+    through `backroom train`, and reads the outcome back from the run's store."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "ipd_exploitability_bus.py"),
+            *("--seeds", "0", "--steps", "2", "--batch", "2", "--rounds", "2"),
+            *("--out", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    rows = [
+        line for line in out.stdout.splitlines() if line.startswith("| ") and "seed" not in line
+    ]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| Advantage Alignment (memory-one, frozen: tit-for-tat)",
+        "| GRPO sum-of-rewards (memory-one, frozen: always-A)",
+    ], out.stdout
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        learner, opponent, gap = float(cells[3]), float(cells[4]), float(cells[5])
+        assert (
+            0 <= learner <= 5
+            and 0 <= opponent <= 5
+            and gap == pytest.approx(learner - opponent, abs=0.011)
+        )
+        assert cells[-1] == "0 / 0 / 0", row  # nothing voided, no fallback, nothing dropped
+    assert (tmp_path / "m1-adalign-s0" / "memory_one.json").exists()

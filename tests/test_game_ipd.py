@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 
 from backroom.agents import make_agent
 from backroom.agents.base import JSON, Agent
@@ -13,6 +15,8 @@ from backroom.bus.wire import Turn
 from backroom.games import CHANCE, IllegalActionError, make_game
 
 from .gameplay import play
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def moves(state) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
@@ -156,3 +160,63 @@ def test_params_round_trip_and_prompt_overrides() -> None:
         make_game("ipd", prompts={"nope": "x"})
     with pytest.raises(ValueError):
         make_game("ipd", rounds=0)
+
+
+TFT_P_A = {"first": 1.0, "AA": 1.0, "AB": 0.0, "BA": 1.0, "BB": 0.0}
+
+
+def test_a_memory_one_policy_of_certainties_plays_as_the_scripted_kind_it_equals() -> None:
+    """Ones and zeros leave nothing to chance: tit-for-tat's table is tit-for-tat."""
+    game = make_game("ipd", rounds=8)
+    table = play(game, [make_agent("memory-one", "m", p_a=TFT_P_A), DefectOnce("d")])
+    tft = play(game, [make_agent("tit-for-tat", "t"), DefectOnce("d")])
+    assert moves(table) == moves(tft) and moves(table)[3] == ("B", "A")
+    never = {state: 0.0 for state in TFT_P_A}
+    assert {
+        m[0] for m in moves(play(game, [make_agent("memory-one", "n", p_a=never), DefectOnce("d")]))
+    } == {"B"}
+
+
+def test_a_mixed_memory_one_policy_draws_its_probabilities_from_the_match_seed() -> None:
+    p_a = {"first": 0.3, "AA": 0.3, "AB": 0.3, "BA": 0.3, "BB": 0.3}
+
+    def first_moves(seed: int) -> list[str]:
+        agents = [make_agent("memory-one", "m", p_a=p_a), make_agent("always", "a", action="A")]
+        return [m[0] for m in moves(play(make_game("ipd", rounds=10), agents, seed=seed))]
+
+    played = [first_moves(seed) for seed in range(200)]
+    assert played == [first_moves(seed) for seed in range(200)]  # same seed, same moves
+    assert len({tuple(m) for m in played}) > 150  # different seeds, different draws
+    share = sum(m.count("A") for m in played) / 2000
+    assert 0.25 < share < 0.35  # 2,000 draws of P(A) 0.3: five standard errors either side
+
+
+def test_a_memory_one_training_run_is_played_as_its_final_policy(tmp_path: Path) -> None:
+    from backroom.trainer.config import parse_train_config
+    from backroom.trainer.memory_one import run
+
+    data = yaml.safe_load((ROOT / "examples" / "ipd_memory_one.yaml").read_text())
+    result = run(parse_train_config({**data, "steps": 20}), tmp_path / "m1")
+    agent = make_agent("memory-one", "frozen", run=str(tmp_path / "m1"))
+    assert agent.p_a == result.p_a  # type: ignore[attr-defined]
+    assert 0.0 < min(result.p_a.values()) < max(result.p_a.values()) < 1.0
+
+
+def test_a_memory_one_policy_that_is_not_one_is_refused_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="exactly one of run=DIR"):
+        make_agent("memory-one", "m")
+    with pytest.raises(ValueError, match="exactly one of run=DIR"):
+        make_agent("memory-one", "m", run=str(tmp_path), p_a=TFT_P_A)
+    with pytest.raises(
+        ValueError, match=r"memory_one.json .*backroom train examples/ipd_memory_one"
+    ):
+        make_agent("memory-one", "m", run=str(tmp_path / "none"))
+    (tmp_path / "memory_one.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read a final policy"):
+        make_agent("memory-one", "m", run=str(tmp_path))
+    with pytest.raises(ValueError, match=r"exactly the states .*got \['AA', 'first'\]"):
+        make_agent("memory-one", "m", p_a={"first": 1.0, "AA": 1.0})
+    with pytest.raises(ValueError, match=r"p_a\['BB'\] = 1.5 is not in \[0, 1\]"):
+        make_agent("memory-one", "m", p_a={**TFT_P_A, "BB": 1.5})
+    with pytest.raises(ValueError, match=r"p_a\['AB'\] is not a number: 'x'"):
+        make_agent("memory-one", "m", p_a={**TFT_P_A, "AB": "x"})

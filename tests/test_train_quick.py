@@ -278,6 +278,32 @@ def test_piped_progress_comes_a_line_per_step_while_it_runs(
         assert len(store.steps()) >= 2
 
 
+def test_a_process_of_the_run_that_exits_stops_it_at_once_with_its_reason(
+    tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    """An agent host that cannot build a pool agent (a frozen memory-one policy whose run is
+    not there) exits; the trainer says so, with the host's own error, instead of waiting
+    120 s for agents that will never come online."""
+    config = tiny_run(tiny_qwen_model)
+    missing = tmp_path / "no-such-run"
+    config["opponents"] = [
+        {"agent": {"id": "frozen", "kind": "memory-one", "options": {"run": str(missing)}}}
+    ]
+    cfg = tmp_path / "pool.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        backroom("train", cfg, "--run-dir", tmp_path / "run"),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=110 * load_factor(),  # under the 120 s the trainer waits for agents
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-3000:]
+    assert "process agents exited with code" in out, out[-3000:]
+    assert "cannot read a final policy" in out and "agents not online" not in out, out[-3000:]
+
+
 def test_library_warnings_go_to_the_log_file_not_the_terminal(tmp_path: Path) -> None:
     from backroom.trainer import progress
 

@@ -5,8 +5,8 @@ with its own policy, players and run directory, share one broker and one
 referee and play each other: each names the other's current adapter on the
 opponent seat and trains only its own seat. Then a third learner trains
 against a fixed pool (an always-cooperating agent and a frozen adapter of the
-first run), whose seats are never trained. Slow: a GRPO learner exploits
-always-cooperate and not tit-for-tat; two ``backroom train`` processes
+first run), whose seats are never trained. Slow: a GRPO learner exploits a
+frozen naive policy and not a frozen Advantage Alignment one; two ``backroom train`` processes
 co-train from the examples over a shared broker.
 """
 
@@ -21,19 +21,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from backroom.agents import make_agent
 from backroom.agents.base import Agent
 from backroom.agents.local import LocalAgent
 from backroom.bus.broker import Broker
 from backroom.bus.wire import Trace
 from backroom.model.adapters import adapter_digest
+from backroom.trainer import memory_one
 from backroom.trainer.config import parse_train_config
 from backroom.trainer.loop import TrainError, TrainResult, train
+from backroom.trainer.memory_one import Result
 from backroom.trainer.opponents import Records
 from backroom.trainer.store import Store
 
 from .conftest import TEST_DEVICE, agents, identity, load_factor, stack
 from .test_trainer import tiny_config_data
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def cotrain_data(model: Path, me: str, other: str, algorithm: str) -> dict[str, Any]:
@@ -203,57 +209,109 @@ async def test_a_fixed_pool_is_played_and_never_trained(
 
 
 async def exploit_run(
-    broker: Broker, tmp_path: Path, model: Path, opponent: dict[str, Any], name: str, steps: int
-) -> list[dict[str, Any]]:
-    """A GRPO learner trained against one scripted opponent; the train log's rows."""
+    broker: Broker, tmp_path: Path, model: Path, opponent: dict[str, Any], name: str
+) -> tuple[list[float], dict[int, tuple[float, float]]]:
+    """A GRPO learner trained against one frozen opponent (an agent spec) as
+    ``bench/ipd_exploitability_bus.py`` trains it: its share of A by step, and step ->
+    (the learner's, the opponent's) mean reward per round in that step's matches."""
     config = parse_train_config(
         {
             **cotrain_data(model, name, "x", "grpo"),
-            "params": {"rounds": 3},
-            "hyper": {"lr": 3e-2, "batch_size": 16, "group_size": 1},
-            "steps": steps,
+            "params": {"rounds": 10},
+            "hyper": {"lr": 1e-4, "batch_size": 8, "group_size": 1},
+            "lora": {"rank": 32, "alpha": 64},
+            "steps": EXPLOIT_STEPS,
             "opponents": [{"agent": opponent}],
-            "evaluation": {"every": steps, "matches": 1},
+            "evaluation": {"every": EXPLOIT_STEPS, "matches": 1},
         }
     )
-    players: list[Agent] = [*learners(model, name), *agents((opponent["id"], opponent["kind"]))]
-    rows: list[dict[str, Any]] = []
-    async with stack(broker, tmp_path / "runs", players):
+    frozen = make_agent(opponent["kind"], opponent["id"], **opponent.get("options", {}))
+    coop: list[float] = []
+    async with stack(broker, tmp_path / "runs", [*learners(model, name), frozen]):
         await train(
             config,
             tmp_path / name,
             identity(broker, f"trainer-{name}", "trainer"),
-            on_step=lambda _s, row: rows.append(row),
+            on_step=lambda _s, row: coop.append(row["cooperation_rate"]),
         )
-    return rows
+    by_step: dict[int, list[tuple[float, float]]] = {}
+    with Store(tmp_path / name / "store.sqlite") as store:
+        for request, record in store.outcomes("train"):
+            (mine,) = request.trainable  # the learner's seat; the frozen one is never trained
+            assert record.reason == "normal" and not any(a.fallback for a in record.actions)
+            returns = [r / 10 for r in record.returns]
+            by_step.setdefault(request.step, []).append((returns[mine], returns[1 - mine]))
+    rewards = {
+        step: (sum(r[0] for r in rows) / len(rows), sum(r[1] for r in rows) / len(rows))
+        for step, rows in by_step.items()
+    }
+    return coop, rewards
 
 
-@pytest.mark.slow  # two 10-step runs, about a minute
-async def test_grpo_exploits_a_naive_opponent_not_a_reciprocating_one(
-    broker: Broker, tmp_path: Path, tiny_qwen_model: Path
+EXPLOIT_STEPS = 30
+
+
+def memory_one_run(tmp_path: Path, name: str, **overrides: Any) -> tuple[Path, Result]:
+    """``backroom train examples/ipd_memory_one.yaml`` with ``overrides``: a frozen policy's run."""
+    data = yaml.safe_load((ROOT / "examples" / "ipd_memory_one.yaml").read_text())
+    run_dir = tmp_path / name
+    return run_dir, memory_one.run(parse_train_config({**data, **overrides}), run_dir)
+
+
+@pytest.mark.slow  # a warm-up and two 30-step runs of 10-round matches, about 2 min
+async def test_grpo_exploits_a_frozen_naive_policy_not_a_frozen_advantage_alignment_one(
+    broker: Broker, tmp_path: Path
 ) -> None:
-    """The paper's experiment in shape, with what the tiny random model can show.
+    """The paper's experiment (figure 6), end to end: an LLM learner over the real stack.
 
-    Its policy is a near coin flip between A and B that a few high-lr steps
-    move; it cannot *be* a trained Advantage Alignment agent, so tit-for-tat
-    stands in for the reciprocity AA learns (the memory-one harness,
-    tests/test_trainer_memory_one_exploit.py, trains the real one). A frozen
-    adapter as the opponent is exercised by the pool test above.
+    Both opponents are trained by backroom and frozen: Advantage Alignment and
+    the sum-of-rewards GRPO cooperator on the memory-one harness (seconds,
+    ``examples/ipd_memory_one.yaml``; no LLM a CPU can train becomes an AA
+    agent), played on the bus by the ``memory-one`` kind from their run
+    directories, as ``opponents:`` members the learner never trains. The
+    learner is a GRPO LoRA on the small random Qwen2 with SmolLM2's cooperative
+    prior (P(A) 0.95, ``bench/ipd_warmup.py``), through ``train``, the referee
+    and ``local`` agents: ``bench/ipd_exploitability_bus.py``'s run, for one
+    seed and 30 steps (docs/training.md has three seeds of 40).
     """
-    steps = 10
-    naive = await exploit_run(
-        broker, tmp_path, tiny_qwen_model, {"id": "coop", "kind": "always"}, "vs-naive", steps
+    aa_dir, aa = memory_one_run(tmp_path, "m1-adalign")  # the example: AA, 400 steps
+    naive_dir, naive_policy = memory_one_run(tmp_path, "m1-naive", algorithm="grpo_sum", steps=150)
+    assert aa.verdict == "tit-for-tat" and naive_policy.verdict == "always-A"
+    model = tmp_path / "model"
+    warm = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "ipd_warmup.py"), "--out", str(model)],
+        capture_output=True,
+        text=True,
+        timeout=300 * load_factor(),
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
     )
-    tft = await exploit_run(
-        broker, tmp_path, tiny_qwen_model, {"id": "tft", "kind": "tit-for-tat"}, "vs-tft", steps
-    )
-    # the learner's share of cooperation in its training matches, first step and last three
-    first = [rows[0]["cooperation_rate"] for rows in (naive, tft)]
-    last = [sum(r["cooperation_rate"] for r in rows[-3:]) / 3 for rows in (naive, tft)]
-    # against always-cooperate defection pays at once (5 against 3 a round): it learns it
-    assert last[0] < first[0] - 0.2 and last[0] < 0.3, (first, last)
-    # against tit-for-tat over 3 rounds defecting costs more than it takes: it cooperates more
-    assert last[1] >= first[1] and last[1] > last[0] + 0.3, (first, last)
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    outcomes = {}
+    for name, run_dir in (("naive", naive_dir), ("adalign", aa_dir)):
+        spec = {"id": name, "kind": "memory-one", "options": {"run": str(run_dir)}}
+        outcomes[name] = await exploit_run(broker, tmp_path, model, spec, f"vs-{name}")
+    summary = {}
+    for name, (coop, rewards) in outcomes.items():
+        assert len(coop) == EXPLOIT_STEPS and sorted(rewards) == list(range(EXPLOIT_STEPS))
+        last = range(EXPLOIT_STEPS - 3, EXPLOIT_STEPS)
+        learner = sum(rewards[s][0] for s in last) / 3
+        opponent = sum(rewards[s][1] for s in last) / 3
+        summary[name] = {
+            "start": coop[0],
+            "coop": sum(coop[s] for s in last) / 3,
+            "gap": learner - opponent,  # the learner's reward per round minus the opponent's
+            "drop": rewards[0][1] - opponent,  # what the learner's training cost the opponent
+        }
+    naive, adalign = summary["naive"], summary["adalign"]
+    # both start where the prior is: cooperating
+    assert naive["start"] > 0.85 and adalign["start"] > 0.85, summary
+    # against the frozen cooperator defection pays (5 against 3 a round): it learns always-B,
+    # and exploits it as bench/ipd_exploitability.py defines it (gap and drop both above 1)
+    assert naive["coop"] < 0.3 and naive["gap"] > 1 and naive["drop"] > 1, summary
+    # against the frozen AA policy defection is answered: it keeps cooperating, and the
+    # opponent gets about what it got at the start (no exploitation)
+    assert adalign["coop"] > 0.85 and abs(adalign["gap"]) < 0.5, summary
+    assert adalign["drop"] < 0.5, summary
 
 
 @pytest.mark.slow  # two `backroom train` processes with their referees and agent hosts, ~1 min

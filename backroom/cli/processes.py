@@ -195,7 +195,13 @@ def agent_host(
     entries = json.loads(spec_json)
     for e in entries:
         require_kind(e["kind"], e.get("options"))
-    agents = [make_agent(e["kind"], e["id"], **e.get("options", {})) for e in entries]
+    agents = []
+    for e in entries:
+        try:
+            agents.append(make_agent(e["kind"], e["id"], **e.get("options", {})))
+        except ValueError as exc:  # one line, naming the agent: it ends in the runner's error
+            console.print(f"[red]error:[/red] agent {e['id']!r}: {exc}")
+            raise typer.Exit(2) from None
     configs = [
         BusConfig.from_url(broker_url or DEFAULT_URL, username=a.id, password=passwords.get(a.id))
         for a in agents

@@ -10,9 +10,12 @@ and plots are, and the tracking tool's line when one is configured.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import os
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -34,8 +37,12 @@ from backroom.cli.common import (
 from backroom.runner.config import ConfigError
 
 if TYPE_CHECKING:
+    from backroom.runner.stack import Stack
     from backroom.trainer.config import TrainConfig
     from backroom.trainer.loop import TrainResult
+
+#: How often ``backroom train`` looks whether a process it started has exited.
+PROCESS_CHECK_S = 0.5
 
 
 def train_cmd(
@@ -201,7 +208,8 @@ def _train(
         else:
             bus = bus_config(broker_url, trainer_identity(config), credentials)
         with progress:
-            result = run(train(config, target, bus, resume=resume, on_step=on_step))
+            training = train(config, target, bus, resume=resume, on_step=on_step)
+            result = run(_stopped_by_a_dead_process(training, stack))
     except (TrainError, BrokerError, BusError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -212,6 +220,35 @@ def _train(
         if stack is not None:
             stack.stop()
     _report(config, target, result)
+
+
+async def _stopped_by_a_dead_process(
+    training: Coroutine[Any, Any, TrainResult], stack: Stack | None
+) -> TrainResult:
+    """The run, stopped with the reason as soon as a process it started exits.
+
+    Why: an agent host that failed at start (an option a pool agent refuses,
+    a policy file that is not there) showed only as "agents not online after
+    120s", its reason left in ``logs/agents.log``; one that died mid-run left
+    the referee to default its seats. The steps already logged stay logged:
+    ``--resume`` goes on from the last one.
+    """
+    from backroom.trainer.loop import TrainError
+
+    task = asyncio.ensure_future(training)
+    while stack is not None and not task.done():
+        await asyncio.wait({task}, timeout=PROCESS_CHECK_S)
+        if not task.done() and (dead := stack.dead()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            name = dead[0]
+            raise TrainError(
+                f"process {name} exited with code {stack.exit_code(name)} while the run "
+                f"needed it; the end of {stack.run_dir / 'logs' / name}.log:\n"
+                f"{stack.log_tail(name)}"
+            )
+    return await task
 
 
 def _start_ranks(nproc: int) -> None:

@@ -496,6 +496,17 @@ class Store:
             (before_step,),
         ).fetchall()
 
+    def outcomes(self, kind: str = "train") -> list[tuple[Request, EpisodeRecord]]:
+        """Every stored match of ``kind`` with its episode, in request order: who got what
+        against whom, step by step, for a report (``bench/ipd_exploitability_bus.py``)."""
+        rows = self._db.execute(
+            "SELECT r.match, r.step, r.crn_group, r.kind, r.spec, r.trainable, r.label, e.record"
+            " FROM episodes e JOIN requests r ON r.match = e.match WHERE r.kind = ?"
+            " ORDER BY r.rowid",
+            (kind,),
+        ).fetchall()
+        return [(_request(row[:7]), EpisodeRecord.model_validate_json(row[7])) for row in rows]
+
     # --- training log -----------------------------------------------------------------
 
     def log_step(
