@@ -110,20 +110,26 @@ async def test_a_run_stopped_mid_play_closes_its_traces_file(
 ) -> None:
     traces = tmp_path / "traces.jsonl"
     stop = asyncio.Event()
+    open_at_first_episode: list[bool] = []
+
+    def first_episode(_ep: object, _n: int) -> None:
+        open_at_first_episode.append(str(traces) in _open_paths())
+        stop.set()
+
     players = agents(("alice", "kuhn-colluder"), ("bob", "kuhn-colluder"), ("carol", "random"))
     async with stack(broker, tmp_path / "runs", players):
-        run = asyncio.create_task(
+        await asyncio.wait_for(
             run_matches(
                 _config("stopped"),
                 identity(broker, "runner", "runner"),
                 ["alice", "bob", "carol"],
                 traces_path=traces,
-                on_episode=lambda _ep, _n: stop.set(),
+                on_episode=first_episode,
                 stop=stop,
-            )
+            ),
+            60 * load_factor(),
         )
-        await eventually(lambda: str(traces) in _open_paths(), 10 * load_factor())
-        await asyncio.wait_for(run, 60 * load_factor())
+    assert open_at_first_episode[0]  # open while the run played
     assert str(traces) not in _open_paths()
     assert all(json.loads(line) for line in traces.read_text().splitlines())
 

@@ -179,6 +179,78 @@ async def test_the_runner_writes_each_decision_once_and_no_more_than_its_bound(
     assert len(said) == 1 and f"{bound:,} bytes" in said[0], notices
 
 
+class LateTracer(Agent):
+    """Answers at once and sends the decision's trace ``lag`` seconds later: a trace that
+    trails its move, as one can when the machine is busy or the agent's link is slow."""
+
+    lag = 0.6
+    traces_decisions = True  # said in its status: the runner knows to wait for its traces
+
+    def __init__(self, agent_id: str, skip_turn: int | None = None) -> None:
+        super().__init__(agent_id)
+        self.skip_turn = skip_turn  # a turn it never traces (an agent that lost a trace)
+        self.sent: list[asyncio.Task[None]] = []
+
+    async def act(self, turn: Turn) -> object:
+        if turn.turn != self.skip_turn:
+            trace = Trace(
+                match=turn.match, agent=self.id, turn=turn.turn, seat=turn.seat, phase="act"
+            )
+            self.sent.append(asyncio.create_task(self._later(trace)))
+        return "A"
+
+    async def _later(self, trace: Trace) -> None:
+        await asyncio.sleep(self.lag)  # the lag being simulated, not a wait in the test
+        await self.publish_trace(trace)
+
+
+async def test_the_runner_waits_for_the_traces_of_the_last_decisions_and_counts_those_missing(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """The last episode can come before the last decisions' traces (they travel to the runner
+    by another path than the moves to the referee). The runner waits for exactly the traces
+    still due, not a fixed 0.2 s that lost them; one never sent is counted and said."""
+    from backroom.runner.config import RunConfig
+    from backroom.runner.local import run_matches
+    from backroom.runner.results import Faults
+
+    late, forgetful = LateTracer("late"), LateTracer("forgetful", skip_turn=2)
+    config = RunConfig.model_validate(
+        {
+            "run": "late-traces",
+            "game": "ipd",
+            "params": {"rounds": 2},
+            "matches": 3,
+            "agents": [{"id": a.id, "kind": "external"} for a in (late, forgetful)],
+        }
+    )
+    notices: list[str] = []
+    faults = Faults()
+    path = tmp_path / "traces.jsonl"
+    async with stack(broker, tmp_path / "runs", [late, forgetful]):
+        eps = await run_matches(
+            config,
+            identity(broker, "runner", "runner"),
+            [],
+            traces_path=path,
+            on_notice=notices.append,
+            faults=faults,
+            trace_wait_s=3 * load_factor(),
+        )
+    assert len(eps) == 3 and all(e.reason == "normal" for e in eps)
+    written = {
+        (t["match"], t["agent"], t["turn"]) for t in map(json.loads, path.read_bytes().splitlines())
+    }
+    decided = {(e.match, a.agent, a.turn) for e in eps for a in e.actions}
+    # every trace sent was written, the last ones 0.6 s after the last episode included
+    assert written == {d for d in decided if not (d[1] == "forgetful" and d[2] == 2)}
+    # the forgetful agent's untraced second turn in each match: counted and said
+    assert faults.traces_missing == 3
+    said = [n for n in notices if "have no trace" in n]
+    assert len(said) == 1 and said[0].startswith("3 decisions") and "forgetful" in said[0]
+    assert "late" not in said[0].split("agents:")[1]
+
+
 async def test_a_version_the_buffer_let_go_is_no_longer_announced(
     broker: Broker, tmp_path: Path
 ) -> None:

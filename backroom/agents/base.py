@@ -64,6 +64,9 @@ class Agent:
     #: Hand this agent every adapter version a trainer announced (``on_announced``): an
     #: agent that loads the adapters a match names must know which ones a trainer chose.
     follows_announcements: ClassVar[bool] = False
+    #: Publishes a trace of every decision (``publish_trace``), a fallback's too; said in
+    #: the agent's status, so a runner recording traces knows whose to wait for.
+    traces_decisions: ClassVar[bool] = False
 
     def __init__(self, agent_id: str, seed: int | None = None, **options: Any) -> None:
         if options:

@@ -155,6 +155,8 @@ class LLMAgent(MemoryAgent):
     server load it (``/v1/load_lora_adapter``).
     """
 
+    traces_decisions = True
+
     def __init__(
         self,
         agent_id: str,

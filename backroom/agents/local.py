@@ -76,6 +76,8 @@ class LocalAgent(AdapterSeats):
     ``share_card``, ``window``, ``plan_every``, ``recall``).
     """
 
+    traces_decisions = True
+
     def __init__(
         self,
         agent_id: str,

@@ -256,7 +256,11 @@ class AgentRunner:
 
     def _online(self) -> Status:
         return Status(
-            state="online", kind=self.agent.kind, batches=True, heartbeat_s=self.status_refresh_s
+            state="online",
+            kind=self.agent.kind,
+            batches=True,
+            heartbeat_s=self.status_refresh_s,
+            traces=self.agent.traces_decisions,
         )
 
     async def _announce(self) -> None:

@@ -320,6 +320,11 @@ class Status(Envelope):
             "readers take an online status not renewed in time as gone (backroom.bus.presence)"
         ),
     )
+    traces: bool = Field(
+        default=False,
+        description="this agent publishes a trace of each decision it makes (traces/{agent}): "
+        "a runner recording traces waits for them after the last episode",
+    )
 
 
 class Event(Envelope):

@@ -52,7 +52,7 @@ from backroom.runner.stack import (
     start_processes,
     torch_threads_env,
 )
-from backroom.runner.traces import TRACES_MAX_BYTES, TraceLog, seats_by_attempt
+from backroom.runner.traces import TRACE_WAIT_S, TRACES_MAX_BYTES, TraceLog, seats_by_attempt
 from backroom.runner.wiring import SLOW_START_S, Wiring
 from backroom.runs import bind_run_dir, new_run_dir
 
@@ -107,13 +107,17 @@ async def run_matches(
     episode_wait_s: float = EPISODE_WAIT_S,
     claim_window_s: float = 0.0,
     run_key: str | None = None,
+    trace_wait_s: float = TRACE_WAIT_S,
 ) -> list[EpisodeRecord]:
     """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
 
     With ``traces_path``, every trace a trainable agent publishes for one of
     these matches is appended there as JSON lines (``runner.traces.TraceLog``),
     each decision once, up to ``traces_max_bytes`` for the run (``on_notice``
-    hears when it is reached); the file is closed however the run ends. With
+    hears when it is reached); the file is closed however the run ends. After
+    the last episode the run waits, up to ``trace_wait_s``, for the traces of
+    decisions it has not seen yet, and counts those that never came
+    (``faults.traces_missing``). With
     ``run_stamp``, every request names it, so referees write
     ``runs/<run>/<run_stamp>/``: this run's own directory, never an earlier
     run's file.
@@ -194,8 +198,17 @@ async def run_matches(
             await play.narrow()
             await play.play(request, len(matches), ack_timeout_s, stop)
         faults.interrupted = stop is not None and stop.is_set() and ledger.unfinished > 0
-        if traces_path is not None:  # a league's rounds without traces need not wait
-            await asyncio.sleep(0.2)  # traces of the last decisions are still on their way
+        # the last decisions' traces may trail their episode (another reader, another path);
+        # a league's rounds without traces need not wait
+        if play.traces is not None and (
+            missing := await play.traces.wait_for(list(ledger.episodes.values()), trace_wait_s)
+        ):
+            faults.traces_missing = len(missing)
+            agents = sorted({agent for _match, agent, _turn in missing})
+            notice(
+                f"{len(missing)} decisions have no trace in traces.jsonl "
+                f"{TRACE_WAIT_S:.0f} s after the last episode (agents: {', '.join(agents)})"
+            )
     return ledger.result()
 
 

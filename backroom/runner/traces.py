@@ -6,17 +6,26 @@ ends, a failed or stopped run's too.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
 
 from backroom import metrics
-from backroom.bus.wire import MAX_TRACE_BYTES, Trace, WireError, parse
+from backroom.bus.wire import MAX_TRACE_BYTES, EpisodeRecord, Trace, WireError, parse
 
 #: Bytes of traces one run records in its traces.jsonl; past it, traces are counted, not written.
 TRACES_MAX_BYTES = 1024**3
+#: How long a run waits, after its last episode, for the traces of decisions it has not
+#: seen yet (``TraceLog.wait_for``); it stops waiting as soon as they are all in.
+TRACE_WAIT_S = 5.0
+
+#: A decision: (attempt id, agent, turn).
+Decision = tuple[str, str, int]
 
 
 class TraceLog:
@@ -43,6 +52,12 @@ class TraceLog:
         ] = {}  # (attempt, agent, seat) -> turn
         self.written: Counter[str] = Counter()  # agent -> bytes of its traces written
         self.bound_told = False
+        #: Every decision whose trace came from its seat (written, or a repeat, or past the
+        #: bound); the agents whose decisions ``wait_for`` awaits (the runner adds those
+        #: whose status says they trace, ``on_trace`` those that sent one).
+        self.decided: set[Decision] = set()
+        self.tracers: set[str] = set()
+        self._arrived = asyncio.Event()
 
     def __enter__(self) -> TraceLog:
         self.file = self.path.open("ab")
@@ -88,12 +103,53 @@ class TraceLog:
             return  # not a trace of this run
         sender = topic.rsplit("/", 1)[-1]
         reason = self._refusal(msg, sender, seats, len(payload))
+        if reason not in ("forged", "not_seated"):  # the seat's own word: its decision is in
+            self.decided.add((msg.match or "", sender, msg.turn))
+            self.tracers.add(sender)
+            self._arrived.set()
         if reason is not None:
             metrics.TRACES_REJECTED.labels(reason=reason).inc()
             return
         self.last_turn[(msg.match or "", sender, msg.seat)] = msg.turn
         self.written[sender] += len(payload) + 1
         self.file.write(payload.rstrip(b"\n") + b"\n")
+
+    def missing(self, episodes: Iterable[EpisodeRecord]) -> list[Decision]:
+        """The decisions in ``episodes`` of agents that trace whose trace has not come.
+
+        An agent traces if its status says so (``Status.traces``: ``local`` and
+        ``llm`` trace every decision, a fallback included; scripted kinds none)
+        or if one trace of its own came in this run. A move the referee
+        defaulted (``timed_out``) was no decision of the agent.
+        """
+        return [
+            (ep.match, a.agent, a.turn)
+            for ep in episodes
+            for a in ep.actions
+            if a.agent in self.tracers
+            and not a.timed_out
+            and (ep.match, a.agent, a.turn) not in self.decided
+        ]
+
+    async def wait_for(
+        self, episodes: Sequence[EpisodeRecord], timeout_s: float = TRACE_WAIT_S
+    ) -> list[Decision]:
+        """Wait until every decision in ``episodes`` has its trace; return those still missing.
+
+        Why: a trace and the move it explains travel to different readers (the
+        runner, the referee), so the last episode can arrive before the last
+        traces. The run waits for exactly those, not for a fixed time, and says
+        how many never came (``Faults.traces_missing``).
+        """
+        deadline = time.monotonic() + timeout_s
+        while missing := self.missing(episodes):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return missing
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), left)
+        return []
 
     def _refusal(self, msg: Trace, sender: str, seats: Sequence[str], size: int) -> str | None:
         """Why ``msg`` is not written (a ``backroom_traces_rejected_total`` reason), or None."""

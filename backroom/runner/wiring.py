@@ -160,6 +160,8 @@ class Wiring:
             metrics.UNPROVEN_REFEREES.inc()
             return
         self.roster.hold(seen)
+        if seen.online and seen.status.traces and self.traces is not None:
+            self.traces.tracers.add(name)  # its last decisions' traces are waited for
         if kind == "referee":
             (self.ledger.referee_online if seen.online else self.ledger.referee_offline)(name)
         else:
