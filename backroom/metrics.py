@@ -35,6 +35,7 @@ KNOWN_AGENT_KINDS = frozenset(
         "level-k",
         "llm",
         "local",
+        "memory-one",
         "nash-pricer",
         "poker-colluder",
         "random",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,15 @@ async def play(
     return missing
 
 
+def cooperation(game: str, moves: Iterable[object]) -> float | None:
+    """IPD: the share of A (cooperate) among ``moves``; None for other games, or no moves.
+    The training rows (``loop.cooperation_rate``) and the evaluations count it alike."""
+    if game != "ipd":
+        return None
+    played = list(moves)
+    return sum(1 for m in played if m == COOPERATE) / len(played) if played else None
+
+
 async def evaluate(
     tb: TrainerBus,
     store: Store,
@@ -93,13 +102,9 @@ async def evaluate(
     for label, eps in by_label.items():
         mine = float(np.mean([ep.record.returns[0] for ep in eps]))
         theirs = float(np.mean([ep.record.returns[1] for ep in eps]))
-        moves = [
-            a.action for ep in eps for a in ep.record.actions if a.phase == "act" and a.seat == 0
-        ]
-        coop = (
-            sum(1 for m in moves if m == COOPERATE) / len(moves)
-            if config.game == "ipd" and moves
-            else None
+        coop = cooperation(
+            config.game,
+            (a.action for ep in eps for a in ep.record.actions if a.phase == "act" and a.seat == 0),
         )
         result["against"][label] = {
             "learner": mine,

@@ -35,13 +35,13 @@ import numpy as np
 from backroom import metrics
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import AdapterRef
-from backroom.games.ipd import COOPERATE
 from backroom.model.adapters import AdapterRejected, adapter_digest
 from backroom.trainer.advantages import Hyper, assign_credit
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import OpponentError, TrainConfig
 from backroom.trainer.entrants import entrant_due, send_entrant
 from backroom.trainer.evaluation import (
+    cooperation,
     evaluate_and_log,
     evaluated_steps,
     evaluation_due,
@@ -100,15 +100,15 @@ def adapter_ref(
 
 def cooperation_rate(game: str, episodes: Sequence[Joined]) -> float | None:
     """IPD: the share of A (cooperate) among the trained seats' moves; None for other games."""
-    if game != "ipd":
-        return None
-    moves = [
-        a.action
-        for ep in episodes
-        for a in ep.record.actions
-        if a.phase == "act" and a.seat in ep.request.trainable
-    ]
-    return sum(1 for m in moves if m == COOPERATE) / len(moves) if moves else None
+    return cooperation(
+        game,
+        (
+            a.action
+            for ep in episodes
+            for a in ep.record.actions
+            if a.phase == "act" and a.seat in ep.request.trainable
+        ),
+    )
 
 
 def build_samples(
