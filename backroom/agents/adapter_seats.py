@@ -309,20 +309,22 @@ class AdapterSeats(MemoryAgent):
             played = seats[turn.seat] = self._play_current(f"{turn.match}/{turn.seat}")
         return await asyncio.shield(played)  # a decision's deadline must not cancel the load
 
-    def _settled_policy(self, turn: Turn) -> str | None:
-        """Whose adapter this seat plays, if settled (None: the base model, or not known yet)."""
+    def _settled(self, turn: Turn) -> Played:
+        """What this seat plays if settled by now; (None, None) if not (a deadline may strike
+        before it is) or if it is the base model."""
         played = self.memory(turn.match).get("adapters", {}).get(turn.seat)
         if played is None or not played.done() or played.cancelled() or played.exception():
-            return None
-        name = played.result()[0]
+            return None, None
+        return played.result()
+
+    def _settled_policy(self, turn: Turn) -> str | None:
+        """Whose adapter this seat plays, if settled (None: the base model, or not known yet)."""
+        name = self._settled(turn)[0]
         return None if name is None else self.policies.get(name)
 
     def _settled_version(self, turn: Turn) -> str | None:
         """The version this seat plays if known by now (a deadline may strike before it is)."""
-        played = self.memory(turn.match).get("adapters", {}).get(turn.seat)
-        if played is None or not played.done() or played.cancelled() or played.exception():
-            return None
-        return played.result()[1]
+        return self._settled(turn)[1]
 
 
 def _retrieve(task: asyncio.Future[Played]) -> None:

@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS scheduled (
     key     TEXT PRIMARY KEY,
     game    TEXT NOT NULL,
     grp     TEXT NOT NULL,
-    spec    TEXT NOT NULL,
+    spec    TEXT NOT NULL,  -- the MatchSpec as scheduled (seats, seed, CRN index): kept for
+                            -- inspection; a resumed league rebuilds a spec from its key and config
     created REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS results (
@@ -152,10 +153,6 @@ class LeagueStore:
                 [(k, g, grp, spec.model_dump_json(), now) for k, g, grp, spec in matches],
             )
             return db.total_changes - before
-
-    def scheduled(self) -> dict[str, MatchSpec]:
-        rows = self._db.execute("SELECT key, spec FROM scheduled ORDER BY rowid").fetchall()
-        return {k: MatchSpec.model_validate_json(s) for k, s in rows}
 
     def scheduled_keys(self) -> list[str]:
         """Every scheduled key, in the order scheduled (no spec parsed)."""

@@ -32,6 +32,7 @@ from backroom.runner.dispatch import (
     EPISODE_WAIT_S,
     REFEREE_GRACE_S,
     RERUNS,
+    MatchLedger,
 )
 from backroom.runner.results import (
     Departure,
@@ -198,18 +199,27 @@ async def run_matches(
             await play.narrow()
             await play.play(request, len(matches), ack_timeout_s, stop)
         faults.interrupted = stop is not None and stop.is_set() and ledger.unfinished > 0
-        # the last decisions' traces may trail their episode (another reader, another path);
-        # a league's rounds without traces need not wait
-        if play.traces is not None and (
-            missing := await play.traces.wait_for(list(ledger.episodes.values()), trace_wait_s)
-        ):
-            faults.traces_missing = len(missing)
-            agents = sorted({agent for _match, agent, _turn in missing})
-            notice(
-                f"{len(missing)} decisions have no trace in traces.jsonl "
-                f"{TRACE_WAIT_S:.0f} s after the last episode (agents: {', '.join(agents)})"
-            )
+        if play.traces is not None:  # a league's rounds without traces need not wait
+            await _last_traces(play.traces, ledger, faults, notice, trace_wait_s)
     return ledger.result()
+
+
+async def _last_traces(
+    traces: TraceLog,
+    ledger: MatchLedger,
+    faults: Faults,
+    notice: Callable[[str], None],
+    wait_s: float,
+) -> None:
+    """Wait for the last decisions' traces, which may trail their episode (another reader,
+    another path); count and say those that never came."""
+    if missing := await traces.wait_for(list(ledger.episodes.values()), wait_s):
+        faults.traces_missing = len(missing)
+        agents = sorted({agent for _match, agent, _turn in missing})
+        notice(
+            f"{len(missing)} decisions have no trace in traces.jsonl "
+            f"{wait_s:.0f} s after the last episode (agents: {', '.join(agents)})"
+        )
 
 
 def _matches(config: RunConfig, run_stamp: str | None) -> list[tuple[str, MatchSpec]]:

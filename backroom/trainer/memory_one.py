@@ -199,6 +199,62 @@ def evaluate(
     }
 
 
+class Learner:
+    """The policy being trained: five logits (free, or tied as ``Settings`` says) and Adam.
+
+    ``memory_one_exploit`` trains one or two of these against frozen or
+    co-trained tables with the same step.
+    """
+
+    def __init__(self, s: Settings, seed: int) -> None:
+        self.s = s
+        self.logit0 = float(np.log(s.init_coop / (1 - s.init_coop)))
+        if s.tied_features:
+            features = np.random.default_rng([seed, 1])  # its own stream: play stays the same
+            u = features.standard_normal(s.tied_features)
+            phi = u + s.tied_spread * features.standard_normal((len(STATES), s.tied_features))
+            self.phi: torch.Tensor | None = torch.as_tensor(
+                phi / np.linalg.norm(phi, axis=1, keepdims=True)
+            )
+            self.theta = torch.zeros(s.tied_features, dtype=torch.float64, requires_grad=True)
+        else:
+            self.phi = None
+            self.theta = torch.full(
+                (len(STATES),), self.logit0, dtype=torch.float64, requires_grad=True
+            )
+        self.opt = torch.optim.Adam([self.theta], lr=s.lr)
+
+    def logits(self) -> torch.Tensor:
+        return self.theta if self.phi is None else self.logit0 + self.phi @ self.theta
+
+    def table(self) -> np.ndarray:
+        """The current logits, detached: the policy to play (or freeze)."""
+        return self.logits().detach().numpy().copy()
+
+    def step(
+        self,
+        states: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        trained_seats: np.ndarray,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One update from a batch; only the decisions of ``trained_seats`` (batch, 2) enter
+        the loss. Returns the loss, each decision's entropy and the trained mask, for the log."""
+        c = torch.as_tensor(credit(rewards, self.s, trained_seats))
+        logit = self.logits()[torch.as_tensor(states)]
+        logp_a, logp_b = F.logsigmoid(logit), F.logsigmoid(-logit)
+        logp = torch.where(torch.as_tensor(actions) == 0, logp_a, logp_b)
+        entropy = -(logp_a.exp() * logp_a + logp_b.exp() * logp_b)
+        trained = torch.as_tensor(trained_seats, dtype=logp.dtype)[:, :, None].expand_as(logp)
+        # loss = sum_i [ -credit_i * log pi(a_i) - ent_coef * H_i ] / N over trained decisions
+        loss = ((-c * logp - self.s.entropy * entropy) * trained).sum() / trained.sum()
+        self.opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([self.theta], 1.0)
+        self.opt.step()
+        return loss, entropy, trained
+
+
 def train(s: Settings, seed: int, on_step: StepHook | None = None) -> Result:
     """One run: every random choice from ``seed``, like a match's from its seed and seat.
 
@@ -206,25 +262,11 @@ def train(s: Settings, seed: int, on_step: StepHook | None = None) -> Result:
     share of A, mean returns per seat, loss and entropy; it draws no random number.
     """
     rng = np.random.default_rng(seed)
-    logit0 = float(np.log(s.init_coop / (1 - s.init_coop)))
-    if s.tied_features:
-        features = np.random.default_rng([seed, 1])  # its own stream: play stays the same
-        u = features.standard_normal(s.tied_features)
-        phi = u + s.tied_spread * features.standard_normal((len(STATES), s.tied_features))
-        phi_t = torch.as_tensor(phi / np.linalg.norm(phi, axis=1, keepdims=True))
-        theta = torch.zeros(s.tied_features, dtype=torch.float64, requires_grad=True)
-    else:
-        phi_t = None
-        theta = torch.full((len(STATES),), logit0, dtype=torch.float64, requires_grad=True)
-
-    def logits() -> torch.Tensor:
-        return theta if phi_t is None else logit0 + phi_t @ theta
-
-    opt = torch.optim.Adam([theta], lr=s.lr)
+    learner = Learner(s, seed)
     buffer: list[np.ndarray] = []
     coop: list[float] = []
     for step in range(s.steps):
-        now = logits().detach().numpy().copy()
+        now = learner.table()
         if step % s.buffer_every == 0:
             buffer = [*buffer, now][-s.buffer_size :]
         # Each match is self-play (both seats trained) or, with probability rho,
@@ -234,23 +276,11 @@ def train(s: Settings, seed: int, on_step: StepHook | None = None) -> Result:
         states, actions, rewards = play(now, opponents, s.batch, s.rounds, rng)
         trained_seats = np.ones((s.batch, 2), dtype=bool)
         trained_seats[vs_buffer, 1] = False
-        c = torch.as_tensor(credit(rewards, s, trained_seats))
-
-        logit = logits()[torch.as_tensor(states)]
-        logp_a, logp_b = F.logsigmoid(logit), F.logsigmoid(-logit)
-        logp = torch.where(torch.as_tensor(actions) == 0, logp_a, logp_b)
-        entropy = -(logp_a.exp() * logp_a + logp_b.exp() * logp_b)
-        trained = torch.as_tensor(trained_seats, dtype=logp.dtype)[:, :, None].expand_as(logp)
-        # loss = sum_i [ -credit_i * log pi(a_i) - ent_coef * H_i ] / N over trained decisions
-        loss = ((-c * logp - s.entropy * entropy) * trained).sum() / trained.sum()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([theta], 1.0)
-        opt.step()
+        loss, entropy, trained = learner.step(states, actions, rewards, trained_seats)
         coop.append(float((actions[:, 0] == 0).mean()))
         if on_step is not None:
             on_step(step, _row(now, coop[-1], rewards, loss, entropy, trained))
-    final = logits().detach().numpy()
+    final = learner.table()
     p_a = {k: float(1 / (1 + np.exp(-v))) for k, v in zip(STATES, final, strict=True)}
     return Result(
         p_a=p_a,
