@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS scheduled (
     game    TEXT NOT NULL,
     grp     TEXT NOT NULL,
     spec    TEXT NOT NULL,  -- the MatchSpec as scheduled (seats, seed, CRN index): kept for
-                            -- inspection; a resumed league rebuilds a spec from its key and config
+                            -- inspection (a resumed league rebuilds a spec from its key and config)
     created REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS results (
