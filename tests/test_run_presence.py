@@ -157,6 +157,33 @@ async def test_the_trainer_does_not_count_a_stale_online_either(
             assert await tb.wait_online(["ghost", "live"], 1.0) == ["ghost"]
 
 
+async def test_a_trainer_reads_the_statuses_of_its_agents_and_no_others(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """``backroom train`` passes its players, baselines and pool as ``watch``: the status of
+    any other identity (a flood of them costs a parse each) never reaches it."""
+    from backroom.agents.runtime import AgentRunner
+    from backroom.bus.topics import checkpoint
+    from backroom.trainer.bus import TrainerBus
+    from backroom.trainer.store import Store
+
+    from .conftest import round_trip
+
+    live, other = agents(("live", "random"), ("other", "random"))
+    trainer = identity(broker, "trainer", "trainer")
+    with Store(tmp_path / "store.sqlite") as store:
+        async with AgentRunner(other, identity(broker, "other")):
+            async with AgentRunner(live, identity(broker, "live")):
+                async with TrainerBus(trainer, store, "ipd") as every:  # the control: all
+                    assert await every.wait_online(["live", "other"], 10 * load_factor()) == []
+                async with TrainerBus(trainer, store, "ipd", watch=["live"]) as tb:
+                    assert await tb.wait_online(["live"], 10 * load_factor()) == []
+                    # once a marker of its own is back, all the broker had for it has come
+                    assert tb.bus is not None
+                    await round_trip(tb.bus, checkpoint("barrier"), 10 * load_factor())
+                    assert "other" not in tb.presence.names()
+
+
 def test_the_roster_holds_an_online_for_three_periods_and_an_offline_not_at_all() -> None:
     from backroom.bus import presence
     from backroom.bus.wire import dump

@@ -81,10 +81,18 @@ class TrainerBus:
     """``async with TrainerBus(config, store, game) as bus``: stores what arrives, sends what is asked."""
 
     def __init__(
-        self, config: BusConfig, store: Store, game: str, follow: Sequence[str] = ()
+        self,
+        config: BusConfig,
+        store: Store,
+        game: str,
+        follow: Sequence[str] = (),
+        watch: Sequence[str] | None = None,
     ) -> None:
         """``follow``: policies other trainers train on this bus (co-training), whose current
-        checkpoints this one reads (``current_of``)."""
+        checkpoints this one reads (``current_of``). ``watch``: the agents whose statuses are
+        read (the run's players, baselines and pool; ``wait_online`` waits for no other);
+        None reads every agent's. Why not always all: any identity can publish statuses, and
+        a flood of them costs the trainer a parse each."""
         config = replace(config, session_expiry_s=max(config.session_expiry_s, SESSION_EXPIRY_S))
         self.store = store
         self.game = game
@@ -93,13 +101,17 @@ class TrainerBus:
         #: The agents' statuses; an ``online`` counts while renewed (its heartbeat).
         self.presence = presence.Roster()
         self.follow = list(follow)
+        self.watch = None if watch is None else list(watch)
         self.checkpoints: dict[str, AdapterRef] = {}
         self._arrived = asyncio.Event()
 
     async def __aenter__(self) -> TrainerBus:
         await self.bus.subscribe(topics.episodes(self.game), self._on_episode)
         await self.bus.subscribe(topics.ALL_TRACES, self._on_trace)
-        await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
+        if self.watch is None:
+            await self.bus.subscribe(topics.ALL_STATUS, self._on_status)
+        else:
+            await self.bus.subscribe_many([topics.status(a) for a in self.watch], self._on_status)
         for policy in self.follow:
             await self.bus.subscribe(topics.checkpoint(policy), self._on_checkpoint)
         await self.bus.open()

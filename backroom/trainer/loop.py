@@ -355,7 +355,9 @@ async def train(  # noqa: C901, PLR0915 (the training loop read top to bottom: r
         tracking = await _open_tracking(config, run_dir)
         learner = run.learner
         sync_parameters(learner)  # data-parallel ranks start from rank 0's adapter
-        async with TrainerBus(bus_config, store, config.game, live_policies(run.pool)) as tb:
+        async with TrainerBus(
+            bus_config, store, config.game, live_policies(run.pool), watch=players
+        ) as tb:
             for old in run.buffer.refs:  # resumed: their location may be new (the server's port)
                 await tb.announce(old, current=False)
             for frozen in (o.ref for o in run.pool if o.live is None and o.ref is not None):
