@@ -278,3 +278,28 @@ async def test_a_version_the_buffer_let_go_is_no_longer_announced(
         await bus.subscribe(topics.ALL_STATUS, lambda *_: None)
         await eventually(lambda: "v1" in seen, 10)
     assert list(seen) == ["v1"]  # v0's retained message is gone: a new reader never sees it
+
+
+def test_a_trace_counts_for_its_own_seat_only_where_one_agent_holds_two(tmp_path: Path) -> None:
+    """In a simultaneous game both seats of one agent decide on the same turn: the trace of
+    seat 0 must not stand for seat 1's (``TraceLog`` keys a decision by seat too)."""
+    from backroom.agents import make_agent
+    from backroom.bus.wire import EpisodeRecord, dump
+    from backroom.games import make_game
+    from backroom.runner.traces import TraceLog
+
+    from .gameplay import episode
+
+    game = make_game("ipd", rounds=1)
+    record = EpisodeRecord.model_validate(
+        episode(game, [make_agent("always", "alice"), make_agent("always", "alice")])
+    )
+    assert {(a.seat, a.turn) for a in record.actions} == {(0, 1), (1, 1)}
+    with TraceLog(
+        tmp_path / "traces.jsonl", lambda m: ["alice", "alice"] if m == "m0" else None
+    ) as log:
+        trace = Trace(match="m0", agent="alice", turn=1, seat=0, phase="act")
+        log.on_trace(topics.traces("alice"), dump(trace))
+        assert log.missing([record]) == [("m0", "alice", 1, 1)]
+        log.on_trace(topics.traces("alice"), dump(trace.model_copy(update={"seat": 1})))
+        assert log.missing([record]) == []

@@ -223,6 +223,9 @@ async def exploit_run(
             "steps": EXPLOIT_STEPS,
             "opponents": [{"agent": opponent}],
             "evaluation": {"every": EXPLOIT_STEPS, "matches": 1},
+            # a default move would fail the test; a busy machine must not cause one
+            "turn_timeout_s": 30 * load_factor(),
+            "episode_timeout_s": 300 * load_factor(),
         }
     )
     frozen = make_agent(opponent["kind"], opponent["id"], **opponent.get("options", {}))
@@ -258,7 +261,7 @@ def memory_one_run(tmp_path: Path, name: str, **overrides: Any) -> tuple[Path, R
     return run_dir, memory_one.run(parse_train_config({**data, **overrides}), run_dir)
 
 
-@pytest.mark.slow  # a warm-up and two 30-step runs of 10-round matches, about 2 min
+@pytest.mark.slow  # a warm-up and two 30-step runs of 10-round matches, about 2.5 min
 async def test_grpo_exploits_a_frozen_naive_policy_not_a_frozen_advantage_alignment_one(
     broker: Broker, tmp_path: Path
 ) -> None:

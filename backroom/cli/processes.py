@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.text import Text
 
 from backroom import metrics
 from backroom.agents.kinds import agent_kinds
@@ -200,7 +201,8 @@ def agent_host(
         try:
             agents.append(make_agent(e["kind"], e["id"], **e.get("options", {})))
         except ValueError as exc:  # one line, naming the agent: it ends in the runner's error
-            console.print(f"[red]error:[/red] agent {e['id']!r}: {exc}")
+            line = Text.assemble(("error:", "red"), f" agent {e['id']!r}: {exc}")
+            console.print(line, soft_wrap=True)  # not markup: the reason may hold brackets
             raise typer.Exit(2) from None
     configs = [
         BusConfig.from_url(broker_url or DEFAULT_URL, username=a.id, password=passwords.get(a.id))

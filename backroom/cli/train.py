@@ -11,7 +11,6 @@ and plots are, and the tracking tool's line when one is configured.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import os
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.text import Text
 
 from backroom import metrics
 from backroom.bus.broker import BrokerError
@@ -179,7 +179,7 @@ def _train(
             raise typer.Exit(2) from None
         return
     from backroom.trainer.launch import start_stack, trainer_identity
-    from backroom.trainer.loop import TrainError, follower, train
+    from backroom.trainer.loop import ProcessExited, TrainError, follower, train
     from backroom.trainer.parallel import init_from_env
     from backroom.trainer.progress import StepProgress
 
@@ -211,7 +211,10 @@ def _train(
             training = train(config, target, bus, resume=resume, on_step=on_step)
             result = run(_stopped_by_a_dead_process(training, stack))
     except (TrainError, BrokerError, BusError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        # not markup: a process's log tail may hold brackets
+        console.print(Text.assemble(("error:", "red"), f" {exc}"), soft_wrap=True)
+        if isinstance(exc, ProcessExited):
+            _say_how_to_resume(target)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         _say_how_to_resume(target)
@@ -231,24 +234,29 @@ async def _stopped_by_a_dead_process(
     a policy file that is not there) showed only as "agents not online after
     120s", its reason left in ``logs/agents.log``; one that died mid-run left
     the referee to default its seats. The steps already logged stay logged:
-    ``--resume`` goes on from the last one.
+    ``--resume`` goes on from the last one. However this returns (the run
+    done, a process gone, Ctrl-C), the run's task has ended, its cleanup run.
     """
-    from backroom.trainer.loop import TrainError
+    from backroom.trainer.loop import ProcessExited
 
     task = asyncio.ensure_future(training)
-    while stack is not None and not task.done():
-        await asyncio.wait({task}, timeout=PROCESS_CHECK_S)
-        if not task.done() and (dead := stack.dead()):
+    try:
+        while stack is not None and not task.done():
+            await asyncio.wait({task}, timeout=PROCESS_CHECK_S)
+            if not task.done() and (dead := stack.dead()):
+                name = dead[0]
+                raise ProcessExited(
+                    f"process {name} exited with code {stack.exit_code(name)} while the run "
+                    f"needed it; the end of {stack.run_dir / 'logs' / name}.log:\n"
+                    f"{stack.log_tail(name)}"
+                )
+        return await task
+    finally:
+        if not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            name = dead[0]
-            raise TrainError(
-                f"process {name} exited with code {stack.exit_code(name)} while the run "
-                f"needed it; the end of {stack.run_dir / 'logs' / name}.log:\n"
-                f"{stack.log_tail(name)}"
-            )
-    return await task
+            await asyncio.wait({task})  # its cleanup, without taking its exception as ours
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: what it raised is already on its way, or is moot
 
 
 def _start_ranks(nproc: int) -> None:

@@ -199,7 +199,8 @@ async def run_matches(
             await play.narrow()
             await play.play(request, len(matches), ack_timeout_s, stop)
         faults.interrupted = stop is not None and stop.is_set() and ledger.unfinished > 0
-        if play.traces is not None:  # a league's rounds without traces need not wait
+        # a league's rounds without traces need not wait, nor a run stopped or failed
+        if play.traces is not None and not (faults.interrupted or ledger.failure):
             await _last_traces(play.traces, ledger, faults, notice, trace_wait_s)
     return ledger.result()
 
@@ -215,10 +216,10 @@ async def _last_traces(
     another path); count and say those that never came."""
     if missing := await traces.wait_for(list(ledger.episodes.values()), wait_s):
         faults.traces_missing = len(missing)
-        agents = sorted({agent for _match, agent, _turn in missing})
+        agents = sorted({agent for _match, agent, _seat, _turn in missing})
         notice(
             f"{len(missing)} decisions have no trace in traces.jsonl "
-            f"{wait_s:.0f} s after the last episode (agents: {', '.join(agents)})"
+            f"{wait_s:g} s after the last episode (agents: {', '.join(agents)})"
         )
 
 

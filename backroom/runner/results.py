@@ -71,8 +71,9 @@ class Faults:
     departures: list[Departure] = field(default_factory=list)
     #: Stopped by Ctrl-C (SIGINT) while playing: the episodes are the matches finished by then.
     interrupted: bool = False
-    #: Decisions of tracing agents whose trace had not come ``TRACE_WAIT_S`` after the
-    #: last episode: traces.jsonl lacks them (``runner.traces.TraceLog.wait_for``).
+    #: Decisions of tracing agents whose trace had not come in the wait after the last
+    #: episode (``run_matches``' ``trace_wait_s``): traces.jsonl lacks them
+    #: (``runner.traces.TraceLog.wait_for``).
     traces_missing: int = 0
 
     @property

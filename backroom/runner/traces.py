@@ -24,8 +24,9 @@ TRACES_MAX_BYTES = 1024**3
 #: seen yet (``TraceLog.wait_for``); it stops waiting as soon as they are all in.
 TRACE_WAIT_S = 5.0
 
-#: A decision: (attempt id, agent, turn).
-Decision = tuple[str, str, int]
+#: A decision: (attempt id, agent, seat, turn). The seat too: one agent may hold several
+#: seats of a match, and in a simultaneous game they move on the same turn.
+Decision = tuple[str, str, int, int]
 
 
 class TraceLog:
@@ -104,7 +105,9 @@ class TraceLog:
         sender = topic.rsplit("/", 1)[-1]
         reason = self._refusal(msg, sender, seats, len(payload))
         if reason not in ("forged", "not_seated"):  # the seat's own word: its decision is in
-            self.decided.add((msg.match or "", sender, msg.turn))
+            held = [i for i, a in enumerate(seats) if a == sender]
+            for seat in [msg.seat] if msg.seat is not None else held:  # no seat said: any of its
+                self.decided.add((msg.match or "", sender, seat, msg.turn))
             self.tracers.add(sender)
             self._arrived.set()
         if reason is not None:
@@ -123,12 +126,12 @@ class TraceLog:
         defaulted (``timed_out``) was no decision of the agent.
         """
         return [
-            (ep.match, a.agent, a.turn)
+            (ep.match, a.agent, a.seat, a.turn)
             for ep in episodes
             for a in ep.actions
             if a.agent in self.tracers
             and not a.timed_out
-            and (ep.match, a.agent, a.turn) not in self.decided
+            and (ep.match, a.agent, a.seat, a.turn) not in self.decided
         ]
 
     async def wait_for(
@@ -142,14 +145,16 @@ class TraceLog:
         how many never came (``Faults.traces_missing``).
         """
         deadline = time.monotonic() + timeout_s
-        while missing := self.missing(episodes):
+        missing = self.missing(episodes)  # once; then only what is still due is looked at
+        while missing:
             left = deadline - time.monotonic()
             if left <= 0:
-                return missing
+                break
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), left)
-        return []
+            missing = [d for d in missing if d not in self.decided]
+        return missing
 
     def _refusal(self, msg: Trace, sender: str, seats: Sequence[str], size: int) -> str | None:
         """Why ``msg`` is not written (a ``backroom_traces_rejected_total`` reason), or None."""

@@ -115,6 +115,9 @@ class TrainerBus:
         for policy in self.follow:
             await self.bus.subscribe(topics.checkpoint(policy), self._on_checkpoint)
         await self.bus.open()
+        if self.watch is not None:
+            # its session persists: an earlier run's subscription to every status may remain
+            await self.bus.unsubscribe(topics.ALL_STATUS)
         return self
 
     async def __aexit__(

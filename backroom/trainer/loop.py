@@ -75,6 +75,11 @@ class TrainError(RuntimeError):
     pass
 
 
+class ProcessExited(TrainError):
+    """A process ``backroom train`` started (agent host, referee) exited while the run needed
+    it; the steps logged before are kept (``--resume``)."""
+
+
 @dataclass
 class TrainResult:
     run_dir: Path
