@@ -12,6 +12,7 @@ default, and then nothing here does anything.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 
 from backroom.trainer.learner import Learner, Sample, StepStats
@@ -30,9 +31,22 @@ def init_from_env() -> tuple[int, int]:
 
 
 def _world() -> int:
-    import torch.distributed as dist
+    """The ranks in the process group; 1 with none.
 
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    Read from ``sys.modules``, never imported here: a group exists only if
+    ``init_from_env`` imported the module, and ``finish`` runs in the cleanup
+    of a run cancelled mid-start, when a worker thread may still be importing
+    torch's modules (loading the model): importing torch.distributed beside
+    it aborted the process (``terminate called after throwing an instance of
+    'python_error'``, tests/test_train_quick.py under load).
+    """
+    dist = sys.modules.get("torch.distributed")
+    is_initialized = getattr(
+        dist, "is_initialized", None
+    )  # absent: not available, or half-imported
+    if dist is None or is_initialized is None or not is_initialized():
+        return 1
+    return int(dist.get_world_size())
 
 
 def sync_parameters(learner: Learner) -> None:
