@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import load_factor
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -143,7 +145,7 @@ def test_the_exploitability_bench_on_the_bus_prints_a_row_per_opponent(tmp_path:
         ],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=900 * load_factor(),
         env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]

@@ -42,7 +42,7 @@ from backroom.bus.wire import (
     parse_all,
 )
 
-from .conftest import eventually, identity
+from .conftest import eventually, identity, load_factor
 
 
 def test_password_hash_is_what_mosquitto_passwd_writes(tmp_path) -> None:
@@ -146,7 +146,7 @@ async def test_client_reconnects_and_resubscribes_after_broker_restart(broker: B
         # Alice's SUBSCRIBE again (its bus says connected once the SUBACK is in): a message
         # published before it reaches nobody, as MQTT says. Seen once beside two busy
         # loops: the referee's bus was back first and its "after" was lost.
-        await eventually(lambda: a.reconnects >= 1 and a.connected.is_set(), 15)
+        await eventually(lambda: a.reconnects >= 1 and a.connected.is_set(), 15 * load_factor())
         # publish blocks until the connection is back, then goes through
         await asyncio.wait_for(r.publish(topics.inbox("alice"), b"after"), 15)
         for _ in range(100):

@@ -33,6 +33,7 @@ from .conftest import (
     drained,
     eventually,
     identity,
+    load_factor,
     loki_spec,
     play_raw,
     stack,
@@ -318,8 +319,8 @@ async def test_an_agent_back_online_while_not_read_is_not_defaulted_by_its_old_o
             await run.submit("m1", loki_spec(["carol", "a", "b"], channels=[], params=first))
             await run.wait(["m1"])
             await carol.published(topics.status("carol"), Status(state="offline"), retain=True)
-            await eventually(lambda: "carol" in ref.offline, 10)  # read: she lingers
-            await eventually(lambda: "carol" not in ref.outboxes.reading, 10)  # let go
+            await eventually(lambda: "carol" in ref.offline, 10 * load_factor())  # read: lingers
+            await eventually(lambda: "carol" not in ref.outboxes.reading, 10 * load_factor())
             await drained(ref)  # the UNSUBSCRIBE is done
             # Forgotten: what her status said is not believed unread. Whether a stale
             # "offline" defaults her first turn depends on which of the SUBACK and her
@@ -329,7 +330,7 @@ async def test_an_agent_back_online_while_not_read_is_not_defaulted_by_its_old_o
             await carol.published(topics.status("carol"), Status(state="online"), retain=True)
             spec = loki_spec(["carol", "a", "b"], channels=[], turn_timeout_s=20, params=first)
             await run.submit("m2", spec)
-            (ep,) = await run.wait(["m2"], timeout=20)
+            (ep,) = await run.wait(["m2"], timeout=20 * load_factor())
             stop.set()
             await driver
     assert ep.reason == "normal" and not ep.timeouts

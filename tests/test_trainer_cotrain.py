@@ -33,7 +33,7 @@ from backroom.trainer import memory_one
 from backroom.trainer.config import parse_train_config
 from backroom.trainer.loop import TrainError, TrainResult, train
 from backroom.trainer.memory_one import Result
-from backroom.trainer.opponents import Records
+from backroom.trainer.opponents import PoolOutcome, Records
 from backroom.trainer.store import Store
 
 from .conftest import TEST_DEVICE, agents, identity, load_factor, stack
@@ -237,17 +237,11 @@ async def exploit_run(
             identity(broker, f"trainer-{name}", "trainer"),
             on_step=lambda _s, row: coop.append(row["cooperation_rate"]),
         )
-    by_step: dict[int, list[tuple[float, float]]] = {}
     with Store(tmp_path / name / "store.sqlite") as store:
-        for request, record in store.outcomes("train"):
-            (mine,) = request.trainable  # the learner's seat; the frozen one is never trained
-            assert record.reason == "normal" and not any(a.fallback for a in record.actions)
-            returns = [r / 10 for r in record.returns]
-            by_step.setdefault(request.step, []).append((returns[mine], returns[1 - mine]))
-    rewards = {
-        step: (sum(r[0] for r in rows) / len(rows), sum(r[1] for r in rows) / len(rows))
-        for step, rows in by_step.items()
-    }
+        outcome = PoolOutcome.from_store(store)
+    # every training match ended normally, and every move was its agent's own
+    assert outcome.abnormal == 0 and outcome.fallbacks == 0, outcome
+    rewards = outcome.by_step
     return coop, rewards
 
 

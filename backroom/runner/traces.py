@@ -105,8 +105,13 @@ class TraceLog:
         sender = topic.rsplit("/", 1)[-1]
         reason = self._refusal(msg, sender, seats, len(payload))
         if reason not in ("forged", "not_seated"):  # the seat's own word: its decision is in
-            held = [i for i, a in enumerate(seats) if a == sender]
-            for seat in [msg.seat] if msg.seat is not None else held:  # no seat said: any of its
+            # no seat said: it counts for any seat of the sender's
+            held = (
+                [msg.seat]
+                if msg.seat is not None
+                else [i for i, a in enumerate(seats) if a == sender]
+            )
+            for seat in held:
                 self.decided.add((msg.match or "", sender, seat, msg.turn))
             self.tracers.add(sender)
             self._arrived.set()

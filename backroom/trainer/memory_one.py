@@ -45,6 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from backroom.agents.scripted.ipd import MEMORY_ONE_STATES
 from backroom.trainer.advantages import (
     Baseline,
     Trajectory,
@@ -63,8 +64,9 @@ StepHook = Callable[[int, dict[str, float]], None]
 
 #: The row player's payoff, index 0 = A (cooperate), 1 = B: the paper's R 3, T 5, S 0, P 1.
 PAYOFF = np.array([[3.0, 0.0], [5.0, 1.0]])
-#: A memory-one state: the first round, or (own last move, the other's last move).
-STATES = ("first", "AA", "AB", "BA", "BB")
+#: A memory-one state: the first round, or (own last move, the other's last move); the
+#: ``memory-one`` agent kind plays a final policy by the same names (``memory_one.json``).
+STATES = MEMORY_ONE_STATES
 #: Fixed opponents as logits per state (a large logit is a sure A).
 SURE = 30.0
 BASELINES = {

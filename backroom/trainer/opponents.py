@@ -81,6 +81,36 @@ def with_current(pool: Sequence[Opponent], current: Mapping[str, AdapterRef]) ->
 
 
 @dataclass
+class PoolOutcome:
+    """How a learner fared against its pool, step by step: per step, its and its opponent's
+    mean reward per round in the training matches with one trained seat; and how many of
+    those matches did not end normally, and how many moves were not their agent's choice."""
+
+    by_step: dict[int, tuple[float, float]]
+    abnormal: int
+    fallbacks: int
+
+    @classmethod
+    def from_store(cls, store: Store) -> PoolOutcome:
+        sums: dict[int, list[tuple[float, float]]] = {}
+        abnormal = fallbacks = 0
+        for request, record in store.outcomes("train"):
+            if len(request.trainable) != 1 or len(record.returns) != 2:
+                continue  # self-play: no opponent to compare with
+            abnormal += record.reason != "normal"  # voided, timed out, forfeited, failed
+            fallbacks += sum(a.fallback is not None or a.timed_out for a in record.actions)
+            mine = request.trainable[0]
+            rounds = len(record.round_rewards) or 1  # a match cut short: its own rounds
+            pair = (record.returns[mine] / rounds, record.returns[1 - mine] / rounds)
+            sums.setdefault(request.step, []).append(pair)
+        by_step = {
+            step: (sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs))
+            for step, pairs in sorted(sums.items())
+        }
+        return cls(by_step, abnormal, fallbacks)
+
+
+@dataclass
 class Records:
     """The learner's results against each opponent label: wins (ties count half) and matches."""
 

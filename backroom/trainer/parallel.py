@@ -41,9 +41,8 @@ def _world() -> int:
     'python_error'``, tests/test_train_quick.py under load).
     """
     dist = sys.modules.get("torch.distributed")
-    is_initialized = getattr(
-        dist, "is_initialized", None
-    )  # absent: not available, or half-imported
+    # absent: not available, or half-imported by another thread
+    is_initialized = getattr(dist, "is_initialized", None)
     if dist is None or is_initialized is None or not is_initialized():
         return 1
     return int(dist.get_world_size())

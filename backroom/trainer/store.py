@@ -498,7 +498,7 @@ class Store:
 
     def outcomes(self, kind: str = "train") -> list[tuple[Request, EpisodeRecord]]:
         """Every stored match of ``kind`` with its episode, in request order: who got what
-        against whom, step by step, for a report (``bench/ipd_exploitability_bus.py``)."""
+        against whom, step by step (``opponents.PoolOutcome``)."""
         rows = self._db.execute(
             "SELECT r.match, r.step, r.crn_group, r.kind, r.spec, r.trainable, r.label, e.record"
             " FROM episodes e JOIN requests r ON r.match = e.match WHERE r.kind = ?"

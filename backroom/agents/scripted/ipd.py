@@ -35,7 +35,7 @@ class GrimTrigger(ScriptedAgent):
 
 
 #: The memory-one states: the first round, then (own last move, the other's last move).
-#: The same order and names as the trainer's harness (``backroom.trainer.memory_one.STATES``).
+#: The trainer's harness (``backroom.trainer.memory_one``) trains and writes P(A) by these.
 MEMORY_ONE_STATES = ("first", "AA", "AB", "BA", "BB")
 
 
