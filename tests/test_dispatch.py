@@ -6,10 +6,12 @@ matches through ``publish``: here a list, and a clock the test moves.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from backroom.bus.wire import SHUTTING_DOWN, EpisodeRecord, MatchRequest
 from backroom.cli.run import demo_config
 from backroom.runner.dispatch import AGAIN_TRIES, RERUNS, MatchLedger
-from backroom.runner.results import Faults
+from backroom.runner.results import Faults, finished_on_disk
 
 
 class Clock:
@@ -323,3 +325,32 @@ def test_an_agent_that_goes_offline_mid_run_is_told_and_counted_at_the_end() -> 
     assert departure.defaulted == 1 and t.notices[-1].endswith(
         "(its seats got defaults in 1 match)"
     )
+
+
+def test_a_stopped_run_counts_the_matches_its_file_holds_that_never_reached_it(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C: a referee writes a record, then publishes it, so the file may hold finished
+    matches whose episode was still on its way (the summary said 4 with 5 in the file).
+    ``finished_on_disk`` adds those, each match once, under any of its ids; a void of a
+    referee stopping is no result; a match the runner has is not added twice; a torn line,
+    a line of no episode and a run's other lines are passed over."""
+    t = Ledger(n=3)
+    kept = [t.record("run.1.0")]
+    on_disk = [
+        t.record("run.1.0"),  # the runner has it
+        t.record("run.1.1", "voided", SHUTTING_DOWN),  # stopped with the referees: no result
+        t.record("run.1.2.r1", "normal", seed=7),  # a rerun id, finished, never arrived
+        t.record("run.1.2", "normal", seed=8),  # a later record of the same match
+        t.record("run.1.1.r1", "voided", "agent alice went away"),  # a void that stands
+    ]
+    path = tmp_path / "episodes.jsonl"
+    lines = [r.model_dump_json().encode() + b"\n" for r in on_disk]
+    path.write_bytes(
+        lines[0] + b'{"not": "an episode"}\n' + b"".join(lines[1:]) + b'{"match": "run.1.'
+    )
+    reruns = {"run.1.2.r1": "run.1.2", "run.1.1.r1": "run.1.1"}
+    late = finished_on_disk(path, kept, reruns)
+    assert [(r.match, r.seed) for r in late] == [("run.1.2.r1", 7), ("run.1.1.r1", 0)]
+    assert late[1].reason == "voided"
+    assert finished_on_disk(tmp_path / "none.jsonl", kept, reruns) == []

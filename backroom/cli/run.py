@@ -195,9 +195,16 @@ def report(result: RunResult, reference: Future[Reference | None] | None) -> Non
     for line in _story(result, reference):
         _plain(line)
     if result.faults.interrupted:
+        n, late = len(result.episodes), result.faults.read_back
+        read_back = (
+            f" ({late} of them read back from episodes.jsonl: their episode had not reached "
+            "the runner when it stopped)"
+            if late
+            else ""
+        )
         console.print(
-            f"[yellow]interrupted:[/yellow] Ctrl-C after {len(result.episodes)} of "
-            f"{result.config.matches} matches; everything above is of those {len(result.episodes)}",
+            f"[yellow]interrupted:[/yellow] Ctrl-C after {n} of {result.config.matches} "
+            f"matches; everything above is of those {n}{read_back}",
             soft_wrap=True,
         )
         raise typer.Exit(130)

@@ -41,6 +41,7 @@ from backroom.runner.results import (
     RunError,
     RunResult,
     dedupe_episodes,
+    finished_on_disk,
     summarize,
 )
 from backroom.runner.stack import (
@@ -322,6 +323,9 @@ async def run_local(
         )
         seconds = time.perf_counter() - t0
         stack.stop()  # the referees write what they still have before the file is checked
+        if faults.interrupted:  # matches that ended before the Ctrl-C, their episode on its way
+            late = finished_on_disk(run_dir / "episodes.jsonl", episodes, faults.reruns)
+            episodes, faults.read_back = [*episodes, *late], len(late)
         faults.duplicates_on_disk = dedupe_episodes(
             run_dir / "episodes.jsonl", episodes, faults.reruns
         )

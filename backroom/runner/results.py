@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backroom.bus.wire import EpisodeRecord
+from backroom.bus.wire import SHUTTING_DOWN, EpisodeRecord
 from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
 from backroom.runner.config import RunConfig
+from backroom.runs import read_episodes
 
 
 class RunError(RuntimeError):
@@ -71,6 +72,9 @@ class Faults:
     departures: list[Departure] = field(default_factory=list)
     #: Stopped by Ctrl-C (SIGINT) while playing: the episodes are the matches finished by then.
     interrupted: bool = False
+    #: Of those, matches whose episode was in the run's ``episodes.jsonl`` but had not
+    #: reached the runner when it stopped (``finished_on_disk``).
+    read_back: int = 0
     #: Decisions of tracing agents whose trace had not come in the wait after the last
     #: episode (``run_matches``' ``trace_wait_s``): traces.jsonl lacks them
     #: (``runner.traces.TraceLog.wait_for``).
@@ -132,6 +136,38 @@ def defaulted(episodes: Iterable[EpisodeRecord], departure: Departure) -> int:
         if any(ep.seats[seat] == departure.agent for seat in ep.timeouts):
             count += 1
     return count
+
+
+def finished_on_disk(
+    path: Path, kept: Iterable[EpisodeRecord], reruns: dict[str, str] | None = None
+) -> list[EpisodeRecord]:
+    """Matches a stopped run finished whose episode never reached the runner, from ``path``.
+
+    A referee writes a match's record and then publishes it, so a run stopped
+    by Ctrl-C can find in its file matches that ended before the Ctrl-C but
+    whose episode was still on its way: leaving them out made the summary
+    smaller than the file. Read once the referees have stopped (they void
+    what they were still playing, ``SHUTTING_DOWN``: no result, left out).
+    The first record of a match counts, as ``MatchLedger.episode`` keeps the
+    first that arrives; ``reruns`` maps the ids a match was asked for again
+    under to its own. Unreadable lines are ``read_episodes``' to count.
+    """
+    if not path.exists():
+        return []
+    reruns = reruns or {}
+    have = {reruns.get(ep.match, ep.match) for ep in kept}
+    found: list[EpisodeRecord] = []
+    for raw in read_episodes(path):
+        try:
+            record = EpisodeRecord.model_validate(raw)
+        except ValueError:
+            continue  # not an episode of ours: the file is checked elsewhere
+        match = reruns.get(record.match, record.match)
+        if match in have or (record.reason == "voided" and record.detail == SHUTTING_DOWN):
+            continue
+        have.add(match)
+        found.append(record)
+    return found
 
 
 def dedupe_episodes(
