@@ -192,7 +192,7 @@ async def test_with_two_referees_each_leaves_the_others_moves_unanswered(
         Runner(broker) as run,
         RawAgent(identity(broker, "mallory")) as mal,
     ):
-        await eventually(lambda: first.has_peers() and second.has_peers(), 10)
+        await eventually(lambda: first.peers.has_peers() and second.peers.has_peers(), 10)
         stop = asyncio.Event()
         driver = asyncio.create_task(play_raw(mal, "call", stop))
         ids = [f"m{i}" for i in range(8)]
@@ -238,7 +238,7 @@ async def test_a_referee_alone_answers_a_seated_agents_move_for_no_match_and_rea
         await mal.send(b"{nope")  # seated nowhere: the broker hands this to nobody
         await drained(ref)
         assert _sample(*invalid) == before and mal.of(Error) == []
-        assert "mallory" not in ref.referees_online  # nor its status
+        assert "mallory" not in ref.peers.online  # nor its status
         stop = asyncio.Event()
         driver = asyncio.create_task(play_raw(mal, "call", stop))
         await run.submit("m0", loki_spec(["mallory", "a", "b"], channels=[]))
@@ -246,8 +246,8 @@ async def test_a_referee_alone_answers_a_seated_agents_move_for_no_match_and_rea
         stop.set()
         await driver
         assert ep.reason == "normal"
-        assert "mallory" in ref.referees_online  # read while seated: it says so, retained
-        assert not ref.has_peers()  # but it is no peer
+        assert "mallory" in ref.peers.online  # read while seated: it says so, retained
+        assert not ref.peers.has_peers()  # but it is no peer
         await mal.send(Action(match="nosuch", turn=0, action="call"))  # read for LINGER_S more
         err = await mal.next_of(Error)
         assert isinstance(err, Error) and err.reason == "unknown_match"

@@ -35,7 +35,7 @@ async def claim_pooled(
     every try waits it (``contested``): the later login keeps the name. A
     replica that lost every name of a pass waits until the rivals that were
     still starting have settled, and tries again the names it saw no started
-    referee under (``Referee.name_announced``), up to ``passes`` times: three
+    referee under (``RefereeGroup.name_announced``), up to ``passes`` times: three
     replicas started at once on a pool of three could leave one without a
     name. Raises ``IdentityInUse`` when every name is taken.
     """
@@ -63,8 +63,8 @@ async def claim_pooled(
             except IdentityInUse:
                 # It read the pool's retained statuses meanwhile: skip the names
                 # online, so the rest of the pass throws nobody else off.
-                held |= ref.referees_online
-                if ref.name_announced():
+                held |= ref.peers.online
+                if ref.peers.name_announced():
                     held.add(name)
                 say(f"referee identity {name!r} is in use; trying a free name of the pool")
             except ConnectTimeout:

@@ -144,16 +144,6 @@ class Referee:
         """The shared-subscription group this referee reads requests in (None until joined)."""
         return self.peers.current
 
-    @property
-    def referees_online(self) -> set[str]:
-        return self.peers.online
-
-    def has_peers(self) -> bool:
-        return self.peers.has_peers()
-
-    def name_announced(self) -> bool:
-        return self.peers.name_announced()
-
     # --- lifecycle -----------------------------------------------------------------
 
     async def __aenter__(self) -> Referee:
@@ -413,7 +403,7 @@ class Referee:
             return self.reject(agent, msg.reason, msg.detail)
         move = isinstance(msg, Action | Chat)
         match = self.matches.get(msg.match or "") if move else None
-        if move and match is None and msg.match not in self.finished_ids and self.has_peers():
+        if move and match is None and msg.match not in self.finished_ids and self.peers.has_peers():
             # Every referee reads the outboxes of the agents it seats, so with other
             # referees online a move for a match not run here is, as a rule, another
             # referee's: answering it would send the agent K-1 errors for each of its

@@ -26,6 +26,7 @@ from backroom.trainer.entrants import league_progress
 from backroom.trainer.opponents import Opponent
 from backroom.trainer.rollouts import plan_evaluation
 from backroom.trainer.store import Joined, Request, Store
+from backroom.trainer.tracking import read_evaluations
 
 log = logging.getLogger("backroom.trainer")
 
@@ -38,16 +39,8 @@ def evaluation_due(config: TrainConfig, step: int) -> bool:
 
 
 def evaluated_steps(run_dir: Path) -> set[int]:
-    path = run_dir / "evaluations.jsonl"
-    if not path.exists():
-        return set()
-    steps = set()
-    for line in path.read_text().splitlines():
-        try:
-            steps.add(int(json.loads(line)["step"]))
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn last line from a kill: that evaluation is run again
-    return steps
+    """Steps with an evaluation on record; one torn by a kill is not, and is run again."""
+    return {int(r["step"]) for r in read_evaluations(run_dir / "evaluations.jsonl")}
 
 
 async def play(
