@@ -11,6 +11,10 @@
    >= 0.9.
 2. **Rating**: openskill over 100,000 two-player results of 20 entrants, from
    the store (SQLite read included) and from memory. Target: under 10 s.
+3. **Adaptive rounds**: the ratings an adaptive schedule picks by, between
+   rounds of 16 results: rated again from every result, as the schedule did,
+   against brought up to date with the new ones (``play.Tally``), on one store,
+   with the same numbers (asserted); printed as a ratio.
 
 Run: ``python bench/league.py`` (``--quick``: fewer matches and blocks). The
 machine is shared and noisy: read the ratio, not the absolute numbers.
@@ -26,11 +30,12 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from backroom.bus.wire import EpisodeRecord, MatchSpec
 from backroom.league.config import parse_league
-from backroom.league.play import run_league
+from backroom.league.play import Tally, run_league
 from backroom.league.ratings import rate
 from backroom.league.store import LeagueStore
 from backroom.runner.config import parse_config
@@ -92,9 +97,12 @@ async def play(args: argparse.Namespace) -> None:
     )
 
 
-def rating(n: int) -> None:
+AGENTS = [f"a{i}" for i in range(20)]
+
+
+def results(n: int) -> Iterator[tuple[str, str, EpisodeRecord]]:
+    """``n`` two-player Kuhn results of 20 entrants: (key, CRN group, record)."""
     rng = random.Random(0)
-    agents = [f"a{i}" for i in range(20)]
     template = EpisodeRecord(
         match="m",
         run="bench",
@@ -114,25 +122,30 @@ def rating(n: int) -> None:
         started_at=0.0,
         ended_at=0.0,
     )
+    for i in range(n):
+        a, b = rng.sample(AGENTS, 2)
+        r = float(rng.choice([-2, -1, 1, 2]))
+        group = f"kuhn|{','.join(sorted((a, b)))}|{i}"
+        record = template.model_copy(
+            update={"seats": [a, b], "returns": [r, -r], "crn_group": group}
+        )
+        yield f"{group}|{a},{b}", group, record
+
+
+def rating(n: int) -> None:
     with tempfile.TemporaryDirectory() as tmp, LeagueStore(Path(tmp) / "l.sqlite") as store:
         t0 = time.perf_counter()
-        for i in range(n):
-            a, b = rng.sample(agents, 2)
-            r = float(rng.choice([-2, -1, 1, 2]))
-            group = f"kuhn|{','.join(sorted((a, b)))}|{i}"
-            record = template.model_copy(
-                update={"seats": [a, b], "returns": [r, -r], "crn_group": group}
-            )
-            store.add(f"{group}|{a},{b}", record)
+        for key, _group, record in results(n):
+            store.add(key, record)
         store.flush()
         filled = time.perf_counter() - t0
         t0 = time.perf_counter()
-        results = store.results()
+        counted = store.results()
         read = time.perf_counter() - t0
-        table = rate(results)
+        table = rate(counted)
         from_store = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rate(results)
+    rate(counted)
     in_memory = time.perf_counter() - t0
     load = os.getloadavg()[0] / (os.cpu_count() or 1)
     print(
@@ -144,18 +157,51 @@ def rating(n: int) -> None:
     )
 
 
+def adaptive(n: int, size: int) -> None:
+    """Between an adaptive league's rounds, its ratings: rated again from every result
+    (as before) against brought up to date with the round's results (``play.Tally``),
+    side by side on one store filling round by round."""
+    again = tally_s = 0.0
+    tally = Tally(list(AGENTS))
+    with tempfile.TemporaryDirectory() as tmp, LeagueStore(Path(tmp) / "l.sqlite") as store:
+        rows = list(results(n))
+        spec = rows[0][2].spec
+        for start in range(0, n, size):
+            round_ = rows[start : start + size]
+            store.schedule([(key, "kuhn", group, spec) for key, group, _ in round_])
+            for key, _group, record in round_:
+                store.add(key, record)
+            store.flush()
+            t0 = time.perf_counter()
+            full = Tally(list(AGENTS))
+            full.update(store.results(as_scheduled=True))
+            sigma_again = full.sigma()
+            again += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            tally.update(store.results(after=tally.seq, as_scheduled=True))
+            sigma = tally.sigma()
+            tally_s += time.perf_counter() - t0
+            assert sigma == sigma_again  # the same numbers, for less
+    print(
+        f"adaptive: {n:,} results in rounds of {size}: rated again each round {again:.2f} s, "
+        f"brought up to date {tally_s:.2f} s; again / up to date = {again / tally_s:.0f}x"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--window", type=int, default=50)
     parser.add_argument("--results", type=int, default=100_000)
+    parser.add_argument("--adaptive", type=int, default=2_000, help="results of part 3")
     args = parser.parse_args()
     args.seeds = 25 if args.quick else 100
     args.blocks = 2 if args.quick else 3
     logging.basicConfig(level=logging.WARNING)
     asyncio.run(play(args))
     rating(args.results)
+    adaptive(500 if args.quick else args.adaptive, 16)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,27 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow  # a whole benchmark run: CI runs it with the slow set
+def test_the_league_bench_prints_its_three_parts(tmp_path: Path) -> None:
+    """Play beside ``backroom run`` (the same matches counted by both, else it stops),
+    rating from the store, and an adaptive schedule's ratings brought up to date beside
+    rated again (the same numbers, else it stops)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "league.py"), "--quick", "--results", "5000"],
+        capture_output=True,
+        text=True,
+        timeout=600 * load_factor(),
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert re.search(r"league / run = [0-9.]+ \(target >= 0.9\)", text), text
+    assert re.search(r"rating: 5,000 results.*\n  from the store: [0-9.]+ s", text), text
+    m = re.search(r"adaptive: 500 results in rounds of 16: .*again / up to date = \d+x", text)
+    assert m, text  # the ratio is read, not asserted: speed lives in bench/
+
+
+@pytest.mark.slow  # a whole benchmark run: CI runs it with the slow set
 def test_bus_overhead_quick_run_prints_its_ratios_and_the_cpu_bound(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bus_overhead.py"), "--quick"],

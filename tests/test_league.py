@@ -23,9 +23,9 @@ import yaml
 from backroom.bus.broker import Broker
 from backroom.league.config import LeagueConfig, parse_league
 from backroom.league.exploit import empirical_counts, league_exploitability, policy_exploitability
-from backroom.league.play import LeagueError, run_league
+from backroom.league.play import League, LeagueError, run_league
 from backroom.league.ratings import entrant_scores, rate
-from backroom.league.schedule import adaptive_pick, round_robin
+from backroom.league.schedule import Slot, adaptive_pick, match_spec, players_of, round_robin
 from backroom.league.standings import STORE
 from backroom.league.store import LeagueStore
 from backroom.runner.config import ConfigError
@@ -343,6 +343,54 @@ async def test_adaptive_league_stops_at_its_budget(tmp_path: Path) -> None:
         for r in store.results():
             groups[r.group] = groups.get(r.group, 0) + 1
     assert set(groups.values()) == {2}  # whole CRN groups: both seat orders of each seed
+
+
+async def test_an_adaptive_league_picks_the_same_rounds_whatever_order_episodes_come_back(
+    tmp_path: Path,
+) -> None:
+    """Same config and seed, same matches: the schedule rated each round's results in the
+    order their episodes came back, so two plays of one league of scripted agents played
+    different matches (3,000 of six IPD agents, rounds of 16). It rates them in the order
+    scheduled; shown here with two stores that counted the same results in opposite orders,
+    whose counted-order ratings differ, and with two plays of one league."""
+    data = {
+        **ipd_league(tmp_path, name="adaptive", seeds=4),
+        "schedule": {"kind": "adaptive", "budget": 40, "batch": 2},
+    }
+    config = parse_league(data)
+    for d in ("a", "b"):
+        await run_league(config, tmp_path / d)
+    keys = []
+    for d in ("a", "b"):
+        with LeagueStore(tmp_path / d / STORE) as store:
+            keys.append(store.scheduled_keys())
+    assert keys[0] == keys[1] and len(keys[0]) == 40
+
+    with LeagueStore(tmp_path / "a" / STORE) as store:
+        counted = [r.key for r in store.results()]
+        records = dict(zip(counted, store.records(), strict=True))
+    games = {g.key: g for g in config.games}
+    rows = []
+    for key in keys[0]:  # the schedule, rebuilt from its keys as a resumed league does
+        game, pairing, k, order = key.split("|")
+        slot = Slot(game, tuple(pairing.split(",")), int(k), tuple(order.split(",")))
+        spec = match_spec(config, games[game], slot, players_of(games[game]))
+        rows.append((key, game, slot.group, spec))
+    agents = [a.id for a in config.agents()]
+    tallies, shown = [], []
+    for n, order in enumerate((keys[0], keys[0][::-1])):
+        with LeagueStore(tmp_path / f"counted{n}.sqlite") as store:
+            store.schedule(rows)
+            for key in order:
+                assert store.add(key, records[key])
+            store.flush()
+            assert [r.key for r in store.results()] == order
+            assert [r.key for r in store.results(as_scheduled=True)] == keys[0]
+            tallies.append(League(config, tmp_path, store, lambda _: None).tally(agents))
+            shown.append(rate(store.results(), agents))
+    assert shown[0] != shown[1]  # in counted order the two stores rate apart
+    assert tallies[0].sigma() == tallies[1].sigma()
+    assert tallies[0].played == tallies[1].played and sum(tallies[0].played.values()) == 20
 
 
 def test_from_run_versions_become_local_entrants(tmp_path: Path) -> None:

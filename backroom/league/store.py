@@ -213,17 +213,26 @@ class LeagueStore:
         self._pending, self._voids, self._counts = [], [], {}
         return len(rows)
 
-    def results(self, after: int = 0) -> list[Result]:
-        """Every counted result in the order it was counted (what ratings replay)."""
-        rows = self._db.execute(
-            "SELECT seq, key, game, grp, seats, returns, reason FROM results WHERE seq > ?"
-            " ORDER BY seq",
-            (after,),
-        ).fetchall()
+    def results(self, after: int = 0, as_scheduled: bool = False) -> list[Result]:
+        """Every counted result (``seq`` past ``after``) in the order it was counted (what
+        ratings replay), or ``as_scheduled``: in the order their matches were scheduled,
+        which does not depend on which episode came back first."""
+        columns = "seq, results.key, results.game, results.grp, seats, returns, reason"
+        query = (
+            f"SELECT {columns} FROM results LEFT JOIN scheduled USING (key) WHERE seq > ?"
+            " ORDER BY scheduled.rowid IS NULL, scheduled.rowid, seq"  # unscheduled: last
+            if as_scheduled
+            else f"SELECT {columns} FROM results WHERE seq > ? ORDER BY seq"
+        )
+        rows = self._db.execute(query, (after,)).fetchall()
         return [
             Result(s, k, g, grp, tuple(json.loads(seats)), tuple(json.loads(rets)), reason)
             for s, k, g, grp, seats, rets, reason in rows
         ]
+
+    def results_count(self) -> int:
+        """Counted results in the store (``flush`` first for those waiting)."""
+        return int(self._db.execute("SELECT count(*) FROM results").fetchone()[0])
 
     def records(self, game: str | None = None) -> Iterator[EpisodeRecord]:
         """The full episode records of ``game``'s results (all: None), in counted order."""
