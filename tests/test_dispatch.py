@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import typer
+
 from backroom.bus.wire import SHUTTING_DOWN, EpisodeRecord, MatchRequest
-from backroom.cli.run import demo_config
+from backroom.cli.run import demo_config, report
 from backroom.runner.dispatch import AGAIN_TRIES, RERUNS, MatchLedger
-from backroom.runner.results import Faults, finished_on_disk
+from backroom.runner.results import Faults, RunResult, finished_on_disk
 
 
 class Clock:
@@ -354,3 +357,21 @@ def test_a_stopped_run_counts_the_matches_its_file_holds_that_never_reached_it(
     assert [(r.match, r.seed) for r in late] == [("run.1.2.r1", 7), ("run.1.1.r1", 0)]
     assert late[1].reason == "voided"
     assert finished_on_disk(tmp_path / "none.jsonl", kept, reruns) == []
+
+
+def test_a_stopped_run_says_how_many_of_its_matches_were_read_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What ``backroom run`` prints after a Ctrl-C: the matches finished, those read back
+    from the file among them, and exit 130; nothing said of a read-back when there was none."""
+    t = Ledger(n=3)
+    episodes = [t.record("run.1.0"), t.record("run.1.1")]
+    for late, said in ((1, "(1 of them read back from episodes.jsonl"), (0, None)):
+        faults = Faults(interrupted=True, read_back=late)
+        result = RunResult(demo_config(), episodes, 1.0, tmp_path, "mqtt://x", 1.0, faults)
+        with pytest.raises(typer.Exit) as stop:
+            report(result, None)
+        assert stop.value.exit_code == 130
+        out = " ".join(capsys.readouterr().out.split())
+        assert "interrupted: Ctrl-C after 2 of 200 matches; everything above is of those 2" in out
+        assert (said in out) if said else "read back" not in out

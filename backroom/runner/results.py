@@ -146,8 +146,10 @@ def finished_on_disk(
     A referee writes a match's record and then publishes it, so a run stopped
     by Ctrl-C can find in its file matches that ended before the Ctrl-C but
     whose episode was still on its way: leaving them out made the summary
-    smaller than the file. Read once the referees have stopped (they void
-    what they were still playing, ``SHUTTING_DOWN``: no result, left out).
+    smaller than the file. Read once the run's referees have stopped (they
+    void what they were still playing, ``SHUTTING_DOWN``: no result, left out
+    here, kept in the file); referees the run did not start may still add to
+    the file after.
     The first record of a match counts, as ``MatchLedger.episode`` keeps the
     first that arrives; ``reruns`` maps the ids a match was asked for again
     under to its own. Unreadable lines are ``read_episodes``' to count.
@@ -158,12 +160,15 @@ def finished_on_disk(
     have = {reruns.get(ep.match, ep.match) for ep in kept}
     found: list[EpisodeRecord] = []
     for raw in read_episodes(path):
+        attempt = raw.get("match")
+        if not isinstance(attempt, str) or reruns.get(attempt, attempt) in have:
+            continue  # most lines: parsed only to be passed over
         try:
             record = EpisodeRecord.model_validate(raw)
         except ValueError:
             continue  # not an episode of ours: the file is checked elsewhere
         match = reruns.get(record.match, record.match)
-        if match in have or (record.reason == "voided" and record.detail == SHUTTING_DOWN):
+        if record.reason == "voided" and record.detail == SHUTTING_DOWN:
             continue
         have.add(match)
         found.append(record)
