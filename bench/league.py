@@ -10,7 +10,9 @@
    start-up is not play), and the medians are compared. Target: league / run
    >= 0.9.
 2. **Rating**: openskill over 100,000 two-player results of 20 entrants, from
-   the store (SQLite read included) and from memory. Target: under 10 s.
+   the store (SQLite read included) and from memory. Target: under 10 s. Beside
+   it the head-to-head table, built from every result against from the samples
+   a running league keeps (``ratings.Cells``), the same numbers (asserted).
 3. **Adaptive rounds**: the ratings an adaptive schedule picks by, between
    rounds of 16 results: rated again from every result, as the schedule did,
    against brought up to date with the new ones (``play.Tally``), on one store,
@@ -36,7 +38,7 @@ from pathlib import Path
 from backroom.bus.wire import EpisodeRecord, MatchSpec
 from backroom.league.config import parse_league
 from backroom.league.play import Tally, run_league
-from backroom.league.ratings import rate
+from backroom.league.ratings import Cells, head_to_head, rate
 from backroom.league.store import LeagueStore
 from backroom.runner.config import parse_config
 from backroom.runner.local import run_local
@@ -147,6 +149,16 @@ def rating(n: int) -> None:
     t0 = time.perf_counter()
     rate(counted)
     in_memory = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    from_all = head_to_head(counted, AGENTS).to_json()
+    h2h_all = time.perf_counter() - t0
+    cells = Cells()
+    for r in counted:  # what a running league has added result by result
+        cells.add(r)
+    t0 = time.perf_counter()
+    from_cells = cells.table(AGENTS).to_json()
+    h2h_cells = time.perf_counter() - t0
+    assert from_cells == from_all
     load = os.getloadavg()[0] / (os.cpu_count() or 1)
     print(
         f"rating: {n:,} results (store filled in {filled:.1f} s, not counted); load {load:.1f}/core"
@@ -154,6 +166,11 @@ def rating(n: int) -> None:
     print(
         f"  from the store: {from_store:.2f} s (read {read:.2f} s); rate again: {in_memory:.2f} s "
         f"(target < 10 s); {len(table)} entrants"
+    )
+    print(
+        f"  head to head: from every result {h2h_all:.2f} s, from the cells kept as results "
+        f"come {h2h_cells:.3f} s (a running league's every second); "
+        f"ratio {h2h_all / h2h_cells:.0f}x"
     )
 
 

@@ -32,6 +32,7 @@ def test_the_league_bench_prints_its_three_parts(tmp_path: Path) -> None:
     text = out.stdout
     assert re.search(r"league / run = [0-9.]+ \(target >= 0.9\)", text), text
     assert re.search(r"rating: 5,000 results.*\n  from the store: [0-9.]+ s", text), text
+    assert re.search(r"head to head: from every result [0-9.]+ s, from the cells", text), text
     m = re.search(r"adaptive: 500 results in rounds of 16: .*again / up to date = \d+x", text)
     assert m, text  # the ratio is read, not asserted: speed lives in bench/
 

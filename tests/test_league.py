@@ -10,6 +10,7 @@ import itertools
 import json
 import math
 import os
+import random
 import signal
 import sqlite3
 import subprocess
@@ -24,10 +25,10 @@ from backroom.bus.broker import Broker
 from backroom.league.config import LeagueConfig, parse_league
 from backroom.league.exploit import empirical_counts, league_exploitability, policy_exploitability
 from backroom.league.play import League, LeagueError, run_league
-from backroom.league.ratings import entrant_scores, rate
+from backroom.league.ratings import Cells, entrant_scores, head_to_head, rate
 from backroom.league.schedule import Slot, adaptive_pick, match_spec, players_of, round_robin
 from backroom.league.standings import STORE
-from backroom.league.store import LeagueStore
+from backroom.league.store import LeagueStore, Result
 from backroom.runner.config import ConfigError
 
 from .conftest import eventually, identity, load_factor
@@ -527,6 +528,57 @@ def test_channels_follow_their_members_to_whatever_seats_they_hold(tmp_path: Pat
 def test_entrant_scores_average_the_seats_an_entrant_holds() -> None:
     assert entrant_scores(["a", "b", "a", "b"], [1, 2, 3, 6]) == {"a": 2.0, "b": 4.0}
     assert math.isclose(entrant_scores(["x"], [0.5])["x"], 0.5)
+
+
+def test_the_head_to_head_table_kept_as_results_come_equals_the_one_built_from_them_all() -> None:
+    """A running league shows the table every second from samples it adds to as results
+    come (``Cells``), not from every result again: the same numbers, to the bit, at every
+    point; a cell's mean and standard error are over CRN groups (hand-checked)."""
+    rng = random.Random(3)
+    agents = ["a", "b", "c"]
+    results = []
+    for k in range(30):
+        pair = tuple(sorted(rng.sample(agents, 2)))
+        group = f"ipd|{','.join(pair)}|{k}"
+        for order in (pair, pair[::-1]):
+            x = rng.choice([0.0, 1.0, 3.0, 5.0, 0.1])
+            results.append(
+                Result(
+                    len(results) + 1,
+                    f"{group}|{','.join(order)}",
+                    "ipd",
+                    group,
+                    order,
+                    (x, rng.choice([0.0, 1.0, 0.7])),
+                    "normal",
+                )
+            )
+    results.append(
+        Result(
+            999,
+            "beauty|a,b,c|0|a,b,c",
+            "beauty",
+            "beauty|a,b,c|0",
+            ("a", "b", "c", "a"),
+            (1.0, 0.0, 0.5, 0.0),
+            "normal",
+        )
+    )
+    cells = Cells()
+    for n, r in enumerate(results, 1):
+        cells.add(r)
+        if n % 7 == 0 or n == len(results):
+            assert cells.table(agents).to_json() == head_to_head(results[:n], agents).to_json()
+    # hand-checked: a against b, one sample per CRN group (the mean of its seat orders)
+    samples = []
+    for group in dict.fromkeys(r.group for r in results if {"a", "b"} <= set(r.seats)):
+        mine = [entrant_scores(r.seats, r.returns)["a"] for r in results if r.group == group]
+        samples.append(sum(mine) / len(mine))
+    table = cells.table(agents)
+    m = sum(samples) / len(samples)
+    se = math.sqrt(sum((x - m) ** 2 for x in samples) / (len(samples) - 1) / len(samples))
+    assert table.groups[0][1] == len(samples) > 2
+    assert math.isclose(table.mean[0][1], m) and math.isclose(table.se[0][1], se)
 
 
 def test_league_config_round_trips_through_its_store(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 
 from backroom.league.config import LeagueConfig
 from backroom.league.exploit import league_exploitability, solvable
-from backroom.league.ratings import Rating, Ratings, head_to_head
-from backroom.league.store import LeagueStore, Result
+from backroom.league.ratings import Cells, Rating, Ratings
+from backroom.league.store import LeagueStore
 from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
 
 STANDINGS = "standings.json"
@@ -56,13 +56,15 @@ def exploitability_json(
 
 
 class Standings:
-    """Ratings kept up to date result by result (``update`` reads only the new rows).
+    """Ratings and head-to-head samples kept up to date result by result (``update`` reads
+    only the new rows).
 
-    A running league rewrites its standings every group commit; rating every
-    result again each time would cost the league its pace as it grows (the
-    rating of n results is O(n)). So the ratings are updated in counted order
-    with each new result, which is the same sequence of openskill calls as
-    rating them all at once.
+    A running league rewrites its standings every second; rating every result
+    again each time, or building the head-to-head table from every result,
+    would cost the league its pace as it grows (both are O(n)). So the ratings
+    are updated in counted order with each new result, which is the same
+    sequence of openskill calls as rating them all at once, and the table's
+    samples (``ratings.Cells``) the same sums in the same order.
     """
 
     def __init__(self, store: LeagueStore, config: LeagueConfig) -> None:
@@ -72,7 +74,8 @@ class Standings:
         self.games = {g.key: g for g in config.games}
         self.ratings = {g.key: Ratings(config.game_agents(g)) for g in config.games}
         self.overall = Ratings(list(self.agents))
-        self.results: dict[str, list[Result]] = {g.key: [] for g in config.games}
+        self.results: dict[str, int] = {g.key: 0 for g in config.games}
+        self.cells = {g.key: Cells() for g in config.games}
         self.counted = 0
         self.seq = 0
 
@@ -82,7 +85,8 @@ class Standings:
             self.counted += 1
             if r.game not in self.games:
                 continue  # a game no longer in the config: counted, not shown
-            self.results[r.game].append(r)
+            self.results[r.game] += 1
+            self.cells[r.game].add(r)
             self.ratings[r.game].add(r)
             if len(self.games) > 1:  # the all-games rating is shown only then
                 self.overall.add(r)
@@ -95,9 +99,9 @@ class Standings:
         out: dict[str, Any] = {
             "game": g.game,
             "params": g.params,
-            "results": len(results),
+            "results": results,
             "ratings": [rating_json(r) for r in table],
-            "head_to_head": head_to_head(results, [r.agent for r in table]).to_json(),
+            "head_to_head": self.cells[key].table([r.agent for r in table]).to_json(),
         }
         if exploit and solvable(g.game, g.params) and results:
             out["exploitability"] = exploitability_json(self.store, key, g.game, g.params)
