@@ -130,7 +130,7 @@ class Cells:
     entrants, each CRN group's returns of the first against the second.
 
     A running league shows the table every second; building it from every result each
-    time took 1.2 s at 100,000 results (``bench/league.py``), the league's pace halved.
+    time took about a second at 100,000 results (``bench/league.py``): half the pace.
     """
 
     def __init__(self) -> None:
