@@ -148,7 +148,7 @@ async def test_client_reconnects_and_resubscribes_after_broker_restart(broker: B
         # loops: the referee's bus was back first and its "after" was lost.
         await eventually(lambda: a.reconnects >= 1 and a.connected.is_set(), 15 * load_factor())
         # publish blocks until the connection is back, then goes through
-        await asyncio.wait_for(r.publish(topics.inbox("alice"), b"after"), 15)
+        await asyncio.wait_for(r.publish(topics.inbox("alice"), b"after"), 15 * load_factor())
         for _ in range(100):
             if b"after" in received:
                 break

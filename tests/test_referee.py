@@ -192,7 +192,9 @@ async def test_with_two_referees_each_leaves_the_others_moves_unanswered(
         Runner(broker) as run,
         RawAgent(identity(broker, "mallory")) as mal,
     ):
-        await eventually(lambda: first.peers.has_peers() and second.peers.has_peers(), 10)
+        await eventually(
+            lambda: first.peers.has_peers() and second.peers.has_peers(), 10 * load_factor()
+        )
         stop = asyncio.Event()
         driver = asyncio.create_task(play_raw(mal, "call", stop))
         ids = [f"m{i}" for i in range(8)]

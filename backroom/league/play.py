@@ -277,7 +277,7 @@ class League:
         """The next round of an adaptive schedule: [] once the budget is spent."""
         assert self.config.schedule.budget is not None
         self.store.flush()
-        left = self.config.schedule.budget - self.store.results_count()
+        left = self.config.schedule.budget - len(self.store.done())
         pending = self.pending_scheduled(agents)
         if pending:  # a killed session's round: finish it first
             return pending[:left] if left > 0 else []

@@ -74,7 +74,7 @@ class Standings:
         self.games = {g.key: g for g in config.games}
         self.ratings = {g.key: Ratings(config.game_agents(g)) for g in config.games}
         self.overall = Ratings(list(self.agents))
-        self.results: dict[str, int] = {g.key: 0 for g in config.games}
+        self.counts: dict[str, int] = {g.key: 0 for g in config.games}
         self.cells = {g.key: Cells() for g in config.games}
         self.counted = 0
         self.seq = 0
@@ -85,7 +85,7 @@ class Standings:
             self.counted += 1
             if r.game not in self.games:
                 continue  # a game no longer in the config: counted, not shown
-            self.results[r.game] += 1
+            self.counts[r.game] += 1
             self.cells[r.game].add(r)
             self.ratings[r.game].add(r)
             if len(self.games) > 1:  # the all-games rating is shown only then
@@ -95,7 +95,7 @@ class Standings:
     def game(self, key: str, exploit: bool) -> dict[str, Any]:
         g = self.games[key]
         table = self.ratings[key].table()
-        results = self.results[key]
+        results = self.counts[key]
         out: dict[str, Any] = {
             "game": g.game,
             "params": g.params,

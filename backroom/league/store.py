@@ -230,10 +230,6 @@ class LeagueStore:
             for s, k, g, grp, seats, rets, reason in rows
         ]
 
-    def results_count(self) -> int:
-        """Counted results in the store (``flush`` first for those waiting)."""
-        return int(self._db.execute("SELECT count(*) FROM results").fetchone()[0])
-
     def records(self, game: str | None = None) -> Iterator[EpisodeRecord]:
         """The full episode records of ``game``'s results (all: None), in counted order."""
         for (text,) in self._db.execute(

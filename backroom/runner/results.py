@@ -152,7 +152,8 @@ def finished_on_disk(
     the file after.
     The first record of a match counts, as ``MatchLedger.episode`` keeps the
     first that arrives; ``reruns`` maps the ids a match was asked for again
-    under to its own. Unreadable lines are ``read_episodes``' to count.
+    under to its own. Lines that are no episode are passed over (the file's
+    readers count them: ``read_episodes``).
     """
     if not path.exists():
         return []
@@ -161,13 +162,13 @@ def finished_on_disk(
     found: list[EpisodeRecord] = []
     for raw in read_episodes(path):
         attempt = raw.get("match")
-        if not isinstance(attempt, str) or reruns.get(attempt, attempt) in have:
+        match = reruns.get(attempt, attempt) if isinstance(attempt, str) else None
+        if match is None or match in have:
             continue  # most lines: parsed only to be passed over
         try:
             record = EpisodeRecord.model_validate(raw)
         except ValueError:
             continue  # not an episode of ours: the file is checked elsewhere
-        match = reruns.get(record.match, record.match)
         if record.reason == "voided" and record.detail == SHUTTING_DOWN:
             continue
         have.add(match)

@@ -150,7 +150,8 @@ class TraceLog:
         how many never came (``Faults.traces_missing``).
         """
         deadline = time.monotonic() + timeout_s
-        missing = self.missing(episodes)  # once; then only what is still due is looked at
+        tracers = len(self.tracers)
+        missing = self.missing(episodes)  # once, and again only when a new tracer speaks up
         while missing:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -158,7 +159,11 @@ class TraceLog:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), left)
-            missing = [d for d in missing if d not in self.decided]
+            if len(self.tracers) != tracers:  # its decisions are due too
+                tracers = len(self.tracers)
+                missing = self.missing(episodes)
+            else:
+                missing = [d for d in missing if d not in self.decided]
         return missing
 
     def _refusal(self, msg: Trace, sender: str, seats: Sequence[str], size: int) -> str | None:

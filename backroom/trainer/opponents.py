@@ -30,6 +30,7 @@ from typing import TypeVar
 
 from backroom.bus.wire import AdapterRef
 from backroom.model.adapters import adapter_digest
+from backroom.referee.fallbacks import fallback_of
 from backroom.trainer.config import PfspSpec, TrainConfig, frozen_versions
 from backroom.trainer.store import Joined, Store
 
@@ -98,7 +99,9 @@ class PoolOutcome:
             if len(request.trainable) != 1 or len(record.returns) != 2:
                 continue  # self-play: no opponent to compare with
             abnormal += record.reason != "normal"  # voided, timed out, forfeited, failed
-            fallbacks += sum(a.fallback is not None or a.timed_out for a in record.actions)
+            fallbacks += sum(
+                fallback_of(a.fallback, a.timed_out) is not None for a in record.actions
+            )
             mine = request.trainable[0]
             rounds = len(record.round_rewards) or 1  # a match cut short: its own rounds
             pair = (record.returns[mine] / rounds, record.returns[1 - mine] / rounds)
