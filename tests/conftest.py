@@ -293,6 +293,50 @@ def load_factor() -> float:
     return max(1.0, one / (os.cpu_count() or 1), five / (os.cpu_count() or 1))
 
 
+#: How far a test's time limit may stretch under load: a hung test still ends.
+MAX_TIMEOUT_STRETCH = 8.0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
+    """pytest-timeout's limit, stretched by the same ``load_factor`` the tests' own waits use.
+
+    A fixed 300 s limit under waits scaled by load (up to 1,192 s at load 8) failed tests
+    that were only slow. When the alarm rings, the limit is recomputed with the highest
+    load seen so far (at most ``MAX_TIMEOUT_STRETCH`` times the configured one); a test
+    still within it gets the alarm set again for what is left. Only the main thread's
+    SIGALRM method is taken over; any other falls through to the plugin's own timer.
+    """
+    import signal
+    import time
+
+    import pytest_timeout
+
+    if settings.method != "signal" or threading.current_thread() is not threading.main_thread():
+        return None
+    start, peak = time.monotonic(), [load_factor()]
+
+    def left() -> float:
+        peak[0] = min(max(peak[0], load_factor()), MAX_TIMEOUT_STRETCH)
+        return settings.timeout * peak[0] - (time.monotonic() - start)
+
+    def ring(signum: int, frame: Any) -> None:
+        __tracebackhide__ = True
+        if (remaining := left()) > 0.5:
+            signal.setitimer(signal.ITIMER_REAL, remaining)
+            return
+        pytest_timeout.timeout_sigalrm(item, settings)
+
+    def cancel() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+    item.cancel_timeout = cancel  # type: ignore[attr-defined]  (the plugin's cancel hook calls it)
+    signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, settings.timeout)
+    return True
+
+
 async def eventually(
     condition: Callable[[], bool], timeout: float, why: Callable[[], str] | None = None
 ) -> None:

@@ -268,7 +268,7 @@ def test_a_game_is_measured_through_its_one_registry_entry(
 ) -> None:
     """Every measured game has one entry (measures and tables); a new game's entry is all it
     takes for ``analyze_episodes`` and ``render_tables`` to use it, and a game without one
-    is only counted."""
+    gets the generic per-seat and per-agent means."""
     from rich.table import Table
 
     from backroom import analysis
@@ -285,7 +285,9 @@ def test_a_game_is_measured_through_its_one_registry_entry(
     game = make_game("ipd")
     eps = [episode(game, [agent("tit-for-tat"), agent("always:B")], match="a")]
     unmeasured = analyze_episodes([{**e, "game": "newgame"} for e in eps])
-    assert unmeasured["games"]["newgame"] == {"game": "newgame", "episodes": 1, "plots": []}
+    generic = unmeasured["games"]["newgame"]  # analysis.generic's seats and agents
+    assert (generic["game"], generic["episodes"], generic["plots"]) == ("newgame", 1, [])
+    assert generic["per_agent"]["always-B"] == {"n": 1, "mean": 14.0, "se": None}
 
     def measure(episodes: list[Any], out_dir: Path | None) -> dict[str, Any]:
         return {"episodes": len(episodes), "moves": sum(len(e["actions"]) for e in episodes)}
@@ -299,3 +301,52 @@ def test_a_game_is_measured_through_its_one_registry_entry(
     assert moves > 0 and result["games"]["newgame"] == {"episodes": 1, "moves": moves}
     titles = [t.title for t in render_tables({**result, "run": "r"})]
     assert f"r newgame: {moves} moves" in titles
+
+
+def test_a_game_without_measures_of_its_own_gets_seats_agents_and_its_coalition(
+    tmp_path: Path,
+) -> None:
+    """An OpenSpiel game: what `backroom run` prints and more, checked by hand; the title is
+    never squeezed into a column (it wrapped as `openspiel-le / duc/2026…`)."""
+    params = {"name": "leduc_poker", "players": 3}
+    transform = {"kind": "coalition", "members": [0, 1]}
+    raw = [[3.0, -1.0, -2.0], [-1.0, -1.0, 2.0], [1.0, 1.0, -2.0]]
+    eps = [
+        {
+            "game": "openspiel",
+            "params": params,
+            "match": f"m{i}",
+            "seats": ["alice", "bob", "carol"] if i != 1 else ["bob", "alice", "carol"],
+            "raw_returns": r,
+            "returns": [sum(r[:2]) / 2, sum(r[:2]) / 2, r[2]],
+            "reason": "normal",
+            "final_observations": [{}, {}, {}],
+            "spec": {"transform": transform, "channels": [{"name": "colluders"}]},
+            "deliveries": [],
+            "actions": [],
+        }
+        for i, r in enumerate(raw)
+    ]
+    result = analyze_run(write_run(tmp_path, eps))
+    g = result["games"]["openspiel"]
+    assert g["label"] == "openspiel leduc_poker"
+    seat0 = [3.0, -1.0, 1.0]
+    mean0 = sum(seat0) / 3
+    se0 = (sum((x - mean0) ** 2 for x in seat0) / 2 / 3) ** 0.5
+    assert g["per_seat"]["0"] == {"n": 3, "mean": pytest.approx(mean0), "se": pytest.approx(se0)}
+    assert g["per_agent"]["alice"]["mean"] == pytest.approx((3.0 - 1.0 + 1.0) / 3)
+    assert g["per_agent"]["carol"]["mean"] == pytest.approx((-2.0 + 2.0 - 2.0) / 3)
+    c = g["coalition"]
+    assert c["agents"] == ["alice", "bob"] and c["matches"] == 3
+    advantage = [1.0 - (-2.0), -1.0 - 2.0, 1.0 - (-2.0)]  # members' mean minus carol's
+    assert c["advantage"]["mean"] == pytest.approx(sum(advantage) / 3)
+    assert g["channels"]["colluders"]["messages"] == 0  # a silent private channel is listed
+    out = io.StringIO()
+    console = Console(file=out, width=60, force_terminal=False)
+    for table in render_tables(result):
+        console.print(table)
+    text = out.getvalue()
+    assert "no measures" not in text
+    assert "r1 / openspiel leduc_poker: mean raw return per seat" in text.replace("\n", " ")
+    title_line = next(line for line in text.splitlines() if "openspiel" in line)
+    assert "openspiel leduc_poker" in title_line  # not broken inside the game's name

@@ -734,3 +734,37 @@ async def test_adapter_versions_of_a_training_run_play_as_entrants(
     for t in traces:
         by_agent.setdefault(t["agent"], set()).add(t["adapter_version"])
     assert by_agent == {"learner.v0": {"v0"}, "learner.v5": {"v5"}}
+
+
+def test_the_ipd_league_example_says_how_to_make_what_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a fresh clone the league's `from_run` runs do not exist yet: its header's train
+    commands name shipped configs that train exactly those runs, and loading the league
+    before training names the command to run."""
+    from backroom.league.config import load_league
+    from backroom.trainer.config import load_train_config
+
+    header = (EXAMPLES / "league_ipd.yaml").read_text().split("\nleague:")[0]
+    commands = [line.split("#   ", 1)[1] for line in header.splitlines() if "#   " in line]
+    trains = [command.split("#")[0].split() for command in commands]
+    trains = [argv for argv in trains if argv[:2] == ["backroom", "train"]]
+    from_runs = {
+        e["from_run"]
+        for e in yaml.safe_load((EXAMPLES / "league_ipd.yaml").read_text())["entrants"]
+        if "from_run" in e
+    }
+    assert {argv[argv.index("--run-dir") + 1] for argv in trains} == from_runs
+    root = EXAMPLES.parent
+    algorithms = {load_train_config(root / argv[2]).algorithm for argv in trains}
+    assert algorithms == {"adalign", "grpo"}
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"train it first \(backroom train CONFIG --run-dir runs/ipd-quick"
+    ):
+        load_league(EXAMPLES / "league_ipd.yaml")
+
+
+def test_leagues_are_not_committed() -> None:
+    ignored = (EXAMPLES.parent / ".gitignore").read_text().split()
+    assert "leagues/" in ignored and "runs/" in ignored

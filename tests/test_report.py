@@ -132,7 +132,7 @@ async def test_hostile_text_reaches_the_html_report_as_text(tmp_path: Path) -> N
     assert seen["runDir"] == str(run_dir)
     # Titles wrap at the table's width, as in a terminal: the characters are there, in order.
     title = "".join(seen["tables"].split())
-    assert "".join(f"{IMG} {SCRIPT}: 1 episodes (no measures for this game)".split()) in title
+    assert "".join(f"{IMG} / {SCRIPT}: mean raw return per seat, 1 matches".split()) in title
     assert f"skipped 1 unreadable lines in {run_dir / 'episodes.jsonl'}" in seen["tables"]
 
 

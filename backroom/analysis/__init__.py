@@ -9,7 +9,9 @@ the terminal. The measures themselves are pure functions over EpisodeRecord
 dicts, in one module per family (``social``, ``beauty``, ``bertrand``, ``kuhn``),
 each exporting its ``MEASURES`` (``analysis.measures.GameMeasures``: the measures
 and the tables of each of its games); ``MEASURES`` here is all of them, and a
-game without an entry is only counted.
+game without an entry (an OpenSpiel or PettingZoo game, one of your own) gets
+``generic``'s: per-seat and per-agent means with standard errors, a coalition's
+advantage, its channels.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from rich.table import Table
 
-from backroom.analysis import beauty, bertrand, kuhn, social
+from backroom.analysis import beauty, bertrand, generic, kuhn, social
 from backroom.analysis.episodes import PLAYED, Episode, by_game, load_episodes, played
 from backroom.analysis.measures import GameMeasures, cell
 from backroom.games.base import make_game, registered_games
@@ -41,6 +43,8 @@ GAME_MODULES = (social, beauty, bertrand, kuhn)
 MEASURES: dict[str, GameMeasures] = {
     game: measures for module in GAME_MODULES for game, measures in module.MEASURES.items()
 }
+#: What a game without measures of its own gets (``analysis.generic``).
+GENERIC = GameMeasures(generic.analyze, generic.tables)
 
 
 def analyze_episodes(
@@ -67,10 +71,7 @@ def analyze_episodes(
         reason = str(e.get("reason", "normal"))
         outcomes[reason] = outcomes.get(reason, 0) + 1
     for game, eps in sorted(by_game(measured).items()):
-        m = MEASURES.get(game)
-        games[game] = (
-            m.analyze(eps, out_dir) if m else {"game": game, "episodes": len(eps), "plots": []}
-        )
+        games[game] = MEASURES.get(game, GENERIC).analyze(eps, out_dir)
     return {
         "episodes": len(episodes),
         "unplayed": len(episodes) - len(usable),
@@ -175,20 +176,11 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
     if training := result.get("training"):
         tables.append(_training_table(run, training))
     for game, r in result.get("games", {}).items():
-        m = MEASURES.get(game)
-        tables.extend(m.tables(run, r) if m else [_unmeasured_table(run, game, r)])
+        tables.extend(MEASURES.get(game, GENERIC).tables(run, r))
     counts = result.get("fallbacks") or {}
     if any(c["fallbacks"] for c in counts.values()):
         tables.append(_fallback_table(run, counts))
     return tables
-
-
-def _unmeasured_table(run: str, game: str, r: dict[str, Any]) -> Table:
-    t = Table(title=f"{run} {game}: {r['episodes']} episodes (no measures for this game)".strip())
-    # A table without a column prints nothing, not even its title: give it one.
-    t.add_column("episodes", justify="right")
-    t.add_row(str(r["episodes"]))
-    return t
 
 
 def notes(result: dict[str, Any]) -> list[str]:

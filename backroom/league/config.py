@@ -87,7 +87,11 @@ class Entrant(AgentEntry):
         assert self.from_run is not None
         folder = Path(self.from_run) / "adapters"
         if not folder.is_dir():
-            raise ValueError(f"{folder} is no directory: `from_run` names a `backroom train` run")
+            raise ValueError(
+                f"{folder} is no directory: `from_run` names a `backroom train` run; "
+                f"train it first (backroom train CONFIG --run-dir {self.from_run}; the "
+                "league config's header names the CONFIG)"
+            )
         found = sorted(
             (p.name for p in folder.iterdir() if p.is_dir() and re.fullmatch(r"v\d+", p.name)),
             key=lambda v: int(v[1:]),
