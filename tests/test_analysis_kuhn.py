@@ -501,3 +501,64 @@ def test_two_player_kuhn_without_a_shipped_policy_gets_seats_only(tmp_path: Path
     for t in kuhn.tables("r", r):
         Console(file=out, width=150).print(t)
     assert "r0" in out.getvalue() and "Table 1" not in out.getvalue()
+
+
+def test_the_advantage_plot_draws_what_the_demo_expects_and_the_team_games_value(
+    demo_run: tuple[str, Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """The demo's colluders expect the team solve's worth against carol's CFR policy (about
+    +0.059), not only the team game's value (+0.051), which the plot once drew alone under
+    the label "team CFR vs CFR"."""
+    from backroom.analysis.kuhn import SOLVER_READINGS, figures
+
+    r = analyze_episodes(demo_run[2], tmp_path)["games"]["kuhn"]
+    solver = r["coalition"]["solver_advantage"]
+    assert solver["team_vs_unaware"] > solver["team"] > 0
+    ax = figures(r)["kuhn_coalition_advantage"].axes[0]
+    drawn = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines()}
+    for name in ("team_vs_unaware", "team"):
+        assert drawn[SOLVER_READINGS[name]] == pytest.approx(solver[name])
+
+
+def test_a_run_of_chosen_hands_quotes_the_solver_on_those_hands(tmp_path: Path) -> None:
+    """A fixed-deal run's why-line quotes the team solve's worth on the hands it played, not
+    the whole deck's average (+0.059 quoted where the hands played were worth -0.087)."""
+    from backroom.analysis.kuhn import collusion_reference
+    from backroom.analysis.story import story_lines
+
+    deal = (0, 1, 4)  # both colluders hold the two lowest cards; carol holds the Ace
+    game = make_game("kuhn", variant="loki", deal=list(deal))
+    agents = [make_agent("random", n) for n in ("alice", "bob", "carol")]
+    eps = [episode(game, agents, seed=s, match=f"m{s}") for s in range(3)]
+    for e in eps:
+        e["spec"]["transform"] = {"kind": "coalition", "members": [0, 1]}
+    kinds = {"alice": "kuhn-team", "bob": "kuhn-team", "carol": "cfr"}
+    lines = story_lines(eps, tmp_path, kinds=kinds)
+    why = next(line for line in lines if line.startswith("why:"))
+    report = collusion_reference(game.params(), [0, 1])
+    assert report is not None
+    on_hand = float(report.advantage("team_vs_unaware")[report.deals.index(deal)])
+    whole = report.average_advantage("team_vs_unaware")
+    assert f"worth {on_hand:+.3f} a hand on the hands played" in why, why
+    assert f"{whole:+.3f}" not in why and abs(on_hand - whole) > 0.01
+
+
+def test_solve_collusion_says_how_to_get_analyzes_table_1_and_then_gives_it(
+    demo_run: tuple[str, Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """`solve collusion` (3.06) and `analyze`'s Table 1 (3.04) once differed unexplained: the
+    command solves its own three-player equilibrium. It says so, and the flags it names
+    give analyze's numbers to the digit."""
+    from backroom.analysis.kuhn import TEAM_ITERATIONS
+
+    r = analyze_episodes(demo_run[2], tmp_path / "plots")["games"]["kuhn"]
+    analyze_rows = r["table1"]["rows"]
+    flags = ["--cfr-policy", "kuhn_loki_cfr", "--iterations", str(TEAM_ITERATIONS)]
+    out = _cli("solve", "collusion", *flags, "--out-dir", str(tmp_path / "c"))
+    assert "these are backroom analyze's numbers" in out, out
+    for label in ("CFR", "CFR Collusion", "CFR Collusion vs unaware C"):
+        row = next(line for line in out.splitlines() if line.startswith(f"| {label} |"))
+        printed = [float(x) for x in row.strip("|").split("|")[1:4]]
+        assert printed == [round(x, 2) for x in analyze_rows[label][:3]], (label, row)
+    other = _cli("solve", "collusion", "--iterations", "200", "--out-dir", str(tmp_path / "d"))
+    assert f"--cfr-policy kuhn_loki_cfr --iterations {TEAM_ITERATIONS} --algo cfr+" in other

@@ -593,8 +593,14 @@ def test_piped_output_keeps_whole_lines(tmp_path: Path) -> None:
     for word in ("mean points", "mean reward", "timeouts"):
         assert word in header, header
     assert "a-rather-long-run-name-for-a-table-title: 3 matches of ipd" in out.stdout
-    rate = re.search(r"; (\S+) matches/s while playing", out.stdout)
+    rate = re.search(r"; (\S+) matches/s while playing \((\S+)s of the (\S+)s;", out.stdout)
     assert rate and float(rate.group(1)) > 0, out.stdout
+    # The rate and the title's time agree once the title's time is split: 3 matches in the
+    # play time give the rate, and play is part of the whole.
+    play, whole = float(rate.group(2)), float(rate.group(3))
+    assert 0 < play <= whole, out.stdout
+    assert float(rate.group(1)) == pytest.approx(3 / play, rel=0.1, abs=0.05), out.stdout
+    assert f"3 matches of ipd in {whole:.1f}s" in out.stdout
 
 
 def test_a_piped_run_shows_its_progress_in_plain_lines_as_it_plays(tmp_path: Path) -> None:

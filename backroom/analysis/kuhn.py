@@ -74,8 +74,8 @@ TEAM_ITERATIONS = 5000
 CACHE_VERSION = 1
 #: The solver's readings shown beside the played advantage (those the report has).
 SOLVER_READINGS = {
-    "team": "solver: team CFR vs CFR",
-    "team_vs_unaware": "solver: team vs unaware C",
+    "team": "solver: team game's value (C solves against the team)",
+    "team_vs_unaware": "solver: team solve vs C's CFR policy",
     "paper": "solver: paper's construction",
 }
 #: Table 1's rows from the solver, by the profile that gives them (those the report has).
@@ -495,7 +495,7 @@ def _coalition(
         coalition["advantage_by_hand"] = coalition["advantage_by_hand"].tolist()
     if report is not None:
         coalition["solver_advantage"] = {
-            name: _solver_mean(report, report.advantage(name), mine)
+            name: solver_mean(report, report.advantage(name), mine)
             for name in SOLVER_READINGS
             if name in report.values
         }
@@ -538,7 +538,7 @@ def _table1(
             continue
         values = report.values[profile][:, victim]
         rows[label] = [report.hand_value(profile, deal(h), victim) for h in hands]
-        rows[label].append(_solver_mean(report, values, eps))
+        rows[label].append(solver_mean(report, values, eps))
     measured: list[Any] = []
     for h in [*hands, None]:
         chips = [
@@ -552,7 +552,7 @@ def _table1(
     return {"seat": victim, "hands": hands, "rows": rows, "last": "all hands"}
 
 
-def _solver_mean(report: CollusionReport, per_deal: np.ndarray, eps: Sequence[Episode]) -> float:
+def solver_mean(report: CollusionReport, per_deal: np.ndarray, eps: Sequence[Episode]) -> float:
     """A solver reading (one value per deal) averaged as these episodes were dealt.
 
     Deals are equally likely, so a hand dealt by chance counts the mean over
@@ -661,9 +661,12 @@ def _advantage_figure(result: dict[str, Any]) -> Figure:
         m, se = c["advantage_given_deal"], c["advantage_given_deal_se"]
         ax.axhspan(m - se, m + se, color="tab:blue", alpha=0.15, label="played: mean ± 1 s.e.")
     ax.axhline(0.0, color="black", lw=0.8, label="independent play (all CFR)")
+    # Both solver readings: what colluders playing the team solve expect against C's CFR
+    # policy (the demo's +0.059), and the team game's value, which they keep against any C.
     solver = c.get("solver_advantage") or {}
-    if "team" in solver:
-        ax.axhline(solver["team"], color="tab:red", ls="--", label="solver: team CFR vs CFR")
+    for name, style in (("team_vs_unaware", "-."), ("team", "--")):
+        if name in solver:
+            ax.axhline(solver[name], color="tab:red", ls=style, label=SOLVER_READINGS[name])
     if c.get("paper_advantage") is not None:
         ax.axhline(c["paper_advantage"], color="tab:green", ls=":", label="Loki paper")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -23,6 +23,7 @@ from backroom.analysis.kuhn import (
     fixed_deal,
     mean_se,
     naive_values,
+    solver_mean,
 )
 from backroom.solvers.collusion import CollusionReport, deal_of
 
@@ -172,6 +173,8 @@ def informed_decisions(eps: Sequence[Mapping[str, Any]], team: Sequence[int]) ->
     return informed, total
 
 
+#: The team solve's readings the why-line quotes: against C's CFR policy, the team game's value.
+PROFILES = ("team_vs_unaware", "team")
 #: The colluder kinds the why-line knows, and what each does with the channel.
 TEAM_KIND, NAIVE_KIND = "kuhn-team", "kuhn-colluder"
 
@@ -206,10 +209,13 @@ def _why_line(
     against = ref.policy if ref else "the CFR policy"
     team_worth = None
     if isinstance(solver, CollusionReport):
+        # A run of chosen hands (`deals:`) is worth what the solver gives those hands,
+        # not the whole deck's average.
+        versus, value = (solver_mean(solver, solver.advantage(p), eps) for p in PROFILES)
+        hands = " on the hands played" if any(map(fixed_deal, eps)) else ""
         team_worth = (
-            f"{solver.average_advantage('team_vs_unaware'):+.3f} a hand against {against} and "
-            f"at least {solver.average_advantage('team'):+.3f} against any third player "
-            f"(the team game's value)"
+            f"{versus:+.3f} a hand{hands} against {against} and at least {value:+.3f} against "
+            f"any third player (the team game's value)"
         )
     who = _names(agents)
     if played_kinds == [TEAM_KIND]:

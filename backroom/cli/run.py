@@ -190,7 +190,12 @@ def report(result: RunResult, reference: Future[Reference | None] | None) -> Non
             f"(measures without those matches: backroom analyze {result.run_dir} --exclude-fallbacks)"
         )
     outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(summary["outcomes"].items()))
-    console.print(f"outcomes: {outcomes}; {result.matches_per_second:.3g} matches/s while playing")
+    # The title's time includes starting the broker, referee and agents; say what play took.
+    console.print(
+        f"outcomes: {outcomes}; {result.matches_per_second:.3g} matches/s while playing "
+        f"({result.play_seconds:.3g}s of the {result.seconds:.1f}s; the rest is starting and "
+        "stopping the processes)"
+    )
     console.print(f"episodes: {result.run_dir / 'episodes.jsonl'}")
     for line in _story(result, reference):
         _plain(line)

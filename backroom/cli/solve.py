@@ -210,8 +210,29 @@ def collusion(
     typer.echo(f"paper: {s['paper_average_advantage']}")
     typer.echo(why_different(report))
     typer.echo(files["table"].read_text())
+    typer.echo(_beside_analyze(cfr_policy, iterations, algo))
     for key, path in files.items():
         typer.echo(f"{key}: {path}")
+
+
+def _beside_analyze(cfr_policy: str | None, iterations: int, algo: str) -> str:
+    """Why this Table 1 may differ from ``backroom analyze``'s in the second decimal.
+
+    Three-player Kuhn has many equilibria: a CFR solved here is another one than the
+    shipped policy ``analyze`` (and the demo's carol) uses, and C's chips differ with it
+    (3.06 against 3.04 on [0, 1, 4] with the defaults).
+    """
+    from backroom.analysis.kuhn import TEAM_ITERATIONS
+
+    shipped = cfr_policy in ("kuhn_loki_cfr", "kuhn_loki_cfr.json")
+    if shipped and iterations == TEAM_ITERATIONS and algo == "cfr+":
+        return "these are backroom analyze's numbers: the shipped CFR policy and its team solve"
+    return (
+        f"backroom analyze's Table 1 uses the shipped CFR policy kuhn_loki_cfr (what the demo's "
+        f"carol plays) and a {TEAM_ITERATIONS:,}-iteration CFR+ team solve, so its numbers may "
+        f"differ in the second decimal; --cfr-policy kuhn_loki_cfr --iterations "
+        f"{TEAM_ITERATIONS} --algo cfr+ gives them exactly"
+    )
 
 
 @solve_app.command("team")
@@ -227,7 +248,7 @@ def team_cmd(
 ) -> None:
     """The colluders' joint strategy of the Kuhn team solve, as the `kuhn-team` agent plays it.
 
-    The same solve as `backroom analyze`'s "team CFR vs CFR" reading (CFR+,
+    The same solve as `backroom analyze`'s "team game's value" reading (CFR+,
     5,000 iterations by default); backroom/policies/kuhn_loki_team.json is
     this command's output for the Loki rules.
     """
