@@ -23,6 +23,7 @@ from typing import Any
 from rich.table import Table
 
 from backroom.analysis import beauty, bertrand, generic, kuhn, social
+from backroom.analysis.audit import audit_channels
 from backroom.analysis.episodes import PLAYED, Episode, by_game, load_episodes, played
 from backroom.analysis.measures import GameMeasures, cell
 from backroom.games.base import make_game, registered_games
@@ -84,6 +85,11 @@ def analyze_episodes(
         "measured": len(measured),
         "skipped_records": skipped,
         "games": games,
+        "channel_audits": {
+            game: audit
+            for game, eps in sorted(by_game(measured).items())
+            if (audit := audit_channels(eps))
+        },
     }
 
 
@@ -177,6 +183,8 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
         tables.append(_training_table(run, training))
     for game, r in result.get("games", {}).items():
         tables.extend(MEASURES.get(game, GENERIC).tables(run, r))
+    for game, audit in (result.get("channel_audits") or {}).items():
+        tables.append(_audit_table(run, game, audit))
     counts = result.get("fallbacks") or {}
     if any(c["fallbacks"] for c in counts.values()):
         tables.append(_fallback_table(run, counts))
@@ -224,6 +232,34 @@ def _fallback_table(run: str, counts: dict[str, Any]) -> Table:
         t.add_row(
             agent, str(c["moves"]), str(c["fallbacks"]), f"{c['share']:.1%}", fallback_reasons(c)
         )
+    return t
+
+
+def _audit_table(run: str, game: str, audit: dict[str, Any]) -> Table:
+    """What each channel told of its senders' secrets, in bits (``analysis.audit``)."""
+    t = Table(title=f"{run} {game}: what each channel tells of its senders' secrets".strip())
+    for col in (
+        "channel",
+        "secret",
+        "messages",
+        "H(secret)",
+        "sent: bits (p)",
+        "received: bits (p)",
+    ):
+        t.add_column(col, justify="left" if col in ("channel", "secret") else "right")
+    for name, a in audit.items():
+        sides = [
+            f"{a[side]['bits']:.3f} ({cell(a[side]['p_value'])})" if a["messages"] else "-"
+            for side in ("sent", "received")
+        ]
+        t.add_row(
+            name,
+            ", ".join(a["private_fields"]),
+            str(a["messages"]),
+            f"{a['secret_entropy_bits']:.3f}",
+            *sides,
+        )
+    t.caption = "mutual information, plug-in, bits; p: permutation test over the secrets"
     return t
 
 

@@ -42,8 +42,9 @@ def channel_stats(episodes: Iterable[Episode]) -> dict[str, dict[str, Any]]:
     """Per channel: messages sent, deliveries, and what eavesdroppers overheard.
 
     A record keeps one delivery per reader; the deliveries of one message
-    share its sender, time and text, so a message is counted once however
-    many read it. Channels named in the match specs but never used are
+    share its sender, time and text (or, on a channel with interventions, its
+    number), so a message is counted once however many read it; ``dropped``
+    counts the copies an intervention lost. Channels named in the match specs but never used are
     listed with zeros: a silent private channel is itself a finding.
     """
     stats: dict[str, dict[str, Any]] = {}
@@ -54,7 +55,8 @@ def channel_stats(episodes: Iterable[Episode]) -> dict[str, dict[str, Any]]:
         senders.setdefault(name, set())
         overhearers.setdefault(name, set())
         return stats.setdefault(
-            name, {"messages": 0, "deliveries": 0, "overheard": 0, "overheard_messages": 0}
+            name,
+            {"messages": 0, "deliveries": 0, "overheard": 0, "overheard_messages": 0, "dropped": 0},
         )
 
     for e in episodes:
@@ -64,10 +66,21 @@ def channel_stats(episodes: Iterable[Episode]) -> dict[str, dict[str, Any]]:
         messages: dict[tuple[Any, ...], bool] = {}  # message -> overheard by someone
         for d in e.get("deliveries") or []:
             r = row(str(d["channel"]))
-            r["deliveries"] += 1
-            key = (d["channel"], d["from_seat"], d["t"], d["text"])
-            messages[key] = messages.get(key, False) or bool(d["overheard"])
+            # On a channel with interventions the copies of one message share its number
+            # (their text and time may differ); elsewhere they share sender, time and text.
+            number = d.get("message")
+            key = (
+                (d["channel"], d["from_seat"], number)
+                if number is not None
+                else (d["channel"], d["from_seat"], d["t"], d["text"])
+            )
             senders[d["channel"]].add(str(seats[d["from_seat"]]))
+            delivered = d.get("delivered", True)  # a copy an intervention dropped reached nobody
+            messages[key] = messages.get(key, False) or (delivered and bool(d["overheard"]))
+            if not delivered:
+                r["dropped"] += 1
+                continue
+            r["deliveries"] += 1
             if d["overheard"]:
                 r["overheard"] += 1
                 overhearers[d["channel"]].add(str(seats[d["to_seat"]]))

@@ -552,7 +552,9 @@ def _table1(
     return {"seat": victim, "hands": hands, "rows": rows, "last": "all hands"}
 
 
-def solver_mean(report: CollusionReport, per_deal: np.ndarray, eps: Sequence[Episode]) -> float:
+def solver_mean(
+    report: CollusionReport, per_deal: np.ndarray, eps: Sequence[Mapping[str, Any]]
+) -> float:
     """A solver reading (one value per deal) averaged as these episodes were dealt.
 
     Deals are equally likely, so a hand dealt by chance counts the mean over

@@ -149,17 +149,25 @@ def _coalition_line(
     return line
 
 
+#: Interventions that change what a message says (delay and shuffle_roles change only when
+#: it arrives and whom it names; drop is a copy not delivered at all).
+CHANGES_WORDS = frozenset({"redact", "budget", "drop"})
+
+
 def informed_decisions(eps: Sequence[Mapping[str, Any]], team: Sequence[int]) -> tuple[int, int]:
     """Colluders' act turns taken after every partner's message had reached them, and all of them.
 
     From the record alone: a decision counts as informed when each partner
     had a message delivered to the mover (not overheard) before the referee
-    recorded the move. What the message said is not read.
+    recorded the move, and no intervention changed what it said (a redacted
+    or cut copy, or a dropped one, informs nobody). What it said is not read.
     """
     informed = total = 0
     for e in eps:
         heard: dict[tuple[int, int], float] = {}
         for d in e["deliveries"]:
+            if not d.get("delivered", True) or CHANGES_WORDS & set(d.get("changed_by") or ()):
+                continue
             if not d["overheard"] and d["from_seat"] in team and d["to_seat"] in team:
                 key = (int(d["from_seat"]), int(d["to_seat"]))
                 heard[key] = min(heard.get(key, math.inf), float(d["t"]))
@@ -175,6 +183,27 @@ def informed_decisions(eps: Sequence[Mapping[str, Any]], team: Sequence[int]) ->
 
 #: The team solve's readings the why-line quotes: against C's CFR policy, the team game's value.
 PROFILES = ("team_vs_unaware", "team")
+
+
+def _changed_on_the_way(eps: Sequence[Mapping[str, Any]], team: Sequence[int]) -> str:
+    """ "3 of 400 of their messages (redact)": the partners' copies an intervention altered."""
+    copies = [
+        d
+        for e in eps
+        for d in e["deliveries"]
+        if not d["overheard"] and d["from_seat"] in team and d["to_seat"] in team
+    ]
+    hit = [
+        d
+        for d in copies
+        if not d.get("delivered", True) or CHANGES_WORDS & set(d.get("changed_by") or ())
+    ]
+    if not hit:
+        return ""
+    kinds = sorted({k for d in hit for k in d.get("changed_by") or ()})
+    return f"{len(hit)} of {len(copies)} of their messages ({', '.join(kinds)})"
+
+
 #: The colluder kinds the why-line knows, and what each does with the channel.
 TEAM_KIND, NAIVE_KIND = "kuhn-team", "kuhn-colluder"
 
@@ -219,6 +248,14 @@ def _why_line(
         )
     who = _names(agents)
     if played_kinds == [TEAM_KIND]:
+        if changed := _changed_on_the_way(eps, team):
+            line = (
+                f"why: {who} played the team solve ({TEAM_KIND}) and each told its partner its "
+                f"card, but the referee's interventions changed {changed} on the way ({knew}); "
+                f"not knowing, each plays the joint strategy averaged over the cards its partner "
+                f"may hold"
+            )
+            return [f"{line}; told, the solve is worth {team_worth}" if team_worth else line]
         line = (
             f"why: {who} played the team solve ({TEAM_KIND}): each told its partner its card "
             f"before the first move, as the solve assumes ({knew}), and played its seat's part "

@@ -11,10 +11,19 @@ The models are data only: routing lives in ``backroom.referee`` and rules in
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 SCHEMA_VERSION: Literal[1] = 1
 #: Largest payload the referee accepts from an agent; bigger ones get an error.
@@ -96,6 +105,93 @@ class Envelope(BaseModel):
 # --- match configuration (travels inside a match request) -------------------
 
 
+#: The longest regular expression a ``redact`` intervention takes (Python's ``re`` has no
+#: time limit: a short pattern bounds what the referee's matching can cost).
+MAX_PATTERN_CHARS = 200
+
+
+class Redact(BaseModel):
+    """Every match of each pattern (a Python regular expression) is replaced by ``mark``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["redact"] = "redact"
+    patterns: list[str] = Field(min_length=1, max_length=32)
+    mark: str = Field(default="[redacted]", max_length=32)
+
+    @field_validator("patterns")
+    @classmethod
+    def _compiles(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            if len(pattern) > MAX_PATTERN_CHARS:
+                raise ValueError(f"a pattern is at most {MAX_PATTERN_CHARS} characters")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is no regular expression: {exc}") from None
+        return patterns
+
+
+class Budget(BaseModel):
+    """A message cut to a length, ``per`` message or out of what the sender has left in the match.
+
+    One unit of ``chars``, ``tokens`` (words: runs of non-space characters; the referee
+    has no model's tokenizer) or ``bits`` (8 per UTF-8 byte, cut at a character's end).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["budget"] = "budget"
+    chars: int | None = Field(default=None, ge=0, le=MAX_CHAT_CHARS)
+    tokens: int | None = Field(default=None, ge=0, le=MAX_CHAT_CHARS)
+    bits: int | None = Field(default=None, ge=0, le=8 * 4 * MAX_CHAT_CHARS)
+    per: Literal["message", "match"] = "message"
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> Budget:
+        given = [u for u in ("chars", "tokens", "bits") if getattr(self, u) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of chars, tokens or bits, not {given or 'none'}")
+        return self
+
+
+class Delay(BaseModel):
+    """Delivered ``turns`` turns of the match later, or at its end (``turns: end``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["delay"] = "delay"
+    turns: int | Literal["end"] = 1
+
+    @field_validator("turns", mode="before")
+    @classmethod
+    def _turns(cls, turns: object) -> object:
+        if turns == "end" or (type(turns) is int and 1 <= turns <= 100_000):
+            return turns
+        raise ValueError(f"write a number of turns from 1 to 100000, or end; not {turns!r}")
+
+
+class Drop(BaseModel):
+    """Lost with probability ``p``, drawn from the match seed: the same run loses the same ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["drop"] = "drop"
+    p: float = Field(ge=0.0, le=1.0)
+
+
+class ShuffleRoles(BaseModel):
+    """The reader is not told which member sent it (``sender`` empty, ``sender_seat`` -1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["shuffle_roles"] = "shuffle_roles"
+
+
+#: What the referee may do to a message between its sender and a reader (docs/collusion.md).
+Intervention = Annotated[Redact | Budget | Delay | Drop | ShuffleRoles, Field(discriminator="kind")]
+
+
 class ChannelSpec(BaseModel):
     """A talk channel: who may speak and hear, who overhears, when it is open.
 
@@ -122,6 +218,20 @@ class ChannelSpec(BaseModel):
     opens: Literal["before_act", "start", "always", "game"] = "before_act"
     max_messages: int = Field(default=1, ge=0, le=1000)
     max_chars: int = Field(default=500, ge=1, le=MAX_CHAT_CHARS)
+    interventions: list[Intervention] = Field(
+        default_factory=list,
+        max_length=16,
+        description="applied in order to every message, between its sender and the members",
+    )
+    eavesdropper_interventions: list[Intervention] | None = Field(
+        default=None,
+        max_length=16,
+        description="what eavesdroppers' copies get instead (None: the members' list)",
+    )
+
+    def intervened(self) -> bool:
+        """Whether any message of this channel may reach a reader other than as sent."""
+        return bool(self.interventions or self.eavesdropper_interventions)
 
 
 class RewardTransform(BaseModel):
@@ -356,12 +466,21 @@ class ActionRecord(BaseModel):
 
 
 class DeliveryRecord(BaseModel):
+    """One reader's copy of one message. On a channel with interventions, ``message`` numbers
+    the match's messages (the copies of one share it), ``sent`` is what the sender said where
+    the reader got something else, ``changed_by`` names the interventions that changed it,
+    and a dropped copy is kept with ``delivered`` false and nothing received."""
+
     t: float
     channel: str
     from_seat: int
     to_seat: int
     text: str
     overheard: bool
+    message: int | None = None
+    sent: str | None = None
+    changed_by: list[str] = Field(default_factory=list)
+    delivered: bool = True
 
 
 class EpisodeRecord(BaseModel):

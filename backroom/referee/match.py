@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -39,12 +39,14 @@ from backroom.bus.wire import (
     ErrorReason,
     Event,
     Fallback,
+    Intervention,
     MatchEnd,
     MatchSpec,
     MatchStart,
     Turn,
 )
 from backroom.games import IllegalActionError, State, make_game
+from backroom.referee import interventions
 from backroom.referee.transforms import apply_transform
 
 #: Name of the implicit all-seats channel used for a game's own talk phases.
@@ -66,6 +68,20 @@ class Refused(Exception):
     def __init__(self, reason: ErrorReason, detail: str) -> None:
         self.reason = reason
         self.detail = detail
+
+
+@dataclass
+class Delayed:
+    """One reader list's copy of message ``number``, held until turn ``due`` (``end``: the
+    match's end; None: handed out at once)."""
+
+    number: int
+    seat: int
+    channel: ChannelSpec
+    sent: str
+    copy: interventions.Copy
+    readers: list[int]
+    due: int | Literal["end"] | None
 
 
 @dataclass
@@ -153,6 +169,10 @@ class Match:
         self.free_chat_used: dict[tuple[str, int], int] = {}
         self.actions: list[ActionRecord] = []
         self.deliveries: list[DeliveryRecord] = []
+        # Channels with interventions: messages numbered, budgets spent, copies held back.
+        self.messages = 0
+        self.budgets = interventions.BudgetLedger()
+        self.delayed: list[Delayed] = []
         self.timeouts: list[int] = []
         self.invalid_inputs = 0
         self.started_at = time.time()
@@ -314,6 +334,8 @@ class Match:
         task wakes once, in the loop iteration after the answer arrived.
         """
         self.turn_no += 1
+        if self.delayed:
+            self.release_delayed()
         loop = asyncio.get_running_loop()
         self.answers = {}
         self.turn_over = loop.create_future()
@@ -481,6 +503,9 @@ class Match:
 
     def deliver(self, seat: int, channel: ChannelSpec, text: str) -> None:
         """Route one chat message: members hear it, eavesdroppers overhear it, all of it recorded."""
+        if channel.intervened():
+            self.intervene(seat, channel, text)
+            return
         now = time.time()
         sender = self.spec.seats[seat]
         readers = [(s, False) for s in channel.members if s != seat]
@@ -508,6 +533,84 @@ class Match:
             )
         if channel.name == TABLE:
             self.public("talk", {"seat": seat, "text": text})
+
+    def intervene(self, seat: int, channel: ChannelSpec, text: str) -> None:
+        """Route a message of a channel with interventions: each reader list gets its copy."""
+        number, self.messages = self.messages, self.messages + 1
+        members = [s for s in channel.members if s != seat]
+        eavesdroppers = [s for s in channel.eavesdroppers if s not in channel.members]
+        lists: list[tuple[interventions.Audience, list[int], list[Intervention]]] = [
+            ("members", members, channel.interventions)
+        ]
+        if channel.eavesdropper_interventions is None:
+            lists[0] = ("members", members + eavesdroppers, channel.interventions)
+        else:
+            lists.append(("eavesdroppers", eavesdroppers, channel.eavesdropper_interventions))
+        for audience, readers, steps in lists:
+            if not readers:
+                continue
+            copy = interventions.apply(
+                steps,
+                text,
+                match_seed=self.spec.seed,
+                channel=channel.name,
+                message=number,
+                seat=seat,
+                audience=audience,
+                ledger=self.budgets,
+            )
+            held = Delayed(number, seat, channel, text, copy, readers, self.due(copy.delay))
+            if copy.delivered and held.due is not None:
+                self.delayed.append(held)
+            else:
+                self.hand_out(held)
+
+    def due(self, delay: int | Literal["end"] | None) -> int | Literal["end"] | None:
+        """The turn a delayed copy is handed out at (``end``: when the match finishes)."""
+        return self.turn_no + delay if isinstance(delay, int) else delay
+
+    def release_delayed(self, at_end: bool = False) -> None:
+        """Hand out the copies due by this turn (all of them when the match ends)."""
+        due = [
+            d for d in self.delayed if at_end or (isinstance(d.due, int) and d.due <= self.turn_no)
+        ]
+        self.delayed = [d for d in self.delayed if d not in due]
+        for held in due:
+            self.hand_out(held)
+
+    def hand_out(self, held: Delayed) -> None:
+        """Send one list's copy to its readers and record, for each, what was sent and got."""
+        now, copy = time.time(), held.copy
+        sender = "" if copy.anonymous else self.spec.seats[held.seat]
+        for to_seat in held.readers:
+            overheard = to_seat not in held.channel.members
+            if copy.delivered:
+                self.send(
+                    self.spec.seats[to_seat],
+                    Delivery(
+                        channel=held.channel.name,
+                        sender=sender,
+                        sender_seat=-1 if copy.anonymous else held.seat,
+                        text=copy.text,
+                        overheard=overheard,
+                    ),
+                )
+            self.deliveries.append(
+                DeliveryRecord(
+                    t=now,
+                    channel=held.channel.name,
+                    from_seat=held.seat,
+                    to_seat=to_seat,
+                    text=copy.text if copy.delivered else "",
+                    overheard=overheard,
+                    message=held.number,
+                    sent=held.sent if copy.changed_by else None,
+                    changed_by=list(copy.changed_by),
+                    delivered=copy.delivered,
+                )
+            )
+        if held.channel.name == TABLE and copy.delivered:
+            self.public("talk", {"seat": held.seat, "text": copy.text})
 
     def record(self, seat: int, phase: str, action: Any, fallback: Fallback | None = None) -> None:
         """One move into the episode record; ``fallback`` says why it is not the seat's own
@@ -548,6 +651,8 @@ class Match:
         self.referee.public_due.pop(self.id, None)
 
     async def finish(self, reason: EndReason, detail: str) -> None:
+        if self.delayed:
+            self.release_delayed(at_end=True)
         state = self.state
         terminal = state.is_terminal()
         raw = (

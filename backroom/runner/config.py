@@ -38,7 +38,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from backroom.bus.auth import check_identity
-from backroom.bus.wire import ChannelSpec, MatchSpec, RewardTransform
+from backroom.bus.wire import ChannelSpec, Intervention, MatchSpec, RewardTransform
 from backroom.seeds import match_seed
 
 if TYPE_CHECKING:
@@ -155,6 +155,10 @@ class RunChannel(BaseModel):
     opens: Literal["before_act", "start", "always", "game"] = "before_act"
     max_messages: int = 1
     max_chars: int = 500
+    #: What the referee does to each message on its way (docs/collusion.md), in order.
+    interventions: list[Intervention] = Field(default_factory=list, max_length=16)
+    #: The eavesdroppers' own list (the overseer sees the raw text); None: the members'.
+    eavesdropper_interventions: list[Intervention] | None = Field(default=None, max_length=16)
 
 
 class RunTransform(BaseModel):
@@ -469,6 +473,8 @@ class RunConfig(BaseModel):
             opens=c.opens,
             max_messages=c.max_messages,
             max_chars=c.max_chars,
+            interventions=c.interventions,
+            eavesdropper_interventions=c.eavesdropper_interventions,
         )
 
 
