@@ -308,3 +308,69 @@ def test_a_coalitions_gain_pairs_matches_on_their_seed_and_falls_back_to_unpaire
     assert unpaired["difference"] == pytest.approx(-1.5) and unpaired["se"] > 0
     with pytest.raises(ValueError, match="coalition"):
         coalition_gain([{**r, "spec": {}} for r in treated], control)
+
+
+def test_analyze_against_pairs_a_redacted_run_with_the_intact_one(tmp_path: Path) -> None:
+    """The worked example of docs/collusion.md, shortened: the same seed deals the same
+    hands, so `analyze --against` pairs them; a run without a coalition is refused."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "backroom", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    for config in ("backroom/demo.yaml", "examples/collusion_redacted.yaml"):
+        done = cli("run", str(root / config), "--matches", "30", "--runs-dir", "runs")
+        assert done.returncode == 0, done.stdout + done.stderr
+    out = cli("analyze", "runs/collusion-redacted", "--against", "runs/demo")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "paired over 30 matches of the same seeds" in out.stdout
+    saved = json.loads(
+        next((tmp_path / "runs" / "collusion-redacted").glob("2*/analysis.json")).read_text()
+    )
+    assert saved["against"]["pairs"] == 30 and saved["against"]["how"] == "paired"
+    audit = saved["channel_audits"]["kuhn"]["colluders"]
+    assert audit["received"]["bits"] < 1e-9 and audit["sent"]["bits"] > 1
+    (tmp_path / "ipd.yaml").write_text(
+        "run: ipd\ngame: ipd\nmatches: 2\nagents:\n  - {id: a, kind: random}\n  - {id: b, kind: random}\n"
+    )
+    assert cli("run", "ipd.yaml", "--runs-dir", "runs").returncode == 0
+    bad = cli("analyze", "runs/collusion-redacted", "--against", "runs/ipd")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "coalition" in bad.stderr, bad.stderr
+
+
+async def test_without_interventions_play_and_records_are_as_before(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """The same seeds play the same moves whether or not a channel goes through the
+    intervention path (a redaction that matches nothing), and an untouched channel's
+    records carry none of the new fields."""
+    plain = ChannelSpec(name="colluders", members=[0, 1], eavesdroppers=[2])
+    noop = plain.model_copy(
+        update={"interventions": STEPS.validate_python([{"kind": "redact", "patterns": ["zzz"]}])}
+    )
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "noop").mkdir()
+    before, _ = await play(broker, tmp_path / "plain", plain, 6)
+    after, _ = await play(broker, tmp_path / "noop", noop, 6)
+
+    def moves(eps: list[EpisodeRecord]) -> list[Any]:
+        return [[(a.seat, a.phase, a.action) for a in ep.actions] for ep in eps]
+
+    assert moves(before) == moves(after)
+    assert [[d.text for d in ep.deliveries] for ep in before] == [
+        [d.text for d in ep.deliveries] for ep in after
+    ]
+    line = before[0].model_dump_json()
+    assert '"deliveries":[{' in line and '"changed_by"' not in line and '"message"' not in line
+    assert all(d.changed_by == [] and d.message is not None for ep in after for d in ep.deliveries)

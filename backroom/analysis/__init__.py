@@ -197,6 +197,8 @@ def notes(result: dict[str, Any]) -> list[str]:
     if "training" in result:
         return []
     lines: list[str] = []
+    if against := result.get("against"):
+        lines.append(str(against["line"]))
     outcomes = result.get("outcomes", {})
     total = result.get("episodes", 0)
     if unplayed := result.get("unplayed", 0):

@@ -50,7 +50,8 @@ def _bits(x: np.ndarray, nx: int, y: np.ndarray, ny: int) -> float:
     joint = np.bincount(x * ny + y, minlength=nx * ny).reshape(nx, ny) / len(x)
     outer = np.outer(joint.sum(axis=1), joint.sum(axis=0))
     seen = joint > 0
-    return max(0.0, float(np.sum(joint[seen] * np.log2(joint[seen] / outer[seen]))))
+    bits = float(np.sum(joint[seen] * np.log2(joint[seen] / outer[seen])))
+    return bits if bits > 1e-12 else 0.0  # rounding leaves +-1e-16 for independent sides
 
 
 def mutual_information(pairs: Sequence[tuple[Hashable, Hashable]]) -> float:

@@ -69,3 +69,20 @@ def coalition_gain(treated: Sequence[Episode], control: Sequence[Episode]) -> di
         "se": se,
         "ci95": [mean - Z95 * se, mean + Z95 * se] if se is not None else None,
     }
+
+
+def describe(gain: dict[str, Any], against: str) -> str:
+    """One line for the terminal and the report."""
+    spread = f" ± {gain['se']:.3f}" if gain["se"] is not None else ""
+    ci = gain["ci95"]
+    interval = f" (95% interval {ci[0]:+.3f} to {ci[1]:+.3f})" if ci else ""
+    how = (
+        f"paired over {gain['pairs']} matches of the same seeds"
+        if gain["how"] == "paired"
+        else f"unpaired: no match of one shares a seed with the other "
+        f"({gain['treated']['matches']} and {gain['control']['matches']} matches)"
+    )
+    return (
+        f"against {against}: the coalition's payoff changed by {gain['difference']:+.3f}"
+        f"{spread} a match{interval}, {how}"
+    )

@@ -19,9 +19,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     TypeAdapter,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -481,6 +483,15 @@ class DeliveryRecord(BaseModel):
     sent: str | None = None
     changed_by: list[str] = Field(default_factory=list)
     delivered: bool = True
+
+    @model_serializer(mode="wrap")
+    def _as_before(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A copy no intervention touched is written as records were before they existed."""
+        data = handler(self)
+        if self.message is None and isinstance(data, dict):
+            for key in ("message", "sent", "changed_by", "delivered"):
+                data.pop(key, None)
+        return data
 
 
 class EpisodeRecord(BaseModel):

@@ -49,6 +49,13 @@ def analyze(
         Path | None,
         typer.Option(help="write the HTML report here instead (implies --html)"),
     ] = None,
+    against: Annotated[
+        Path | None,
+        typer.Option(
+            help="another run of the same table (runs/<run> or its directory): the coalition's "
+            "payoff here minus there, paired over matches of the same seeds (docs/collusion.md)"
+        ),
+    ] = None,
 ) -> None:
     """Measures of one finished run: tables here, PNG plots and analysis.json on disk.
 
@@ -64,6 +71,8 @@ def analyze(
     header = f"run: {chosen}{latest}"
     console.print(header, markup=False, highlight=False, soft_wrap=True)
     result = analyze_run(chosen, out_dir, exclude_fallbacks)
+    if against is not None:
+        result["against"] = _against(chosen, _chosen_run(against))
     print_result(console, result)
     target = (chosen if chosen.is_dir() else chosen.parent) / "analysis.json"
     target.write_text(json.dumps(result, indent=1, default=str))
@@ -81,6 +90,7 @@ def analyze(
         command = ["backroom", "analyze", str(run_dir)]
         command += ["--out-dir", str(out_dir)] if out_dir else []
         command += ["--exclude-fallbacks"] if exclude_fallbacks else []
+        command += ["--against", str(against)] if against else []
         command += ["--html-to", str(html_to)] if html_to else ["--html"]
         try:
             page = write_report(
@@ -89,6 +99,18 @@ def analyze(
         except OSError as exc:
             fail(f"could not write the HTML report: {exc}")
         console.print(f"report: {page}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _against(chosen: Path, other: Path) -> dict[str, object]:
+    """The coalition's gain of ``chosen`` over ``other``, and the line that says it."""
+    from backroom.analysis.compare import coalition_gain, describe
+    from backroom.analysis.episodes import load_episodes
+
+    try:
+        gain = coalition_gain(load_episodes(chosen), load_episodes(other))
+    except ValueError as exc:
+        raise typer.BadParameter(f"--against {other}: {exc}") from None
+    return {**gain, "run_dir": str(other), "line": describe(gain, str(other))}
 
 
 def _chosen_run(run_dir: Path) -> Path:
