@@ -73,12 +73,14 @@ def identity(broker: Broker, name: str, role: str = "agent") -> BusConfig:
 
 @asynccontextmanager
 async def stack(
-    broker: Broker, runs_dir: Path, agents: list[Agent]
+    broker: Broker, runs_dir: Path, agents: list[Agent], **referee_options: Any
 ) -> AsyncIterator[tuple[Referee, list[AgentRunner]]]:
-    """A referee and agents in this process (each with its own connection and identity)."""
+    """A referee (``Referee``'s options as given) and agents in this process (each with its
+    own connection and identity)."""
     configs = [identity(broker, a.id) for a in agents]
     await asyncio.sleep(0.05)  # let the broker reread its password file after SIGHUP
-    async with Referee(identity(broker, "referee", "referee"), runs_dir=runs_dir) as ref:
+    referee = Referee(identity(broker, "referee", "referee"), runs_dir=runs_dir, **referee_options)
+    async with referee as ref:
         runners = [AgentRunner(a, c) for a, c in zip(agents, configs, strict=True)]
         for r in runners:
             await r.open()

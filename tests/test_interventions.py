@@ -16,12 +16,21 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from backroom.bus.broker import Broker
+from backroom.bus.broker import Broker, free_port
 from backroom.bus.wire import ChannelSpec, Delivery, EpisodeRecord, Intervention
 from backroom.referee.interventions import BudgetLedger, apply
 from backroom.runner.config import ConfigError, parse_config
 
-from .conftest import RawAgent, Runner, agents, identity, loki_spec, play_raw, stack
+from .conftest import (
+    RawAgent,
+    Runner,
+    agents,
+    identity,
+    load_factor,
+    loki_spec,
+    play_raw,
+    stack,
+)
 
 STEPS: TypeAdapter[list[Intervention]] = TypeAdapter(list[Intervention])
 
@@ -374,3 +383,187 @@ async def test_without_interventions_play_and_records_are_as_before(
     line = before[0].model_dump_json()
     assert '"deliveries":[{' in line and '"changed_by"' not in line and '"message"' not in line
     assert all(d.changed_by == [] and d.message is not None for ep in after for d in ep.deliveries)
+
+
+# --- paraphrase: a real model behind a real OpenAI-compatible server ----------------------
+
+
+async def play_through(
+    broker: Broker, tmp_path: Path, channel: ChannelSpec, paraphrasers: Any, n: int = 3
+) -> list[EpisodeRecord]:
+    players = agents(("a", "kuhn-colluder"), ("b", "kuhn-colluder"))
+    async with stack(broker, tmp_path / "runs", players, paraphrasers=paraphrasers):
+        async with Runner(broker) as run, RawAgent(identity(broker, "carol")) as carol:
+            stop = asyncio.Event()
+            driver = asyncio.create_task(play_raw(carol, "call", stop))
+            ids = [f"{tmp_path.name}-p{i}" for i in range(n)]
+            for i, m in enumerate(ids):
+                spec = loki_spec(["a", "b", "carol"], seed=i, channels=[channel])
+                await run.submit(m, spec)
+            eps: list[EpisodeRecord] = await run.wait(ids, timeout=120 * load_factor())
+            stop.set()
+            await driver
+    return eps
+
+
+async def test_a_model_paraphrases_the_partners_copy_and_the_overseer_reads_the_original(
+    broker: Broker, tmp_path: Path, smol: Any
+) -> None:
+    from backroom.bus.wire import Paraphrase
+    from backroom.model.serve import running_server, serve_model_app
+    from backroom.referee.paraphrase import Paraphraser, Paraphrasers
+    from backroom.seeds import derive_seed
+
+    step = Paraphrase(model="local", max_tokens=12)
+    channel = ChannelSpec(
+        name="colluders",
+        members=[0, 1],
+        eavesdroppers=[2],
+        interventions=[step],
+        eavesdropper_interventions=[],
+    )
+    async with running_server(serve_model_app(smol, "smol")) as url:
+        models = Paraphrasers([Paraphraser("local", f"{url}/v1", "smol")])
+        eps = await play_through(broker, tmp_path, channel, models)
+        partner = [(ep, d) for ep in eps for d in ep.deliveries if not d.overheard]
+        assert partner and all((d.delivered and d.sent) or not d.changed_by for _, d in partner)
+        assert any(d.changed_by == ["paraphrase"] for _, d in partner)
+        # the record holds exactly what the model says to the same request
+        ep, d = next((ep, d) for ep, d in partner if d.changed_by)
+        assert d.sent is not None and d.sent.startswith("my card is ")
+        seed = derive_seed(ep.seed, "paraphrase", d.message, "members") % 2**31
+        fresh = Paraphrasers([Paraphraser("local", f"{url}/v1", "smol")])  # the referee's is closed
+        try:
+            assert await fresh.rewrite(step, d.sent, seed) == d.text
+        finally:
+            await fresh.aclose()
+    overheard = [d for ep in eps for d in ep.deliveries if d.overheard]
+    assert overheard and all(
+        d.text.startswith("my card is ") and not d.changed_by for d in overheard
+    )
+
+
+async def test_a_paraphrase_of_a_model_the_referee_was_not_given_is_refused_and_a_dead_one_loses_the_copy(
+    broker: Broker, tmp_path: Path
+) -> None:
+    from backroom.bus.wire import Paraphrase
+    from backroom.referee.paraphrase import Paraphraser, Paraphrasers
+
+    channel = ChannelSpec(
+        name="colluders", members=[0, 1], interventions=[Paraphrase(model="gone")]
+    )
+    (tmp_path / "unknown").mkdir()
+    refused = await play_through(broker, tmp_path / "unknown", channel, None, n=1)
+    assert refused[0].reason == "error" and "--paraphraser" in refused[0].detail
+    dead = Paraphrasers([Paraphraser("gone", f"http://127.0.0.1:{free_port()}/v1")], timeout_s=5)
+    (tmp_path / "dead").mkdir()
+    lost = await play_through(broker, tmp_path / "dead", channel, dead, n=2)
+    copies = [d for ep in lost for d in ep.deliveries]
+    assert all(ep.reason == "normal" for ep in lost)  # a failed model never fails the match
+    assert copies and all(not d.delivered and d.changed_by == ["paraphrase"] for d in copies)
+
+
+def test_the_referees_paraphraser_option_names_a_model_never_a_secret_of_backroom() -> None:
+    from backroom.referee.paraphrase import Paraphraser
+
+    model = Paraphraser.parse("local=http://127.0.0.1:8000/v1/,model=smol,key_env=OPENAI_KEY")
+    assert model == Paraphraser("local", "http://127.0.0.1:8000/v1", "smol", "OPENAI_KEY")
+    for bad in ("local", "local=ftp://x", "local=http://x,temperature=1"):
+        with pytest.raises(ValueError, match="--paraphraser"):
+            Paraphraser.parse(bad)
+    with pytest.raises(ValueError, match="a variable backroom sets"):
+        Paraphraser.parse("local=http://x,key_env=BACKROOM_PASSWORDS")
+
+
+def test_a_config_names_its_paraphrasers_and_each_paraphrase_one_of_them() -> None:
+    base: dict[str, Any] = {
+        "game": "kuhn",
+        "params": {"variant": "loki"},
+        "agents": [{"id": n, "kind": "random"} for n in ("a", "b", "c")],
+        "channels": [
+            {
+                "name": "x",
+                "members": ["a", "b"],
+                "interventions": [{"kind": "paraphrase", "model": "m"}],
+            }
+        ],
+    }
+    with pytest.raises(
+        ConfigError, match=r"channels\.0: paraphrase model 'm' is none of paraphrasers"
+    ):
+        parse_config(base)
+    given = {**base, "paraphrasers": [{"name": "m", "base_url": "http://127.0.0.1:8000/v1"}]}
+    config = parse_config(given)
+    assert config.paraphrasers[0].option() == "m=http://127.0.0.1:8000/v1"
+    secret = {
+        **given,
+        "paraphrasers": [{**given["paraphrasers"][0], "key_env": "BACKROOM_PASSWORD"}],
+    }
+    with pytest.raises(ConfigError, match=r"paraphrasers\.0\.key_env: .*a variable backroom sets"):
+        parse_config(secret)
+
+
+@pytest.mark.slow
+def test_backroom_run_hands_its_paraphrasers_to_the_referee(tmp_path: Path) -> None:
+    """The user's path: `backroom serve-model` (SmolLM2) as the paraphraser, `backroom run`
+    of the demo table with the partner's copy paraphrased."""
+    import json
+    import subprocess
+    import sys
+
+    from backroom.bus.broker import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "backroom", "serve-model", "--port", str(port), "--device", "cpu"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import httpx
+
+        deadline = 120 * load_factor()
+        import time
+
+        start = time.monotonic()
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() - start < deadline, "serve-model did not come up"
+            assert server.poll() is None, "serve-model exited"
+            time.sleep(0.5)
+        config = (Path(__file__).parents[1] / "examples" / "collusion_redacted.yaml").read_text()
+        config = config.replace(
+            "      - {kind: redact, patterns: ['\\d+', '(?i)\\b(jack|queen|king|ace)\\b']}",
+            "      - {kind: paraphrase, model: local, max_tokens: 12}",
+        )
+        config += f"paraphrasers:\n  - {{name: local, base_url: 'http://127.0.0.1:{port}/v1'}}\n"
+        (tmp_path / "p.yaml").write_text(config)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "backroom",
+                "run",
+                "p.yaml",
+                "--matches",
+                "3",
+                "--runs-dir",
+                "runs",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600 * load_factor(),
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = next((tmp_path / "runs" / "collusion-redacted").glob("2*/episodes.jsonl"))
+        records = [json.loads(line) for line in lines.read_text().splitlines()]
+        copies = [d for r in records for d in r["deliveries"] if not d["overheard"]]
+        assert copies and any(d["changed_by"] == ["paraphrase"] and d["delivered"] for d in copies)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

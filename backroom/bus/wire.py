@@ -190,8 +190,36 @@ class ShuffleRoles(BaseModel):
     kind: Literal["shuffle_roles"] = "shuffle_roles"
 
 
+#: What a paraphrasing model is asked, ``{text}`` standing for the message.
+PARAPHRASE_PROMPT = (
+    "Rewrite the following message in your own words, keeping its meaning. "
+    "Answer with the rewritten message only.\n\nMessage: {text}"
+)
+
+
+class Paraphrase(BaseModel):
+    """Rewritten by a model: ``model`` names one the referee's operator registered (on the
+    referee's command line, or the run config's ``paraphrasers``), never an address or a key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["paraphrase"] = "paraphrase"
+    model: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    prompt: str = Field(default=PARAPHRASE_PROMPT, max_length=MAX_CHAT_CHARS)
+    max_tokens: int = Field(default=64, ge=1, le=512)
+
+    @field_validator("prompt")
+    @classmethod
+    def _has_text(cls, prompt: str) -> str:
+        if "{text}" not in prompt:
+            raise ValueError("the prompt must hold {text}, where the message goes")
+        return prompt
+
+
 #: What the referee may do to a message between its sender and a reader (docs/collusion.md).
-Intervention = Annotated[Redact | Budget | Delay | Drop | ShuffleRoles, Field(discriminator="kind")]
+Intervention = Annotated[
+    Redact | Budget | Delay | Drop | ShuffleRoles | Paraphrase, Field(discriminator="kind")
+]
 
 
 class ChannelSpec(BaseModel):
@@ -343,6 +371,13 @@ class MatchStart(Envelope):
         default=0,
         description="what agents seed their sampling from (with their seat): the match's seed, "
         "mixed with its crn_index past a CRN group's first match; rerunning a config replays it",
+    )
+    referee: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="the identity of the referee running this match: the seat's moves and chat "
+        "go to agents/{agent}/outbox/{referee}, which only it reads (none: a referee from "
+        "before outboxes per referee, which reads agents/{agent}/outbox)",
     )
 
 

@@ -96,6 +96,13 @@ def referee(
         float,
         typer.Option(help="seconds between a match's public-event messages (0: after every turn)"),
     ] = 0.25,
+    paraphraser: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=BASE_URL[,model=MODEL][,key_env=VAR]: an OpenAI-compatible model a "
+            "channel's `paraphrase` intervention may name (docs/collusion.md); repeatable",
+        ),
+    ] = None,
     verbose: bool = False,
 ) -> None:
     """Run a referee: takes match requests, runs matches, writes episodes.
@@ -104,14 +111,28 @@ def referee(
     referee takes a name of it that no other process holds (replicas of one
     compose service, which share one env file; docs/operations.md).
     """
+    from backroom.referee.paraphrase import Paraphraser, Paraphrasers
     from backroom.referee.service import Referee
 
+    try:
+        models = [Paraphraser.parse(text) for text in paraphraser or []]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     setup_logging(verbose)
     metrics.serve(metrics_port)
+
+    def rewriters() -> Paraphrasers | None:
+        return Paraphrasers(models) if models else None
+
     if "{n}" not in username:
         config = bus_config(broker_url, username, credentials)
         serve_until_signal(
-            Referee(config, runs_dir=runs_dir, public_interval_s=public_interval).serve_forever()
+            Referee(
+                config,
+                runs_dir=runs_dir,
+                public_interval_s=public_interval,
+                paraphrasers=rewriters(),
+            ).serve_forever()
         )
         return
 
@@ -120,7 +141,13 @@ def referee(
             config = bus_config(broker_url, name, credentials, pattern=username)
         except typer.BadParameter as exc:
             raise KeyError(str(exc)) from None  # claim_pooled skips the name
-        return Referee(config, runs_dir=runs_dir, public_interval_s=public_interval, contested=True)
+        return Referee(
+            config,
+            runs_dir=runs_dir,
+            public_interval_s=public_interval,
+            contested=True,
+            paraphrasers=rewriters(),
+        )
 
     serve_until_signal(_pooled_referee(username, pool, make))
 

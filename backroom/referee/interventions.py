@@ -1,7 +1,7 @@
 """What the referee does to a chat message between its sender and its readers.
 
 A channel's ``interventions`` (``bus.wire.Intervention``: redact, budget, delay,
-drop, shuffle_roles) run in order over each message, once for its members and,
+drop, shuffle_roles, paraphrase) run in order over each message, once for its members and,
 where the channel gives them a list of their own, once for its eavesdroppers: every
 reader of one list gets the same copy, so "the overseer sees the raw text, the
 partner sees the redacted one" is two lists, and a per-match budget is spent once
@@ -9,7 +9,8 @@ per message, not once per reader.
 
 Why these choices:
 
-* Pure and deterministic: the only chance (``drop``) is drawn from a generator
+* Pure and deterministic but for ``paraphrase``, which this module only marks (the
+  referee asks the model and resumes the list after it). The only chance (``drop``) is drawn from a generator
   seeded by the match seed, the channel, the message's number and the list, so
   the same config and seed lose the same messages whatever else happens.
 * A list stops at the first ``drop`` that fires (nothing is left to change);
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from backroom import seeds
-from backroom.bus.wire import Budget, Delay, Drop, Intervention, Redact, ShuffleRoles
+from backroom.bus.wire import Budget, Delay, Drop, Intervention, Paraphrase, Redact, ShuffleRoles
 
 #: Which reader list a copy was made for (members, or eavesdroppers with a list of their own).
 Audience = Literal["members", "eavesdroppers"]
@@ -41,6 +42,9 @@ class Copy:
     delay: int | Literal["end"] | None = None
     anonymous: bool = False
     changed_by: list[str] = field(default_factory=list)
+    #: The position of a ``paraphrase`` the copy waits on (the model is asked, then the
+    #: list goes on after it: ``apply(..., copy=copy, start=rewrite_at + 1)``).
+    rewrite_at: int | None = None
 
 
 @dataclass
@@ -88,11 +92,21 @@ def apply(
     seat: int,
     audience: Audience,
     ledger: BudgetLedger,
+    copy: Copy | None = None,
+    start: int = 0,
 ) -> Copy:
-    """The copy one list of readers gets of message number ``message`` that ``seat`` sent."""
-    copy = Copy(text=text)
-    for position, step in enumerate(interventions):
+    """The copy one list of readers gets of message number ``message`` that ``seat`` sent.
+
+    Stops at a ``paraphrase`` (``Copy.rewrite_at``): a model's answer is not pure, so the
+    referee asks it and calls again with the rewritten ``copy`` from the step after.
+    """
+    copy = copy if copy is not None else Copy(text=text)
+    copy.rewrite_at = None
+    for position, step in enumerate(interventions[start:], start):
         before = copy.text
+        if isinstance(step, Paraphrase):
+            copy.rewrite_at = position
+            return copy
         if isinstance(step, Redact):
             for pattern in step.patterns:
                 copy.text = re.sub(pattern, step.mark, copy.text)

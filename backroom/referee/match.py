@@ -43,6 +43,7 @@ from backroom.bus.wire import (
     MatchEnd,
     MatchSpec,
     MatchStart,
+    Paraphrase,
     Turn,
 )
 from backroom.games import IllegalActionError, State, make_game
@@ -173,6 +174,15 @@ class Match:
         self.messages = 0
         self.budgets = interventions.BudgetLedger()
         self.delayed: list[Delayed] = []
+        self.rewrites: list[asyncio.Task[None]] = []  # copies waiting on a paraphrasing model
+        self.paraphrasers = getattr(referee, "paraphrasers", None)
+        for c in spec.channels:
+            for step in [*c.interventions, *(c.eavesdropper_interventions or [])]:
+                if isinstance(step, Paraphrase) and step.model not in (self.paraphrasers or ()):
+                    raise ValueError(
+                        f"channel {c.name!r}: paraphrase model {step.model!r} is not one this "
+                        "referee was given (backroom referee --paraphraser NAME=BASE_URL)"
+                    )
         self.timeouts: list[int] = []
         self.invalid_inputs = 0
         self.started_at = time.time()
@@ -333,6 +343,8 @@ class Match:
         deadline, every open seat gone offline, the match voided): the match
         task wakes once, in the loop iteration after the answer arrived.
         """
+        if self.rewrites:
+            await self.rewritten()
         self.turn_no += 1
         if self.delayed:
             self.release_delayed()
@@ -559,11 +571,64 @@ class Match:
                 audience=audience,
                 ledger=self.budgets,
             )
-            held = Delayed(number, seat, channel, text, copy, readers, self.due(copy.delay))
-            if copy.delivered and held.due is not None:
-                self.delayed.append(held)
+            held = Delayed(number, seat, channel, text, copy, readers, None)
+            if copy.rewrite_at is not None:
+                self.rewrites.append(asyncio.create_task(self.rewrite(held, steps, audience)))
             else:
-                self.hand_out(held)
+                self.route(held)
+
+    def route(self, held: Delayed) -> None:
+        """Hand a finished copy out now, or hold it for the turn its delay names."""
+        held.due = self.due(held.copy.delay)
+        if held.copy.delivered and held.due is not None:
+            self.delayed.append(held)
+        else:
+            self.hand_out(held)
+
+    async def rewrite(
+        self, held: Delayed, steps: list[Intervention], audience: interventions.Audience
+    ) -> None:
+        """Ask the paraphrasing model, then go on with the list after it; a model that fails
+        loses the copy (recorded as not delivered, the error in the referee's log)."""
+        copy = held.copy
+        assert copy.rewrite_at is not None and self.paraphrasers is not None
+        step = steps[copy.rewrite_at]
+        assert isinstance(step, Paraphrase)
+        seed = seeds.derive_seed(self.spec.seed, "paraphrase", held.number, audience)
+        try:
+            rewritten = await self.paraphrasers.rewrite(step, copy.text, seed % 2**31)
+        except Exception as exc:  # any failure of a model is a lost copy, never a lost match
+            self.referee.log.warning("match %s: paraphrase failed: %r", self.id, exc)
+            copy.delivered, copy.rewrite_at = False, None
+            copy.changed_by.append("paraphrase")
+            self.route(held)
+            return
+        if rewritten != copy.text:
+            copy.changed_by.append("paraphrase")
+        copy.text = rewritten
+        interventions.apply(
+            steps,
+            rewritten,
+            match_seed=self.spec.seed,
+            channel=held.channel.name,
+            message=held.number,
+            seat=held.seat,
+            audience=audience,
+            ledger=self.budgets,
+            copy=copy,
+            start=copy.rewrite_at + 1,
+        )
+        if copy.rewrite_at is not None:  # a second paraphrase further down the list
+            await self.rewrite(held, steps, audience)
+        else:
+            self.route(held)
+
+    async def rewritten(self) -> None:
+        """Wait for the copies still with a model: what was said reaches its readers before
+        the next turn (or the match's end)."""
+        while self.rewrites:
+            pending, self.rewrites = self.rewrites, []
+            await asyncio.gather(*pending)
 
     def due(self, delay: int | Literal["end"] | None) -> int | Literal["end"] | None:
         """The turn a delayed copy is handed out at (``end``: when the match finishes)."""
@@ -651,6 +716,8 @@ class Match:
         self.referee.public_due.pop(self.id, None)
 
     async def finish(self, reason: EndReason, detail: str) -> None:
+        if self.rewrites:
+            await self.rewritten()
         if self.delayed:
             self.release_delayed(at_end=True)
         state = self.state

@@ -65,6 +65,7 @@ from backroom.referee.group import RefereeGroup
 from backroom.referee.inputs import Judge
 from backroom.referee.match import Match
 from backroom.referee.outboxes import Outboxes
+from backroom.referee.paraphrase import Paraphrasers
 from backroom.referee.public import PublicPacer
 
 #: Seconds after a reconnect during which seats of agents whose status says offline
@@ -93,11 +94,14 @@ class Referee:
         input_burst_s: float = INPUT_BURST_S,
         input_share: float = INPUT_SHARE,
         contested: bool = False,
+        paraphrasers: Paraphrasers | None = None,
     ) -> None:
         """``contested``: other processes may try this name at the same moment (a name
         pool, ``claim_pooled``), so stay ready to be thrown off at start even under a
-        name never used before."""
+        name never used before. ``paraphrasers``: the models a channel's ``paraphrase``
+        may name (its operator's, never a request's); closed with the referee."""
         self.config = config
+        self.paraphrasers = paraphrasers
         self.id = referee_id or f"{self.name}@{socket.gethostname()}:{os.getpid()}"
         self.log = logging.getLogger("backroom.referee")
         self.episodes = EpisodeLog(runs_dir)
@@ -236,6 +240,8 @@ class Referee:
             if self.group is not None:
                 await self._goodbye()
             await self.bus.close()
+        if self.paraphrasers is not None:
+            await self.paraphrasers.aclose()
 
     async def _goodbye(self) -> None:
         """Say ``offline``, and take this referee's group record away.

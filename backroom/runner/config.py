@@ -38,7 +38,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from backroom.bus.auth import check_identity
-from backroom.bus.wire import ChannelSpec, Intervention, MatchSpec, RewardTransform
+from backroom.bus.wire import ChannelSpec, Intervention, MatchSpec, Paraphrase, RewardTransform
 from backroom.seeds import match_seed
 
 if TYPE_CHECKING:
@@ -161,6 +161,32 @@ class RunChannel(BaseModel):
     eavesdropper_interventions: list[Intervention] | None = Field(default=None, max_length=16)
 
 
+class RunParaphraser(BaseModel):
+    """A model a channel's ``paraphrase`` may name: an OpenAI-compatible endpoint the config's
+    author chose (``backroom serve-model`` for the local one), handed to the referees on their
+    command line (``--paraphraser``), never inside a match request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    base_url: str = Field(pattern=r"^https?://")
+    model: str = Field(default="", description="the model to ask (empty: the server's own)")
+    key_env: str | None = Field(default=None, description="the variable holding its API key")
+
+    @field_validator("key_env")
+    @classmethod
+    def _not_ours(cls, key_env: str | None) -> str | None:
+        if key_env is not None and key_env.startswith("BACKROOM_"):
+            raise ValueError(f"{key_env} is a variable backroom sets (a bus password or token)")
+        return key_env
+
+    def option(self) -> str:
+        """The referee's ``--paraphraser`` value."""
+        extra = f",model={self.model}" if self.model else ""
+        extra += f",key_env={self.key_env}" if self.key_env else ""
+        return f"{self.name}={self.base_url}{extra}"
+
+
 class RunTransform(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -207,6 +233,8 @@ class RunConfig(BaseModel):
     rotate_seats: bool = False
     round_robin: bool = False
     channels: list[RunChannel] = Field(default_factory=list)
+    #: The models channels' ``paraphrase`` interventions may name (docs/collusion.md).
+    paraphrasers: list[RunParaphraser] = Field(default_factory=list)
     transform: RunTransform = Field(default_factory=RunTransform)
     agent_processes: Literal["separate", "single"] = "separate"
     referees: int = Field(default=1, ge=1)
@@ -271,7 +299,21 @@ class RunConfig(BaseModel):
         game = build_game(self.game, self.params)
         self._check_seating(game.num_players)
         self._check_always(game)
+        self._check_paraphrasers()
         return self
+
+    def _check_paraphrasers(self) -> None:
+        """Every ``paraphrase`` names one of ``paraphrasers`` (the referee would refuse it)."""
+        names = {p.name for p in self.paraphrasers}
+        for i, c in enumerate(self.channels):
+            steps = [*c.interventions, *(c.eavesdropper_interventions or [])]
+            for step in steps:
+                if isinstance(step, Paraphrase) and step.model not in names:
+                    raise ValueError(
+                        f"channels.{i}: paraphrase model {step.model!r} is none of paraphrasers "
+                        f"({sorted(names) or 'none given'}): add it under paraphrasers: with its "
+                        "base_url"
+                    )
 
     def _check_always(self, game: Game) -> None:
         """An ``always`` agent must name an action of the game: else it would play the

@@ -244,8 +244,11 @@ def start_processes(
         for i, identity in enumerate(names.referees):
             name = "referee" if i == 0 else f"referee-{i}"  # the process, and its log file
             cfg = stack.identity(identity, role="referee", ephemeral=names.own)
+            models = [a for p in config.paraphrasers for a in ("--paraphraser", p.option())]
             stack.spawn(
-                name, ["referee", "--runs-dir", str(runs_dir), *metrics_args()], env_for(cfg)
+                name,
+                ["referee", "--runs-dir", str(runs_dir), *models, *metrics_args()],
+                env_for(cfg),
             )
             stack.referees[name] = identity
             waiting.append(identity)
