@@ -188,3 +188,22 @@ def test_the_exploitability_bench_on_the_bus_prints_a_row_per_opponent(tmp_path:
         )
         assert cells[-1] == "0 / 0 / 0", row  # nothing voided, no fallback, nothing dropped
     assert (tmp_path / "m1-adalign-s0" / "memory_one.json").exists()
+
+
+@pytest.mark.slow  # a whole benchmark run: CI runs it with the slow set
+def test_the_mqtt_client_bench_prints_both_clients_and_their_ratio(tmp_path: Path) -> None:
+    """backroom's Bus beside gmqtt, round trips and 100 in flight (issue 37's decision)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "mqtt_clients.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300 * load_factor(),
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    for kind in ("bus", "gmqtt"):
+        assert re.search(rf"^{kind} +[0-9.]+ ms +[0-9,]+ /s$", out.stdout, re.M), out.stdout
+    assert re.search(
+        r"gmqtt / bus: round trip [0-9.]+x the time, 100 in flight [0-9.]+x", out.stdout
+    )
