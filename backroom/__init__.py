@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from backroom.agents.kinds import register_agent
     from backroom.agents.runtime import AgentRunner, serve, serve_many
     from backroom.bus.client import BusConfig
+    from backroom.bus.errors import BusError
     from backroom.bus.wire import Delivery, MatchEnd, MatchStart, Turn
 
 #: Public name -> the module that defines it.
@@ -34,6 +35,7 @@ _LAZY = {
     "serve": "backroom.agents.runtime",
     "serve_many": "backroom.agents.runtime",
     "BusConfig": "backroom.bus.client",
+    "BusError": "backroom.bus.errors",
     "Delivery": "backroom.bus.wire",
     "MatchEnd": "backroom.bus.wire",
     "MatchStart": "backroom.bus.wire",
@@ -44,6 +46,7 @@ __all__ = [
     "Agent",
     "AgentRunner",
     "BusConfig",
+    "BusError",
     "Delivery",
     "MatchEnd",
     "MatchStart",

@@ -36,6 +36,7 @@ KNOWN_AGENT_KINDS = frozenset(
         "llm",
         "local",
         "memory-one",
+        "monitor",
         "nash-pricer",
         "poker-colluder",
         "random",
@@ -119,10 +120,13 @@ RUN_DIRS_REFUSED = Counter(
 )
 TRACES_REJECTED = Counter(
     "backroom_traces_rejected_total",
-    "Traces the runner did not record, by reason (forged, not_seated, oversized, duplicate, run_bound)",
+    "Traces the runner did not record, by reason (forged, not_seated, oversized, duplicate, agent_bound, run_bound, write_failed)",
     ["reason"],
 )
 TIMEOUTS = Counter("backroom_turn_timeouts_total", "Turns that timed out", ["game", "phase"])
+FLAGS = Counter(
+    "backroom_flags_total", "Overseers' flags a referee recorded, by suspicion", ["game", "level"]
+)
 FALLBACKS = Counter(
     "backroom_fallbacks_total",
     "Recorded moves that were not the agent's own choice, by agent kind and reason "

@@ -26,6 +26,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; one writer at a time is the user's to keep
+    fcntl = None  # type: ignore[assignment]
+
 from backroom.bus.wire import EpisodeRecord
 
 #: The link in ``runs/<run>/`` to the newest run directory.
@@ -104,6 +109,95 @@ def bind_run_dir(run_dir: Path, key: str) -> None:
     (run_dir / RUN_KEY_FILE).write_text(key_digest(key) + "\n")
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``: ``os.write`` may write less than asked (a full disk, a signal),
+    and a short write ignored would leave a torn record, fsync'd and reported written."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:  # no progress and no error: never loop for ever on it
+            raise OSError(f"write made no progress with {len(view)} bytes left")
+        view = view[n:]
+
+
+class RecordFile:
+    """A JSONL file opened for appending whole records: it ends at a whole record, whatever fails.
+
+    A full disk (or a file size limit, a failing device) lets a write put down
+    part of a record and then fail; left there, the torn line is read as junk,
+    and the next append continues it, so a good record is lost too. So each
+    append holds the file's lock (other processes appending with this class
+    wait; two referees share a run's ``episodes.jsonl``), first cuts a torn
+    tail an earlier crash left, and on a failed write or fsync cuts the file
+    back to where this append began before the error goes up: what failed is
+    not in the file, what was written before it is. Cutting needs no space.
+
+    ``shared=False``: this object is the file's one writer (the runner's
+    traces.jsonl), so no lock, and the end is checked once, at open: the
+    appends cost one ``write`` each.
+    """
+
+    def __init__(self, path: Path, fsync: bool = True, shared: bool = True) -> None:
+        self.path = path
+        self.fsync = fsync
+        self.shared = shared and fcntl is not None
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self.end = 0 if self.shared else self._whole_end()
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def append(self, data: bytes) -> None:
+        """Append ``data`` (whole lines, each ending in a newline), or nothing and raise."""
+        if self.shared:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            start = self._whole_end() if self.shared else self.end
+            try:
+                write_all(self.fd, data)
+                if self.fsync:
+                    os.fsync(self.fd)
+            except OSError as exc:
+                try:
+                    os.ftruncate(self.fd, start)
+                except OSError as cut:
+                    exc.add_note(f"{self.path}: could not cut the torn record back off: {cut!r}")
+                raise
+            self.end = start + len(data)
+        finally:
+            if self.shared:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _whole_end(self) -> int:
+        """The file's size, once a torn last line (a writer killed mid-record) is cut off."""
+        size = os.fstat(self.fd).st_size
+        if size == 0 or os.pread(self.fd, 1, size - 1) == b"\n":
+            return size
+        end, chunk = size, 1 << 16
+        while end > 0:
+            begin = max(0, end - chunk)
+            newline = os.pread(self.fd, end - begin, begin).rfind(b"\n")
+            if newline >= 0:
+                end = begin + newline + 1
+                break
+            end = begin
+        os.ftruncate(self.fd, end)
+        return end
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def append_records(path: Path, data: bytes) -> None:
+    """Append whole lines to ``path`` and fsync them, or leave it as it was and raise (``RecordFile``)."""
+    records = RecordFile(path)
+    try:
+        records.append(data)
+    finally:
+        records.close()
+
+
 def _count(stats: dict[str, int] | None, key: str) -> None:
     if stats is not None:
         stats[key] = stats.get(key, 0) + 1
@@ -121,9 +215,10 @@ def read_episodes(
     """Records of a run dir or an episodes.jsonl; unreadable lines are skipped, and counted.
 
     ``runs/<run>`` reads its ``latest`` run only (``resolve_run_dir``). The one
-    torn-line rule: a crash mid-write leaves a torn last line, and the next
-    append continues that same line, so a bad line can sit anywhere in the
-    file, not only at its end: each line that is not a whole JSON object
+    torn-line rule: a crash mid-write leaves a torn last line, and an append
+    by another writer than ``RecordFile`` (an older version, a script)
+    continues that same line, so a bad line can sit anywhere in the file, not
+    only at its end: each line that is not a whole JSON object
     (torn, not JSON, not UTF-8, nested too deep) adds one to
     ``stats["unreadable_lines"]``.
     """

@@ -91,7 +91,7 @@ async def main() -> None:
                 )
                 for name, topic in [
                     ("control", topics.inbox("nobody")),
-                    ("seated", topics.outbox("mallory")),
+                    ("seated", topics.outbox("mallory", "referee")),
                     ("control", topics.inbox("nobody")),
                 ]:
                     r0, b0, m0 = cpu_of(referee.pid), cpu_of(broker.proc.pid), own_cpu()

@@ -35,8 +35,13 @@
    Printed: matches per second, the ratio to one referee against the goal
    0.7·K, and the CPU each kind of process spent per second of play (1.00
    = one core busy): a broker near 1.00 is Mosquitto's single thread
-   bounding the run, a referee near 1.00 a referee bounding it. Not in the
-   default run (it wants many cores; on 2 it measures the machine).
+   bounding the run, a referee near 1.00 a referee bounding it. Beside them,
+   the CPU milliseconds per match of all referees together and of the
+   runner, and last each one's ratio at the largest K to the smallest (the
+   target for the referees: <= 1.2 at K = 4 against K = 1, on 2 cores too:
+   each referee reads only the moves addressed to it). Not in the default
+   run (it wants many cores; on 2 its matches per second measure the
+   machine, its CPU per match still the referees' work).
 
 Run: ``python bench/bus_overhead.py`` (add ``--quick`` for a short run). The
 machine is shared and noisy: read the ratios, not the absolute numbers.
@@ -70,6 +75,7 @@ from backroom.bus.client import Bus, BusConfig, install_uvloop
 from backroom.bus.wire import MatchRequest, MatchSpec
 from backroom.games import make_game
 from backroom.referee.service import Referee
+from backroom.runner import local
 from backroom.runner.config import AgentEntry, RunConfig
 from backroom.runner.local import run_local
 
@@ -368,8 +374,23 @@ def _hist_totals() -> tuple[float, float]:
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def _cpu_s(proc: Path, stat_fields: list[str]) -> float:
+    """CPU seconds of one process: the nanoseconds its threads ran (``schedstat``), or else
+    user + system in clock ticks (``stat``), too coarse for a quick run's 0.2 s of play."""
+    try:
+        return (
+            sum(
+                int((task / "schedstat").read_text().split()[0])
+                for task in (proc / "task").iterdir()
+            )
+            / 1e9
+        )
+    except (OSError, ValueError, IndexError):
+        return (int(stat_fields[11]) + int(stat_fields[12])) / TICKS
+
+
 def children_cpu() -> dict[int, tuple[str, float]]:
-    """CPU seconds (user + system) of this process and the processes it started, by pid (Linux)."""
+    """CPU seconds of this process and the processes it started, by pid (Linux)."""
     out: dict[int, tuple[str, float]] = {}
     me = os.getpid()
     for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else []:
@@ -383,7 +404,7 @@ def children_cpu() -> dict[int, tuple[str, float]]:
         fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
         pid, ppid = int(entry.name), int(fields[1])
         if pid == me or ppid == me:
-            out[pid] = (_role(argv), (int(fields[11]) + int(fields[12])) / TICKS)
+            out[pid] = (_role(argv), _cpu_s(entry, fields))
     return out
 
 
@@ -399,15 +420,31 @@ def _role(argv: list[bytes]) -> str:
 
 
 def timed_run(config: RunConfig, runs: Path) -> tuple[float, float, list[tuple[str, float]]]:
-    """Matches per second, the wall seconds from the first episode to the last, and each
-    process's (role, CPU seconds) over that span."""
+    """Matches per second, the wall seconds of play (the first request out to the last
+    episode in, as ``RunResult.matches_per_second`` counts them), and each process's
+    (role, CPU seconds) over that span.
+
+    The play starts when the runner stamps its clock (``PlayClock.started``), so the
+    processes' start-up is left out and every match is in. (From the first episode on,
+    a run with as many matches in flight as it has matches saw only its last moves.)"""
     snaps: list[tuple[float, dict[int, tuple[str, float]]]] = []
 
+    class Clock(local.PlayClock):
+        def __setattr__(self, name: str, value: object) -> None:
+            if name == "started" and value and not snaps:  # the first request is going out
+                snaps.append((time.perf_counter(), children_cpu()))
+            super().__setattr__(name, value)
+
     def on_episode(_record: object, n: int) -> None:
-        if n in (1, config.matches):
+        if n == config.matches and len(snaps) == 1:
             snaps.append((time.perf_counter(), children_cpu()))
 
-    result = asyncio.run(run_local(config, runs_dir=runs, on_episode=on_episode))
+    saved = local.PlayClock
+    local.PlayClock = Clock  # type: ignore[misc]
+    try:
+        result = asyncio.run(run_local(config, runs_dir=runs, on_episode=on_episode))
+    finally:
+        local.PlayClock = saved  # type: ignore[misc]
     assert all(e.reason == "normal" for e in result.episodes)
     if len(snaps) != 2:
         return result.matches_per_second, 0.0, []
@@ -417,7 +454,7 @@ def timed_run(config: RunConfig, runs: Path) -> tuple[float, float, list[tuple[s
 
 
 def throughput(concurrency: int, matches: int, runs: Path) -> tuple[float, dict[str, float]]:
-    """Matches per second, and each process's CPU milliseconds per match from the first episode to the last."""
+    """Matches per second, and each process's CPU milliseconds per match over the play."""
     config = RunConfig(
         run=f"bench-n{concurrency}",
         game="kuhn",
@@ -428,7 +465,7 @@ def throughput(concurrency: int, matches: int, runs: Path) -> tuple[float, dict[
         turn_timeout_s=30,
     )
     rate, _, used = timed_run(config, runs)
-    return rate, {role: s / (matches - 1) * 1e3 for role, s in used}
+    return rate, {role: s / matches * 1e3 for role, s in used}
 
 
 SCALING_AGENTS = 12
@@ -438,13 +475,15 @@ def scaling_part(runs: Path, referees: list[int], quick: bool, in_flight: int) -
     """Matches per second with K referees against one, and what each kind of process used."""
     per_referee = 300 if quick else 4000
     rates: dict[int, float] = {}
+    per_match: dict[int, tuple[float, float]] = {}  # K -> (referees', runner's) CPU ms per match
     print(
         f"referee scaling: classic Kuhn, {SCALING_AGENTS} random agents round robin, "
         f"{in_flight} matches in flight, {per_referee}·K matches, {os.cpu_count()} cores"
     )
     print(
         f"  {'K':>2}  {'matches/s':>9}  {'vs K=1':>6}  {'goal':>5}   CPU per second of play "
-        "(1.00 = one core): broker, busiest referee, referees, agents, runner"
+        "(1.00 = one core): broker, busiest referee, referees, agents, runner   "
+        "CPU ms per match: referees, runner"
     )
     for k in referees:
         config = RunConfig(
@@ -464,11 +503,23 @@ def scaling_part(runs: Path, referees: list[int], quick: bool, in_flight: int) -
         }
         busiest = max((s for r, s in used if r == "referee"), default=0.0) / wall if wall else 0.0
         base = rates[min(rates)]
+        ref_ms, run_ms = (
+            sum(s for r, s in used if r == kind) / config.matches * 1e3
+            for kind in ("referee", "runner")
+        )
+        per_match[k] = (ref_ms, run_ms)
         print(
             f"  {k:>2}  {rates[k]:9.1f}  {rates[k] / base:5.2f}x  {0.7 * k:4.1f}x   "
             f"{load['broker']:5.2f}  {busiest:5.2f}  {load['referee']:5.2f}  "
-            f"{load['agent']:5.2f}  {load['runner']:5.2f}",
+            f"{load['agent']:5.2f}  {load['runner']:5.2f}   {ref_ms:8.3f}  {run_ms:6.3f}",
             flush=True,
+        )
+    low, high = min(per_match), max(per_match)
+    if high != low and all(per_match[low]):
+        of_referees, of_runner = (per_match[high][i] / per_match[low][i] for i in (0, 1))
+        print(
+            f"  CPU per match, K={high} vs K={low}: referees {of_referees:.2f}x "
+            f"(target <= 1.2x), runner {of_runner:.2f}x"
         )
 
 
@@ -603,7 +654,7 @@ def throughput_part(runs: Path, quick: bool) -> None:
     print(f"ratio in-process loop / N=100     {loop / rates[100]:.1f}x")
     if all(cpus.values()):
         print()
-        print("CPU per match (ms), from the first episode to the last:")
+        print("CPU per match (ms), from the first request to the last episode:")
         roles = sorted(cpus[100], key=lambda r: (not r.startswith("referee"), r))
         print(
             f"  {'N':>3}  " + "  ".join(f"{r[:10]:>10}" for r in roles) + "       all  wall/match"

@@ -6,6 +6,7 @@ BACKROOM_BROKER=mqtt://127.0.0.1:1884 BACKROOM_PASSWORD=... python examples/cust
 
 import asyncio
 import os
+import sys
 
 import backroom
 
@@ -22,13 +23,21 @@ class Cautious(backroom.Agent):
 
 
 async def main() -> None:
-    config = backroom.BusConfig.from_url(
-        os.environ.get("BACKROOM_BROKER", "mqtt://127.0.0.1:1884"),
-        username="dora",
-        password=os.environ["BACKROOM_PASSWORD"],
-    )
-    await backroom.serve(Cautious("dora"), config)
+    url = os.environ.get("BACKROOM_BROKER", "mqtt://127.0.0.1:1884")
+    password = os.environ.get("BACKROOM_PASSWORD")
+    if not password:
+        sys.exit("dora: set BACKROOM_PASSWORD (`backroom credentials add dora` prints it)")
+    config = backroom.BusConfig.from_url(url, username="dora", password=password)
+    print(f"dora: connecting to {url}", flush=True)
+    async with backroom.AgentRunner(Cautious("dora"), config) as runner:
+        print("dora: online; plays every match that seats her (Ctrl-C stops)", flush=True)
+        await runner.wait_closed()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        print("dora: stopped")
+    except backroom.BusError as exc:  # a wrong password, no broker there: one line
+        sys.exit(f"dora: {exc}")

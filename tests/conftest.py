@@ -28,6 +28,7 @@ from backroom.agents import make_agent
 from backroom.agents.base import Agent
 from backroom.agents.runtime import AgentRunner
 from backroom.bus import topics
+from backroom.bus.addressing import Referees
 from backroom.bus.broker import Broker, free_port
 from backroom.bus.client import Bus, BusConfig
 from backroom.bus.wire import (
@@ -38,6 +39,7 @@ from backroom.bus.wire import (
     Error,
     MatchRequest,
     MatchSpec,
+    MatchStart,
     RewardTransform,
     Status,
     Trace,
@@ -111,6 +113,11 @@ class RawAgent:
         self._any = asyncio.Event()  # set on every message, for ``_until``
         self._barriers = 0
         self._marked: set[str] = set()  # barrier markers that came back
+        #: The referee each match's ``MatchStart`` named, whose outbox its moves go to.
+        self.referees = Referees()
+        #: Where a message for no match it was seated in goes (``send``): the referee of
+        #: the last ``MatchStart``, or the one ``stack`` starts.
+        self.referee = "referee"
 
     async def __aenter__(self) -> RawAgent:
         await self.bus.open()
@@ -131,14 +138,20 @@ class RawAgent:
                 msg: object = parse(payload)
             except WireError:
                 msg = payload
+            if isinstance(msg, MatchStart) and msg.referee is not None:
+                self.referees.note(msg)
+                self.referee = msg.referee
             if isinstance(msg, Error) and (msg.match or "").startswith(f"barrier-{self.id}-"):
                 self._marked.add(msg.match or "")  # a marker, not part of the conversation
                 return
             self.inbox.append(msg)
             self.new.set()
 
-    async def send(self, payload: bytes | object) -> None:
-        await self.bus.publish(topics.outbox(self.id), payload)  # type: ignore[arg-type]
+    async def send(self, payload: bytes | object, referee: str | None = None) -> None:
+        """Publish on this agent's outbox to ``referee``: by default the one that runs the
+        message's match (its ``MatchStart``), else the last one that seated it."""
+        to = referee or self.referees.of(getattr(payload, "match", None)) or self.referee
+        await self.bus.publish(topics.outbox(self.id, to), payload)  # type: ignore[arg-type]
 
     async def next_of(self, kind: type, timeout: float = 5.0, after: int = 0) -> object:
         """The first inbox message of ``kind`` at index >= ``after``."""

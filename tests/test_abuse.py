@@ -566,7 +566,9 @@ async def test_each_role_reads_and_writes_exactly_the_topics_of_its_job(broker: 
     p = topics
     probes = [
         *(p.inbox(name) for name in ("ag", "run", "tr")),
-        p.outbox("ag"),
+        p.outbox("ag", "ref"),
+        p.outbox("ag", "ref-other"),  # to another referee: not ref's to read
+        p.outbox("ag", None),  # the old shared outbox: no referee reads it now
         *(p.status(name) for name in ids.values()),
         p.traces("ag"),
         p.traces("ref"),
@@ -582,7 +584,13 @@ async def test_each_role_reads_and_writes_exactly_the_topics_of_its_job(broker: 
         p.referee_roster("ref-other"),
     ]
     writes = {
-        "agent": {p.outbox("ag"), p.status("ag"), p.traces("ag")},
+        "agent": {
+            p.outbox("ag", "ref"),
+            p.outbox("ag", "ref-other"),
+            p.outbox("ag", None),
+            p.status("ag"),
+            p.traces("ag"),
+        },
         "referee": {
             *(p.inbox(name) for name in ("ag", "run", "tr")),
             p.status("ref"),
@@ -607,7 +615,7 @@ async def test_each_role_reads_and_writes_exactly_the_topics_of_its_job(broker: 
         },
         "referee": {
             *statuses,
-            p.outbox("ag"),
+            p.outbox("ag", "ref"),  # only its own: no referee reads another's moves
             p.CONTROL_MATCHES,
             p.referee_group("ref"),
             p.referee_probe("ref"),

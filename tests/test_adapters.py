@@ -32,7 +32,7 @@ from backroom.model.adapters import (
 from backroom.model.backend import Backend
 from backroom.model.spec import ModelSpec
 
-from .conftest import eventually, perturbed_adapter, serve_folder
+from .conftest import eventually, load_factor, perturbed_adapter, serve_folder
 
 # --- digest ------------------------------------------------------------------------------
 
@@ -441,3 +441,128 @@ async def test_an_adapter_the_backend_cannot_load_is_rejected_as_invalid(
     assert err.value.reason == "invalid"
     assert cache.loaded == [] and cache.pins == {}
     await cache.close()
+
+
+# --- checkpoints of a local agent: one deadline, each in its own task, the newest wins --------
+
+
+def dripping(config: bytes, weights_size: int, asked: threading.Event) -> Any:
+    """A handler that serves the config, then the weights' headers and a byte every 0.2 s."""
+
+    def handle(h: BaseHTTPRequestHandler, done: threading.Event) -> None:
+        if h.path.endswith("adapter_config.json"):
+            headers(h, 200, len(config))
+            h.wfile.write(config)
+            return
+        asked.set()
+        headers(h, 200, weights_size)
+        while not done.wait(0.2):
+            h.wfile.write(b"w")
+            h.wfile.flush()
+
+    return handle
+
+
+def rejected(reason: str) -> float:
+    from prometheus_client import REGISTRY
+
+    labels = {"reason": reason}
+    return REGISTRY.get_sample_value("backroom_adapter_rejected_total", labels) or 0.0
+
+
+def seats_agent(backend: Backend, tmp_path: Path, timeout_s: float) -> Any:
+    from backroom.agents.adapter_seats import AdapterSeats
+
+    agent = AdapterSeats(
+        "learner", policy="pol", adapter_timeout_s=timeout_s, adapter_cache=str(tmp_path / "c")
+    )
+    agent.cache = AdapterCache(backend, max_loaded=2)
+    return agent
+
+
+def checkpoint_of(folder: Path, uri: str, version: str) -> Any:
+    from backroom.bus.wire import Checkpoint
+
+    sha, size = adapter_digest(folder)
+    return Checkpoint(policy="pol", version=version, uri=uri, sha256=sha, size=size)
+
+
+async def test_a_dripping_checkpoint_holds_up_no_later_one_and_the_newest_wins(
+    backend: Backend, versions: dict[str, Path], tmp_path: Path
+) -> None:
+    """Would have caught: checkpoints were fetched one after another, so a dripping server
+    held every later checkpoint back for its whole fetch deadline (60 s each)."""
+    from backroom.agents.adapter_seats import CURRENT
+
+    a, b, *_ = versions
+    agent = seats_agent(backend, tmp_path, timeout_s=120)
+    asked = threading.Event()
+    config = (versions[a] / "adapter_config.json").read_bytes()
+    size = adapter_digest(versions[a])[1]
+    before = rejected("fetch_failed")
+    with (
+        hostile(dripping(config, size - len(config), asked)) as slow,
+        serve_folder(versions[b]) as good,
+    ):
+        first = asyncio.create_task(agent.on_checkpoint(checkpoint_of(versions[a], slow, a)))
+        await eventually(asked.is_set, 30)  # its weights are dripping now
+        # well under the old 60 s per dripping fetch, however loaded the machine
+        bound = min(50.0, 20 * load_factor())
+        await asyncio.wait_for(agent.on_checkpoint(checkpoint_of(versions[b], good, b)), bound)
+        assert agent.version == b
+        await asyncio.wait_for(first, bound)  # abandoned once overtaken, not at its deadline
+    assert agent.version == b
+    name = agent.current[0]
+    assert agent.cache.pins == {CURRENT: name} and agent.cache.loaded == [name]
+    assert rejected("fetch_failed") == before  # overtaken, not refused: nothing counted
+    assert not list((tmp_path / "c" / "pol").glob(f"{a}*"))  # no partial download kept
+    await agent.cache.close()
+
+
+async def test_a_checkpoint_fetch_ends_at_the_agents_adapter_timeout(
+    backend: Backend, versions: dict[str, Path], tmp_path: Path
+) -> None:
+    """Would have caught: a checkpoint's fetch ran under a fixed 60 s, whatever the agent's
+    ``adapter_timeout_s`` said."""
+    a, *_ = versions
+    agent = seats_agent(backend, tmp_path, timeout_s=1)
+    asked = threading.Event()
+    config = (versions[a] / "adapter_config.json").read_bytes()
+    size = adapter_digest(versions[a])[1]
+    before = rejected("fetch_failed")
+    with hostile(dripping(config, size - len(config), asked)) as slow:
+        t0 = time.monotonic()
+        await asyncio.wait_for(agent.on_checkpoint(checkpoint_of(versions[a], slow, a)), 50)
+        took = time.monotonic() - t0
+    assert agent.version is None and rejected("fetch_failed") == before + 1
+    assert took < min(50.0, 20 * load_factor())  # about the 1 s asked, not the old fixed 60 s
+    await agent.cache.close()
+
+
+def test_a_body_longer_than_announced_is_cut_at_the_announced_size(tmp_path: Path) -> None:
+    """A server that names no length and keeps sending: the fetch stops reading at the
+    announced size (never more is downloaded), refused, nothing kept."""
+    good = write_adapter(tmp_path / "good", b"{}", tensors(b"w" * 50_000))
+    ref = ref_for(good)
+    config = (good / "adapter_config.json").read_bytes()
+
+    def endless(h: BaseHTTPRequestHandler, done: threading.Event) -> None:
+        if h.path.endswith("adapter_config.json"):
+            headers(h, 200, len(config))
+            h.wfile.write(config)
+            return
+        h.send_response(200)
+        h.send_header("Connection", "close")  # no length: the body ends when the server says
+        h.end_headers()
+        while not done.is_set():
+            h.wfile.write(b"w" * 65536)
+
+    with hostile(endless) as url:
+        err = in_thread(
+            lambda: fetch_adapter(
+                ref.model_copy(update={"uri": url}), tmp_path / "c", timeout_s=30
+            ),
+            within_s=20,
+        )
+    assert err.reason == "hash_mismatch" and "more than the announced" in err.detail, err
+    assert list((tmp_path / "c" / "pol").iterdir()) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -42,7 +43,7 @@ from backroom.bus.wire import (
     parse_all,
 )
 
-from .conftest import eventually, identity, load_factor
+from .conftest import eventually, identity, load_factor, round_trip
 
 
 def test_password_hash_is_what_mosquitto_passwd_writes(tmp_path) -> None:
@@ -69,20 +70,59 @@ async def test_agent_cannot_write_another_outbox_or_read_another_inbox(broker: B
         await b.subscribe("backroom/v1/#", lambda t, p: snooped.append(t))
         await a.subscribe(topics.inbox("alice"), lambda t, p: got_own.append(t))
         with pytest.raises(NotAuthorizedError, match="refused publish"):
-            await a.publish(topics.outbox("bob"), b"{}")
+            await a.publish(topics.outbox("bob", "referee"), b"{}")
         with pytest.raises(NotAuthorizedError):
             await a.publish(topics.inbox("bob"), b"{}")
         with pytest.raises(NotAuthorizedError):
             await a.publish(topics.CONTROL_MATCHES, b"{}")
-        await a.publish(topics.outbox("alice"), b"{}")
+        await a.publish(topics.outbox("alice", "referee"), b"{}")
         await r.publish(topics.inbox("alice"), b"secret")
         await r.publish(topics.public("m1"), b"public")
         await asyncio.sleep(0.2)
     assert got_own == [topics.inbox("alice")]
     # bob saw the public event and alice's status-less traffic never
     assert topics.inbox("alice") not in snooped
-    assert topics.outbox("alice") not in snooped
+    assert topics.outbox("alice", "referee") not in snooped
     assert topics.public("m1") in snooped
+
+
+def _log_topic(log: list[str], topic: str, _payload: bytes) -> None:
+    log.append(topic)
+
+
+async def test_an_agent_writes_only_its_own_outboxes_and_each_referee_reads_only_its_own(
+    broker: Broker,
+) -> None:
+    """An outbox per referee (``agents/{agent}/outbox/{referee}``): alice may write hers to
+    any referee and no one else's, and each referee is handed only the outboxes addressed
+    to it, whatever it subscribes (Mosquitto filters delivery by the ACL). Before, every
+    referee read ``agents/+/outbox``, and each of K referees parsed every move."""
+    alice, ref_a, ref_b = (
+        identity(broker, "alice"),
+        identity(broker, "ref-a", "referee"),
+        identity(broker, "ref-b", "referee"),
+    )
+    identity(broker, "bob")
+    got: dict[str, list[str]] = {"ref-a": [], "ref-b": []}
+    async with Bus(alice) as a, Bus(ref_a) as ra, Bus(ref_b) as rb:
+        for name, bus in (("ref-a", ra), ("ref-b", rb)):
+            await bus.subscribe(
+                f"{topics.PREFIX}/agents/#", functools.partial(_log_topic, got[name])
+            )
+        for other in ("ref-a", "ref-b", None):  # another's outbox, to any referee, or the old one
+            with pytest.raises(NotAuthorizedError, match="refused publish"):
+                await a.publish(topics.outbox("bob", other), b"{}")
+        await a.publish(topics.outbox("alice", "ref-a"), b"{}")
+        await a.publish(topics.outbox("alice", "ref-b"), b"{}")
+        await a.publish(topics.outbox("alice", None), b"{}")  # allowed, read by no referee now
+        # each referee's own probe comes back after all the broker had for it
+        await round_trip(ra, topics.referee_probe("ref-a"))
+        await round_trip(rb, topics.referee_probe("ref-b"))
+    outboxes = {n: [t for t in ts if "/outbox" in t] for n, ts in got.items()}
+    assert outboxes == {
+        "ref-a": [topics.outbox("alice", "ref-a")],
+        "ref-b": [topics.outbox("alice", "ref-b")],
+    }
 
 
 async def test_wrong_password_is_refused_with_a_clear_error(broker: Broker) -> None:
@@ -132,7 +172,7 @@ async def test_identity_added_while_broker_runs_can_connect(broker: Broker) -> N
     late = identity(broker, "latecomer")  # writes files and SIGHUPs the broker
     await asyncio.sleep(0.1)
     async with Bus(late) as bus:
-        await bus.publish(topics.outbox("latecomer"), b"{}")
+        await bus.publish(topics.outbox("latecomer", "referee"), b"{}")
 
 
 async def test_client_reconnects_and_resubscribes_after_broker_restart(broker: Broker) -> None:
@@ -264,10 +304,11 @@ async def test_what_a_handler_queues_leaves_together_when_it_returns(broker: Bro
 
         def answer_each(_topic: str, payload: bytes) -> None:
             for m in parse_all(payload):
-                a.publish(topics.outbox("alice"), m.model_dump_json().encode(), batch=True)  # type: ignore[union-attr]
+                data = m.model_dump_json().encode()  # type: ignore[union-attr]
+                a.publish(topics.outbox("alice", "referee"), data, batch=True)
 
         await a.subscribe(topics.inbox("alice"), answer_each)
-        await r.subscribe(topics.outbox("alice"), lambda t, p: answers.append(p))
+        await r.subscribe(topics.outbox("alice", "referee"), lambda t, p: answers.append(p))
         for i in range(3):  # one iteration: one array, so one delivery
             r.publish(topics.inbox("alice"), Action(match="m", turn=i, action=i), batch=True)
         for _ in range(100):
@@ -285,10 +326,11 @@ async def test_a_refused_publish_raises_when_awaited_and_is_logged_when_not(
         with pytest.raises(NotAuthorizedError, match="refused publish"):
             await a.publish(topics.inbox("bob"), b"{}")
         a.publish(topics.inbox("bob"), b"{}")  # not awaited: nobody to raise to
-        await a.publish(topics.outbox("alice"), b"{}")  # acknowledged after the refused one
+        # acknowledged after the refused one
+        await a.publish(topics.outbox("alice", "referee"), b"{}")
         with pytest.raises(BusError, match="cannot publish"):  # paho's own refusal: a wildcard
             await a.publish("backroom/v1/agents/+/outbox", b"{}")
-        await a.publish(topics.outbox("alice"), b"{}")  # and the bus goes on
+        await a.publish(topics.outbox("alice", "referee"), b"{}")  # and the bus goes on
     assert any("refused publish" in r.getMessage() for r in caplog.records)
 
 

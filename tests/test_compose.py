@@ -221,9 +221,9 @@ async def test_generated_broker_config_enforces_the_acl(tmp_path: Path) -> None:
             )
 
         async with Bus(env("alice")) as alice:
-            await alice.publish(topics.outbox("alice"), b"{}")
+            await alice.publish(topics.outbox("alice", "referee-1"), b"{}")
             with pytest.raises(NotAuthorizedError):
-                await alice.publish(topics.outbox("bob"), b"{}")
+                await alice.publish(topics.outbox("bob", "referee-1"), b"{}")
         async with Bus(env("referee-1")) as ref:
             await ref.publish(topics.inbox("bob"), b"{}")
         await asyncio.sleep(0)

@@ -47,7 +47,7 @@ import yaml
 
 from backroom.bus import topics
 from backroom.bus.broker import free_port
-from backroom.bus.wire import Status, dump
+from backroom.bus.wire import Status, dump, parse
 from backroom.runner.compose import compose_init
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -374,10 +374,12 @@ def mallory(stack: Stack) -> Iterator[threading.Event]:
     client.username_pw_set("mallory", creds["mallory"]["password"])
     sent = threading.Event()
 
-    def on_message(c: mqtt.Client, _userdata: object, _msg: mqtt.MQTTMessage) -> None:
+    def on_message(c: mqtt.Client, _userdata: object, msg: mqtt.MQTTMessage) -> None:
         if not sent.is_set():
             sent.set()
-            c.publish(topics.outbox("mallory"), b"{not json", qos=1)
+            # to the outbox of the referee that seated her (its MatchStart names it)
+            referee = getattr(parse(msg.payload), "referee", None)
+            c.publish(topics.outbox("mallory", referee), b"{not json", qos=1)
 
     client.on_message = on_message
     client.connect("127.0.0.1", stack.ports["MQTT"])

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing
+import stat
 import time
 from pathlib import Path
+
+import pytest
+import typer
 
 from backroom.bus.auth import CredentialStore
 
@@ -59,3 +63,30 @@ def test_an_identity_already_held_is_served_without_writing(tmp_path: Path) -> N
     # a new identity, or a stale ACL, is a write: under the lock
     store.add("dora")
     assert (tmp_path / ".lock").exists() and "dora" in store.load()
+
+
+def test_a_process_reads_its_password_from_a_file_only_its_user_can_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``backroom run`` hands each process its password as a file (its path in
+    BACKROOM_PASSWORD_FILE, an agent host's as --passwords-file), never in the environment,
+    where an agent's options could name it; ``backroom agent --password-file`` reads the same."""
+    from backroom.cli.common import bus_config
+    from backroom.runner.stack import Stack
+
+    stack = Stack(tmp_path / "run")
+    path = stack.private_file("dora.password", "s3cret")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    for name in ("BACKROOM_PASSWORD", "BACKROOM_PASSWORD_FILE", "BACKROOM_USERNAME"):
+        monkeypatch.delenv(name, raising=False)
+    assert bus_config(None, "dora", None, password_file=path).password == "s3cret"
+    monkeypatch.setenv("BACKROOM_PASSWORD_FILE", str(path))
+    assert bus_config(None, "dora", None).password == "s3cret"
+    monkeypatch.setenv("BACKROOM_USERNAME", "someone-else")  # the file is that identity's
+    with pytest.raises(typer.BadParameter, match="no password for 'dora'"):
+        bus_config(None, "dora", None)
+    with pytest.raises(typer.BadParameter, match=rf"password file {tmp_path / 'none'}: cannot"):
+        bus_config(None, "dora", None, password_file=tmp_path / "none")
+    stack.stop()
+    assert not path.parent.exists()  # the files go when the processes that read them do

@@ -157,6 +157,8 @@ async def test_fallbacks_are_marked_counted_and_can_be_left_out(tmp_path: Path) 
             assert a["action"] == ""  # silence
         if a["fallback"] == "unparseable":
             assert reply["outcome"] == "fallback" and reply["detail"]
+        if a["fallback"] == "deadline":  # what ran out, in words (docs/agents.md)
+            assert reply["detail"].startswith("no answer within"), reply
     seen = {a["fallback"] for _, a in mine}
     # The stub's replies follow from the seeds: with this config's seed all cases occur.
     assert {"deadline", "unparseable", "repaired", None} <= seen, seen
@@ -228,6 +230,12 @@ async def test_the_local_kind_marks_its_deadline_fallback(smol: Backend) -> None
     game = make_game("bertrand", rounds=2)
     state = game.new_initial_state(0)
     local = LocalAgent("loc", max_new_tokens=2, deadline_margin_s=0.0)
+    traces: list[Any] = []
+
+    async def keep(trace: Any) -> None:
+        traces.append(trace)
+
+    local._trace_sink = keep
     await local.setup()
     try:
         await local.on_match_start(
@@ -248,6 +256,7 @@ async def test_the_local_kind_marks_its_deadline_fallback(smol: Backend) -> None
         await local.close()
     assert action == fallback_action(turn.legal)
     assert local.take_fallback(turn) == "deadline" and local.take_fallback(turn) is None
+    assert traces[-1].reply["detail"].startswith("no answer within")  # what ran out, in words
 
 
 def test_always_with_an_action_the_game_lacks_is_refused() -> None:

@@ -23,11 +23,10 @@ from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
 from backroom.bus.wire import EpisodeRecord, MatchRequest, parse_all
 from backroom.cli.run import demo_config
-from backroom.referee import episodes as episodes_mod
-from backroom.referee.episodes import EpisodeLog, write_all
+from backroom.referee.episodes import EpisodeLog
 from backroom.runner.config import RunConfig, parse_config
 from backroom.runner.local import Faults, RunError, run_matches
-from backroom.runs import bind_run_dir, new_run_dir, read_episodes
+from backroom.runs import bind_run_dir, new_run_dir, read_episodes, write_all
 from tests.conftest import agents, identity, stack
 
 SEATED = ["alice", "bob", "carol"]
@@ -53,7 +52,7 @@ def test_a_short_write_is_continued_not_torn(
     def short(fd: int, data: bytes | memoryview) -> int:
         return real(fd, bytes(data[:7]))  # at most 7 bytes a call
 
-    monkeypatch.setattr(episodes_mod.os, "write", short)
+    monkeypatch.setattr(os, "write", short)
     log = EpisodeLog(tmp_path)
     records = [json.dumps({"match": f"m{i}", "pad": "x" * 50}).encode() for i in range(5)]
 
@@ -64,7 +63,7 @@ def test_a_short_write_is_continued_not_torn(
     lines = (tmp_path / "r" / "episodes.jsonl").read_bytes().splitlines()
     assert sorted(lines) == sorted(records)
     with (tmp_path / "f").open("wb") as f, pytest.raises(OSError, match="no progress"):
-        monkeypatch.setattr(episodes_mod.os, "write", lambda fd, data: 0)
+        monkeypatch.setattr(os, "write", lambda fd, data: 0)
         write_all(f.fileno(), b"abc")
 
 

@@ -136,9 +136,10 @@ def box_env() -> BoxActions:
     [
         (
             {"env": "no_such_package.game:env"},
-            "params.env: env: cannot import 'no_such_package.game'",
+            "params.env: unknown pettingzoo env 'no_such_package.game:env': register it under "
+            "the entry point group backroom.pettingzoo",
         ),
-        ({"env": "pettingzoo.classic.rps_v2:nope"}, "has no callable 'nope'"),
+        ({"env": "pettingzoo.classic.rps_v2:nope"}, "unknown pettingzoo env"),
         (
             {"env": RPS["env"], "kwargs": {"num_actions": 4}},
             "params.kwargs: kwargs: the factory refused {'num_actions': 4}",
@@ -147,7 +148,7 @@ def box_env() -> BoxActions:
             {"env": RPS["env"], "action_names": ["rock"]},
             "params.action_names: action_names: 1 names for 3",
         ),
-        ({"env": "tests.test_pettingzoo_game:box_env"}, "only Discrete spaces"),
+        ({"env": "box_actions"}, "only Discrete spaces"),
         ({"env": RPS["env"], "max_moves": 0}, "params.max_moves: max_moves must be at least 1"),
         ({"env": RPS["env"], "min_utility": 2, "max_utility": 1}, "min_utility > max_utility"),
         ({"env": RPS["env"], "kwarg": {}}, "params.kwarg: pettingzoo has no parameter 'kwarg'"),
@@ -159,6 +160,8 @@ def test_bad_configs_are_refused_at_the_parameter(params: dict[str, Any], says: 
         "game": "pettingzoo",
         "params": params,
         "agents": [{"id": "a", "kind": "random"}, {"id": "b", "kind": "random"}],
+        # an environment of the config's own, named by the config's author: by name only
+        "pettingzoo_envs": {"box_actions": "tests.test_pettingzoo_game:box_env"},
     }
     with pytest.raises(ConfigError) as refused:
         parse_config(data, source="bad.yaml")

@@ -11,7 +11,7 @@ from backroom.agents import make_agent
 from backroom.agents.base import Agent
 from backroom.bus import topics
 from backroom.bus.broker import Broker
-from backroom.bus.client import Bus
+from backroom.bus.client import Bus, Handler
 from backroom.bus.wire import (
     Action,
     Chat,
@@ -21,6 +21,7 @@ from backroom.bus.wire import (
     MatchStart,
     Status,
     Turn,
+    parse_all,
 )
 from backroom.referee.service import Referee
 from backroom.runs import read_episodes
@@ -173,25 +174,42 @@ def _sample(name: str, labels: dict[str, str] | None = None) -> float:
     return REGISTRY.get_sample_value(name, labels or {}) or 0.0
 
 
-async def test_with_two_referees_each_leaves_the_others_moves_unanswered(
+async def test_with_two_referees_each_parses_only_its_own_matches_moves(
     broker: Broker, tmp_path: Path
 ) -> None:
-    """Every referee reads every outbox: a move in the other referee's match is no invalid input.
+    """An outbox per referee: a seat's moves go to ``agents/{agent}/outbox/{referee}``, the
+    referee its ``MatchStart`` names, and each referee reads only those addressed to it.
 
-    Before, each of K referees answered every move of the others' matches with
-    ``unknown_match`` (K-1 errors per move, counted as invalid inputs), which on
-    16 cores also held 8 referees to 2.1x one.
+    Before, each referee read the whole outbox of every agent it seated, so it received
+    and parsed the moves of the other referee's matches too (K = 4 on 2 cores: 2.2 times
+    one referee's CPU per match); before that, it answered each with ``unknown_match``.
+    Counted here: the match of every message each referee's outbox handler was handed.
     """
     unknown = ("backroom_invalid_inputs_total", {"reason": "unknown_match"})
     unknown_before = _sample(*unknown)
     foreign_before = _sample("backroom_referee_foreign_inputs_total")
     players = [make_agent("always", "a", action="call"), make_agent("always", "b", action="call")]
+    parsed: dict[str, list[str | None]] = {}
     async with (
         stack(broker, tmp_path / "runs", players) as (first, _),
         Referee(identity(broker, "referee-2", "referee"), runs_dir=tmp_path / "runs") as second,
         Runner(broker) as run,
         RawAgent(identity(broker, "mallory")) as mal,
     ):
+        for ref in (first, second):
+            seen = parsed.setdefault(ref.name, [])
+            handler = ref.outboxes.on_outbox
+
+            def counting(
+                topic: str,
+                payload: bytes,
+                seen: list[str | None] = seen,
+                handler: Handler = handler,
+            ) -> None:
+                seen.extend(getattr(m, "match", None) for m in parse_all(payload))
+                handler(topic, payload)
+
+            ref.outboxes.on_outbox = counting
         await eventually(
             lambda: first.peers.has_peers() and second.peers.has_peers(), 10 * load_factor()
         )
@@ -207,13 +225,19 @@ async def test_with_two_referees_each_leaves_the_others_moves_unanswered(
         ran = {m: r for r in (first, second) for m in ids if m in r.finished_ids}
         assert set(ran) == set(ids) and {first, second} == set(ran.values()), ran
         assert all(ep.reason == "normal" and ep.invalid_inputs == 0 for ep in episodes)
-        # a move for a match that no referee runs goes unanswered too, with peers online
-        await mal.send(Action(match="nosuch", turn=0, action="call"))
-        await mal.barrier(first)
-        await mal.barrier(second)
-    assert mal.of(Error) == []
-    assert _sample(*unknown) == unknown_before
-    assert _sample("backroom_referee_foreign_inputs_total") > foreign_before
+        for ref in (first, second):  # every move it parsed was one of its own matches'
+            own = {m for m, r in ran.items() if r is ref}
+            assert parsed[ref.name] and set(parsed[ref.name]) <= own, (ref.name, own)
+        assert _sample(*unknown) == unknown_before
+        # a move for a match no referee runs reaches only the referee it is addressed to,
+        # which runs no such match and says so (no other referee's it could be)
+        before = len(parsed[first.name])
+        await mal.send(Action(match="nosuch", turn=0, action="call"), referee=second.name)
+        err = await mal.next_of(Error, timeout=10 * load_factor())
+        assert isinstance(err, Error) and (err.reason, err.match) == ("unknown_match", "nosuch")
+        await drained(first)
+        assert len(parsed[first.name]) == before
+    assert _sample("backroom_referee_foreign_inputs_total") == foreign_before
 
 
 async def test_a_referee_alone_answers_a_seated_agents_move_for_no_match_and_reads_no_unseated_outbox(

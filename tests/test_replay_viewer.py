@@ -523,3 +523,181 @@ def test_replay_refuses_a_directory_that_is_not_a_run(
     result = CliRunner().invoke(app, ["replay", str(make(tmp_path)), "--port", "1"])
     assert result.exit_code != 0
     assert words in result.output, result.output
+
+
+# --- beyond loopback: a token on every request; bad query parameters -------------------------
+
+
+async def test_replay_beyond_loopback_needs_its_token_and_bad_pages_are_400(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Would have caught: ``backroom replay --host 0.0.0.0`` served every seat's private view
+    to anyone who sent ``Host: localhost``; ``page=10**23`` answered 500."""
+    import httpx
+    import websockets
+    from websockets.exceptions import InvalidStatus
+
+    from backroom.bus.broker import free_port
+
+    _, run_dir = await play(naive_config(eavesdropper=False), broker, tmp_path / "runs")
+    port = free_port()
+    code = (
+        "from pathlib import Path; from backroom.human.replay_cli import replay_command; "
+        f"replay_command(Path({str(run_dir)!r}), '0.0.0.0', {port}, None, None)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "BACKROOM_REPLAY_TOKEN"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-u", "-c", code, stdout=asyncio.subprocess.PIPE, env=env
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        while not any("the page:" in line for line in lines):
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60 * load_factor())).decode()
+            assert line, "".join(lines)
+            lines.append(line)
+        found = re.search(rf"http://0\.0\.0\.0:{port}/replay\?token=([\w-]+)", "".join(lines))
+        assert found, "".join(lines)
+        token = found.group(1)
+        async with httpx.AsyncClient() as http:
+            for _ in range(int(300 * load_factor())):
+                try:
+                    first = await http.get(f"{base}/replay")
+                    break
+                except httpx.TransportError:
+                    assert proc.returncode is None
+                    await asyncio.sleep(0.1)
+            assert first.status_code == 401 and "token" in first.text
+            for path in ("/replay", "/api/replay/matches", "/api/replay/info", "/healthz", "/"):
+                for headers in ({}, {"Host": "localhost"}, {"Host": f"127.0.0.1:{port}"}):
+                    resp = await http.get(f"{base}{path}", headers=headers)
+                    assert resp.status_code == 401, (path, headers, resp.text)
+                wrong = await http.get(f"{base}{path}", headers={"Authorization": "Bearer nope"})
+                assert wrong.status_code == 403
+            opened = await http.get(f"{base}/replay?token={token}")
+            assert opened.status_code == 303 and opened.headers["location"] == "/replay"
+            assert "httponly" in opened.headers["set-cookie"].lower()
+            async with httpx.AsyncClient(cookies=opened.cookies) as browser:
+                page = await browser.get(f"{base}/replay")
+            assert page.status_code == 200
+            bearer = {"Authorization": f"Bearer {token}"}
+            listed = await http.get(f"{base}/api/replay/matches", headers=bearer)
+            assert listed.status_code == 200 and listed.json()["rows"]
+            for query in (
+                "page=1e23",
+                f"page={10**23}",
+                "page=-1",
+                "page=x",
+                "per_page=-5",
+                f"seat={10**30}",
+                "reward_min=nan",
+                "step=1.5",
+            ):
+                bad = await http.get(f"{base}/api/replay/matches?{query}", headers=bearer)
+                assert bad.status_code == 400, (query, bad.status_code, bad.text)
+                assert "error" in bad.json()
+        ws_url = f"ws://127.0.0.1:{port}/ws"
+        for named in (ws_url, f"ws://localhost:{port}/ws"):  # Host: localhost helps no more
+            try:
+                async with websockets.connect(named, host="127.0.0.1", port=port) as ws:
+                    raise AssertionError(f"a socket without the token: {await ws.recv()}")
+            except InvalidStatus as exc:
+                assert exc.response.status_code == 401
+        async with websockets.connect(ws_url, additional_headers=bearer) as ws:
+            assert json.loads(await ws.recv())["op"] == "hello"
+        # a browser: the printed URL once, then the page and its API on the cookie alone
+        import playwright.async_api as playwright
+
+        from .conftest import CHROMIUM_ARGS
+
+        async with playwright.async_playwright() as pw:
+            browser = await pw.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            )
+            try:
+                page = await browser.new_page()
+                await page.goto(f"{base}/replay?token={token}")
+                assert page.url == f"{base}/replay"  # the token left the address bar
+                await open_view(page, f"{base}/replay#/list")
+                assert "12 matches" in await page.inner_text("h2")
+                other = await browser.new_context()  # no cookie: refused
+                refused = await (await other.new_page()).goto(f"{base}/replay")
+                assert refused is not None and refused.status == 401
+            finally:
+                await browser.close()
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 10)
+
+
+# --- readable: cards and moves in words, empty fields hidden, (silent), rounded, fallbacks ----
+
+
+async def test_a_match_reads_in_words(broker: Broker, tmp_path: Path) -> None:
+    """Would have caught: the replay showed ``card 4`` for Loki's Ace, history as a JSON list,
+    ``round rewards []``, ``null`` for a silent talk turn, floats to 17 digits, and a
+    deadline fallback's reason and detail nowhere in the decision panel."""
+    from backroom.agents.decisions import Decided, deadline_detail
+    from backroom.games.kuhn import LOKI_CARD_NAMES
+    from backroom.human.replay_view import match_view
+    from backroom.human.replay_words import SILENT, Words, number
+
+    data = naive_config(eavesdropper=False).model_dump()
+    data["channels"][0]["members"] = ["alice", "bob", "carol"]  # carol (cfr) says nothing
+    config = parse_config({**data, "run": "replay-words", "matches": 4}, "test")
+    eps, run_dir = await play(config, broker, tmp_path / "runs")
+    index = ReplayIndex(run_dir)
+    index.refresh()
+    ep = eps[0]
+    view = load_view(index, ep.match)
+    assert view is not None and not view["gaps"], view and view["gaps"]
+    start = view["steps"][0]
+    for v in start["views"]:
+        rows = dict(v["rows"])
+        card = v["observation"]["card"]
+        assert rows["card"] == f"{LOKI_CARD_NAMES[card]} (card {card})"
+        assert "history" not in rows and "info state" not in rows  # empty, or said again
+        assert all(text not in ("", "[]", "{}", "None", "null") for text in rows.values())
+    end = view["steps"][-1]
+    finals = {k: t for k, t in end["views"][0]["rows"]}
+    names = {"check", "bet", "call", "fold"}
+    assert " → " in finals["history"] or finals["history"].split()[-1] in names
+    assert finals["history"].split()[0] in ep.seats and "{" not in finals["history"]
+    assert not any(line.startswith("round rewards") for line in end["lines"])  # Kuhn has none
+    assert end["lines"][0].startswith("returns ") and all(s in end["lines"][0] for s in ep.seats)
+    silent = [
+        m for s in view["steps"] if s["kind"] == "turn" for m in s["moves"] if m["agent"] == "carol"
+    ]
+    talked = [m for m in silent if m["action"] in (None, "")]
+    assert talked and all(m["name"] == SILENT for m in talked)
+    # rounding: 3 decimals, 3 significant digits below 1
+    assert number(-0.0009764480637386441) == "-0.000976"
+    assert number(3.0612345) == "3.061" and number(2.0) == "2" and number(0.0591) == "0.0591"
+    assert Words(["a", "b"]).rows({"pot": 2.123456789, "round_rewards": []}) == [["pot", "2.123"]]
+    # a deadline fallback: its reason and detail reach the decision panel
+    record = EpisodeRecord.model_validate(json.loads(json.dumps(ep.model_dump(mode="json"))))
+    turn_of = next(a for a in record.actions if a.agent == "alice" and a.phase == "act")
+    act = Turn(
+        match=record.match,
+        turn=turn_of.turn,
+        seat=turn_of.seat,
+        phase="act",
+        observation={},
+        legal={"choices": [0, 1]},
+        deadline_s=0.2,
+    )
+    detail = deadline_detail(act, 0.5)
+    trace = {
+        "agent": "alice",
+        "request": {"messages": []},
+        "reply": Decided.fallback(act, "deadline", None, detail).record([]),
+    }
+    shown = match_view(
+        record.model_dump(mode="json"), {(turn_of.turn, turn_of.seat): trace}, {"alice"}
+    )
+    step = next(s for s in shown["steps"] if s.get("turn") == turn_of.turn)
+    decided = next(d for d in step["decisions"] if d["seat"] == turn_of.seat)
+    assert decided["reason"] == "deadline" and decided["detail"] == detail
+    assert detail.startswith("no answer within 0.05 s")
+    index.close()

@@ -155,3 +155,56 @@ def test_a_bad_model_field_is_reported_there() -> None:
     assert "model.kind: unknown agent kind 'external'" in message
     message = refusal(config(agents=MODEL_PLAYERS, round_robin=True, model={"opts": {}}))
     assert "model.opts: Extra inputs are not permitted" in message
+
+
+# --- the command line's edits: `backroom run CONFIG --set KEY=VALUE --matches N` (issue 40) --------
+
+LLM_EXPLICIT = "examples/llm_kuhn_explicit.yaml"
+
+
+def test_set_edits_a_run_config_validated_as_the_file_is(tmp_path: Any) -> None:
+    from backroom.runner.overrides import load_run_config
+
+    edited, note = load_run_config(LLM_EXPLICIT, ["deals.each=2", "concurrency=3"])
+    assert (edited.matches, edited.deals and edited.deals.each, edited.concurrency) == (6, 2, 3)
+    assert note is None
+    with pytest.raises(ConfigError, match=r"with concurrency=abc: concurrency: Input should be"):
+        load_run_config(LLM_EXPLICIT, ["concurrency=abc"])
+    with pytest.raises(ConfigError, match=r"--set 'concurrency': expected KEY=VALUE"):
+        load_run_config(LLM_EXPLICIT, ["concurrency"])
+
+
+def test_matches_with_a_deals_schedule_plays_fewer_per_hand_and_says_so() -> None:
+    """Refused before ("leave matches out"): a two-minute trial of a paper config meant
+    editing its YAML."""
+    from backroom.runner.overrides import load_run_config
+
+    six, note = load_run_config(LLM_EXPLICIT, [], matches=6)
+    assert six.matches == 6 and six.deals is not None and six.deals.each == 2
+    assert note == "--matches 6 with deals: 3 hands x 2 each = 6 matches, instead of x 100 = 300"
+    two, note = load_run_config(LLM_EXPLICIT, [], matches=2)  # every hand at least once
+    assert two.matches == 3 and note is not None and "the nearest to 2" in note
+    assert [s.params["deal"] for _, s in six.match_specs()] == [
+        s.params["deal"]
+        for _, s in load_run_config(LLM_EXPLICIT, ["deals.each=2"])[0].match_specs()
+    ]
+
+
+def test_an_empty_config_file_says_it_is_empty(tmp_path: Any) -> None:
+    from backroom.runner.config import load_config
+
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(empty)
+    assert str(info.value) == f"{empty} is empty: a config is a YAML mapping (game:, agents:, ...)"
+    assert "valid dictionary" not in str(info.value)
+
+
+def test_the_trainer_reads_set_with_the_same_implementation() -> None:
+    from backroom.runner import overrides
+    from backroom.trainer import config as train_config
+
+    assert train_config.apply_overrides is overrides.apply_overrides
+    assert train_config.parse_override("lr=1e-4") == (["hyper", "lr"], 1e-4)
+    assert overrides.parse_override("lr=1e-4") == (["lr"], 1e-4)

@@ -132,11 +132,13 @@ async def test_the_runner_writes_each_decision_once_and_no_more_than_its_bound(
 ) -> None:
     """Issue 22, item 9: a seated agent wrote 245 MB of valid traces in 14 s into the runner's
     traces.jsonl. Now a trace over ``MAX_TRACE_BYTES`` is dropped, a decision is written once
-    however often it is sent, and the run writes at most ``traces_max_bytes``, saying so once."""
+    however often it is sent, and the run writes at most ``traces_max_bytes``, each agent at most
+    its share of it, saying so once per agent (issue 35, item 4)."""
     from backroom.runner.config import RunConfig
     from backroom.runner.local import run_matches
+    from backroom.runner.results import Faults
 
-    reasons = ("duplicate", "oversized", "run_bound")
+    reasons = ("duplicate", "oversized", "agent_bound")
     before = {r: sample("backroom_traces_rejected_total", reason=r) for r in reasons}
     players: list[Agent] = [Flooder("t0"), Flooder("t1"), Flooder("t2")]
     config = RunConfig.model_validate(
@@ -151,6 +153,7 @@ async def test_the_runner_writes_each_decision_once_and_no_more_than_its_bound(
     bound = 100_000  # less than the bogus traces (~3 x 3 x 40 x 2 KB), more than the genuine ones
     notices: list[str] = []
     path = tmp_path / "traces.jsonl"
+    faults = Faults()
     async with stack(broker, tmp_path / "runs", players):
         t0 = time.monotonic()
         eps = await run_matches(
@@ -160,6 +163,7 @@ async def test_the_runner_writes_each_decision_once_and_no_more_than_its_bound(
             traces_path=path,
             on_notice=notices.append,
             traces_max_bytes=bound,
+            faults=faults,
         )
     assert time.monotonic() - t0 < 120 * load_factor()
     written = path.read_bytes()
@@ -174,9 +178,10 @@ async def test_the_runner_writes_each_decision_once_and_no_more_than_its_bound(
     got = {r: sample("backroom_traces_rejected_total", reason=r) - before[r] for r in reasons}
     assert got["oversized"] == len(acts)
     assert got["duplicate"] == 3 * len(genuine)  # each replay of a decision written
-    assert got["run_bound"] > 0
-    said = [n for n in notices if "traces.jsonl reached" in n]
-    assert len(said) == 1 and f"{bound:,} bytes" in said[0], notices
+    assert got["agent_bound"] > 0
+    said = [n for n in notices if "reached its share" in n]
+    assert len(said) == 3 and all(f"{bound:,} bytes" in n for n in said), notices
+    assert sorted(faults.traces_over_share) == ["t0", "t1", "t2"]
 
 
 class LateTracer(Agent):

@@ -16,7 +16,7 @@ import yaml
 
 from backroom.bus.wire import AdapterRef
 from backroom.model.adapters import AdapterRejected
-from backroom.runner.config import AgentEntry, ConfigError
+from backroom.runner.config import ConfigError
 from backroom.trainer.config import PfspSpec, parse_train_config
 from backroom.trainer.entrants import entrant_due, send_entrant
 from backroom.trainer.opponents import (
@@ -236,21 +236,17 @@ def test_every_nth_checkpoint_becomes_a_league_entrant_file(tmp_path: Path) -> N
     assert path == league / "entrants.d" / "grpo.v2.yaml"
     assert [p.name for p in path.parent.iterdir()] == ["grpo.v2.yaml"]  # no temporary left
     entrant = yaml.safe_load(path.read_text())
-    assert entrant["format"] == 1 and entrant["version"] == "v2" and entrant["step"] == 1
-    assert entrant["from_run"] == str(run_dir.resolve()) and entrant["algorithm"] == "grpo"
-    agent = AgentEntry.model_validate(entrant["agent"])  # seatable as it is
-    assert agent.id == "grpo.v2" and agent.kind == "local"
-    assert agent.options["adapter"] == str((run_dir / "adapters" / "v2").resolve())
-    assert "policy" not in agent.options  # frozen: it never follows the trainer's checkpoints
-    # the same agent as a league's `from_run` entrant names and seats it (`<id>.vN`)
-    same = entrant["entrant"]
-    assert (same["id"], same["from_run"], same["versions"]) == ("grpo", entrant["from_run"], ["v2"])
-    assert {k: v for k, v in same["options"].items() if k != "adapter"} == {
-        k: v for k, v in agent.options.items() if k != "adapter"
+    # a checkpoint and nothing else (no agent entry: the league seats it as its `model:` plays)
+    assert entrant == {
+        "format": 2,
+        "name": "grpo.v2",
+        "policy": "p",
+        "version": "v2",
+        "adapter": str((run_dir / "adapters" / "v2").resolve()),
+        "sha256": "0" * 64,
+        "size": 1,
+        "step": 1,
     }
-    # the adapter is what `from_run` + `versions` name, not an option of the entrant
-    assert "adapter" not in same["options"]
-    assert Path(agent.options["adapter"]) == Path(same["from_run"]) / "adapters" / "v2"
 
 
 def test_backroom_train_starts_the_pools_agents() -> None:

@@ -155,7 +155,7 @@ async def test_referee_process_serves_prometheus_metrics(broker: Broker, tmp_pat
             # a few seconds after their last one): the malformed payload comes from a,
             # just seated, on its own connection; its Error goes to a's inbox.
             assert runners[0].bus is not None
-            await runners[0].bus.publish(topics.outbox("a"), b"not json")
+            await runners[0].bus.publish(runners[0].referees.outbox("a", ids[-1]), b"not json")
         async with httpx.AsyncClient() as client:
 
             async def scrape() -> str:
@@ -634,3 +634,165 @@ def test_a_piped_run_shows_its_progress_in_plain_lines_as_it_plays(tmp_path: Pat
     table = next(i for i, (line, _) in enumerate(seen) if "piped: 100 matches of ipd" in line)
     assert seen.index(progress[-1]) < table, out  # the progress, then the results
     assert "\r" not in out and "\x1b[" not in out, repr(out[-500:])
+
+
+def test_custom_agent_says_it_started_and_ends_cleanly_on_ctrl_c(broker: Broker) -> None:
+    """It printed nothing on start and a 20-line traceback on Ctrl-C (issue 40 item 7)."""
+    import signal
+
+    config = identity(broker, "dora")
+    env = {
+        **os.environ,
+        "BACKROOM_BROKER": f"mqtt://{config.host}:{config.port}",
+        "BACKROOM_PASSWORD": config.password or "",
+    }
+    proc = subprocess.Popen(
+        [PY, str(ROOT / "examples" / "custom_agent.py")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("dora: connecting to mqtt://")
+        assert proc.stdout.readline().startswith("dora: online;")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30 * load_factor())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.strip() == "dora: stopped"
+    assert "Traceback" not in err
+
+
+def test_a_wrong_password_is_one_line_not_a_traceback(broker: Broker) -> None:
+    config = identity(broker, "dora")
+    env = {
+        **os.environ,
+        "BACKROOM_BROKER": f"mqtt://{config.host}:{config.port}",
+        "BACKROOM_PASSWORD": "not-dora's-password",
+    }
+    example = subprocess.run(
+        [PY, str(ROOT / "examples" / "custom_agent.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60 * load_factor(),
+    )
+    assert example.returncode == 1
+    assert (
+        example.stderr.strip() == "dora: broker refused login for 'dora': [code:135] Not authorized"
+    )
+    cli = subprocess.run(
+        [PY, "-m", "backroom", "agent", "random", "--id", "dora"],
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60 * load_factor(),
+    )
+    assert cli.returncode == 2
+    lines = (cli.stdout + cli.stderr).strip().splitlines()
+    assert lines == ["error: broker refused login for 'dora': [code:135] Not authorized"]
+
+
+def test_train_counts_steps_from_one_in_every_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "3 steps; adapter v3", then "evaluation after step 2" (0-based) (issue 40)."""
+    from backroom.cli.train import _report
+    from backroom.trainer.config import load_train_config
+    from backroom.trainer.loop import TrainResult
+
+    config = load_train_config(ROOT / "examples" / "ipd_quick.yaml")
+    last = {"step": 2, "against": {"tit-for-tat": {"learner": 2.5}}}
+    _report(config, tmp_path, TrainResult(tmp_path, 3, "v3", [last]))
+    out = capsys.readouterr().out
+    assert "3 steps; adapter v3" in out
+    assert "evaluation after step 3 (" in out and "after step 2" not in out
+
+
+def test_the_resume_command_names_the_executable_the_user_ran(tmp_path: Path) -> None:
+    """It said `backroom train ...` to someone who had typed `python -m backroom` or a venv path."""
+    from backroom.cli.train import invoked_as
+
+    main = str(ROOT / "backroom" / "__main__.py")
+    assert invoked_as(main)[-2:] == ["-m", "backroom"]
+    assert Path(invoked_as(main)[0]).name.startswith("python")
+    elsewhere = tmp_path / "bin" / "backroom"
+    assert invoked_as(str(elsewhere)) == [str(elsewhere)]  # not on PATH: as typed
+    venv_script = Path(PY).parent / "backroom"
+    on_path = {**os.environ, "PATH": f"{venv_script.parent}{os.pathsep}{os.environ['PATH']}"}
+    said = subprocess.run(
+        [
+            PY,
+            "-c",
+            f"from backroom.cli.train import invoked_as; print(invoked_as({str(venv_script)!r}))",
+        ],
+        env=on_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert said.strip() == "['backroom']"
+
+
+def test_the_loading_weights_bar_does_not_reach_the_terminal(
+    tiny_qwen_model: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """transformers' "Loading weights" bar was drawn through the trainer's own (issue 40)."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from backroom.trainer.progress import train_logging
+
+    hf_logging.enable_progress_bar()  # as on a terminal, without HF_HUB_DISABLE_PROGRESS_BARS
+    capfd.readouterr()
+    with train_logging(tmp_path / "logs" / "trainer.log"):
+        AutoModelForCausalLM.from_pretrained(tiny_qwen_model)
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
+    assert hf_logging.is_progress_bar_enabled()  # given back as it was
+    AutoModelForCausalLM.from_pretrained(tiny_qwen_model)  # the control: the bar is there
+    assert "Loading weights" in capfd.readouterr().err
+
+
+def test_run_set_and_matches_try_a_deals_config_small(tmp_path: Path) -> None:
+    """`backroom run` had no --set, and refused --matches on a `deals:` config (issue 40)."""
+    config = tmp_path / "deals.yaml"
+    config.write_text(
+        "run: deals\ngame: kuhn\nparams: {variant: loki}\nconcurrency: 20\n"
+        "deals: {each: 100, hands: [[0, 1, 4], [2, 3, 4], [3, 4, 0]]}\n"
+        "agents:\n  - {id: alice, kind: kuhn-colluder}\n  - {id: bob, kind: kuhn-colluder}\n"
+        "  - {id: carol, kind: random}\n"
+    )
+    run = subprocess.run(
+        [
+            PY,
+            "-m",
+            "backroom",
+            "run",
+            str(config),
+            "--matches",
+            "6",
+            "--set",
+            "concurrency=2",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120 * load_factor(),
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (
+        "--matches 6 with deals: 3 hands x 2 each = 6 matches, instead of x 100 = 300" in run.stdout
+    )
+    assert "normal: 6" in run.stdout
+    eps = list(read_episodes(tmp_path / "runs" / "deals"))
+    assert sorted(tuple(e["params"]["deal"]) for e in eps) == sorted(
+        [(0, 1, 4), (2, 3, 4), (3, 4, 0)] * 2
+    )

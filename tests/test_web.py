@@ -695,3 +695,51 @@ async def test_web_command_believes_no_forwarded_header_and_answers_only_its_own
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 10)
+
+
+async def test_sockets_without_a_token_are_capped_and_the_refusals_counted() -> None:
+    """Would have caught: 600 unauthenticated sockets were all kept open, with no cap."""
+    import websockets
+    from prometheus_client import REGISTRY
+    from websockets.exceptions import InvalidStatus
+
+    from backroom.human.access import MAX_ANONYMOUS_SOCKETS
+    from backroom.human.web import web_app
+
+    def refused() -> float:
+        return REGISTRY.get_sample_value("backroom_web_refused_total", {"reason": "sockets"}) or 0
+
+    assert MAX_ANONYMOUS_SOCKETS <= 100  # small and fixed by default
+    app = web_app("mqtt://127.0.0.1:1", max_anonymous_sockets=3)
+    before = refused()
+    async with serving(app) as url:
+        ws_url = url.replace("http://", "ws://") + "/ws"
+        held = [await websockets.connect(ws_url) for _ in range(3)]
+        try:
+            for ws in held:
+                assert json.loads(await ws.recv())["op"] == "hello"
+            for _ in range(2):
+                try:
+                    async with websockets.connect(ws_url) as ws:
+                        raise AssertionError(f"a 4th socket was kept: {await ws.recv()}")
+                except InvalidStatus as exc:
+                    assert exc.response.status_code == 503
+            assert refused() == before + 2
+            await held.pop().close()
+
+            async def one_more() -> bool:
+                try:
+                    async with websockets.connect(ws_url) as ws:
+                        return bool(json.loads(await ws.recv())["op"] == "hello")
+                except InvalidStatus:
+                    return False
+
+            for _ in range(100):  # the server sees the close a moment after the client
+                if await one_more():
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("a closed socket's place was never freed")
+        finally:
+            for ws in held:
+                await ws.close()

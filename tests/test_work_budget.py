@@ -203,7 +203,7 @@ async def test_the_referee_answers_sigterm_within_2s_under_an_outbox_and_status_
                 while not stop.is_set():  # 100 payloads/s: ten times the flood
                     i += 1
                     bus.publish(topics.status("mallory"), flips[i % 2])
-                    await bus.publish(topics.outbox("mallory"), ONES)
+                    await bus.publish(topics.outbox("mallory", "referee"), ONES)
                     await asyncio.sleep(0.01)
 
             flooding = asyncio.create_task(flood())

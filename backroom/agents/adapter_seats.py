@@ -33,15 +33,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from backroom import metrics
-from backroom.agents.decisions import budget_s
+from backroom.agents.decisions import budget_s, deadline_detail
 from backroom.agents.memory import MemoryAgent
 from backroom.bus.wire import AdapterRef, Checkpoint, MatchEnd, MatchStart, Turn
 from backroom.model.adapters import DEFAULT_MAX_BYTES, AdapterCache, AdapterRejected, fetch_adapter
@@ -134,7 +136,9 @@ class AdapterSeats(MemoryAgent):
         #: The policy of each loaded adapter name (traces say whose version played).
         self.policies: dict[str, str] = {}
         self._latest: Checkpoint | None = None
-        self._checkpoints = asyncio.Lock()
+        #: The fetch of the latest checkpoint under way: set its event to abandon it.
+        self._fetching: threading.Event | None = None
+        self._fetch_ids = itertools.count()
 
     @property
     def version(self) -> str | None:
@@ -163,13 +167,30 @@ class AdapterSeats(MemoryAgent):
                 await asyncio.wait_for(self._announcement.wait(), left)
         return True
 
-    async def _acquire(self, owner: str, ref: AdapterRef) -> str:
-        """Fetch, check, load and pin ``ref`` for ``owner``; ``AdapterRejected`` if it fails the check."""
+    async def _acquire(
+        self, owner: str, ref: AdapterRef, cancel: threading.Event | None = None
+    ) -> str:
+        """Fetch, check, load and pin ``ref`` for ``owner``; ``AdapterRejected`` if it fails the check.
+
+        The download has ``adapter_timeout_s`` in all, start to end (``fetch_adapter``).
+        """
         assert self.cache is not None
-        cache_dir, limit = self.adapter_cache, self.max_adapter_bytes
+        cache_dir, limit, timeout_s = (
+            self.adapter_cache,
+            self.max_adapter_bytes,
+            self.adapter_timeout_s,
+        )
         name = adapter_name(ref.policy, ref.version, ref.sha256)
         self.policies[name] = ref.policy
-        return await self.cache.acquire(owner, name, lambda: fetch_adapter(ref, cache_dir, limit))
+        return await self.cache.acquire(
+            owner, name, lambda: fetch_adapter(ref, cache_dir, limit, timeout_s, cancel)
+        )
+
+    def _fallback_detail(self, turn: Turn, exc: Exception) -> str:
+        """A fallback's ``reply.detail`` in the trace: the budget that ran out, or the refusal."""
+        if isinstance(exc, AdapterRefused):
+            return f"adapter refused: {exc}"
+        return deadline_detail(turn, self.deadline_margin_s)
 
     def _rejected(self, what: str, exc: AdapterRejected, instead: str) -> None:
         metrics.ADAPTER_REJECTED.labels(reason=exc.reason).inc()
@@ -186,36 +207,50 @@ class AdapterSeats(MemoryAgent):
     async def on_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Check and load the new adapter now; matches that start from now on play it.
 
-        Checkpoints are handled one at a time, and one overtaken by a newer
-        arrival while it waited is skipped, so the latest always wins.
+        The runtime runs each call in its own task, so a slow or dripping
+        server delays only its own checkpoint. The newest arrival wins: it
+        abandons the fetch of the one before (``fetch_adapter``'s ``cancel``),
+        and a load that completes after a newer one has arrived is not made
+        current. Each fetch has ``adapter_timeout_s`` in all.
         """
         if self.policy is not None and checkpoint.policy != self.policy:
             return
         self._latest = checkpoint
-        async with self._checkpoints:
-            if checkpoint is not self._latest:
+        if self._fetching is not None:
+            self._fetching.set()  # overtaken: its download stops within moments
+        cancel = self._fetching = threading.Event()
+        owner = f"{CURRENT}#{next(self._fetch_ids)}"  # pinned here until it is current
+        try:
+            ref = checked_ref(checkpoint)
+            if adapter_name(ref.policy, ref.version, ref.sha256) == self.current[0]:
                 return
-            try:
-                ref = checked_ref(checkpoint)
-                if adapter_name(ref.policy, ref.version, ref.sha256) == self.current[0]:
-                    return
-                name = await self._acquire(CURRENT, ref)
-            except AdapterRejected as exc:
+            name = await self._acquire(owner, ref, cancel)
+        except AdapterRejected as exc:
+            if not cancel.is_set():
                 self._rejected(
                     f"checkpoint {checkpoint.version} from {checkpoint.uri}", exc, "keeping"
                 )
-                return
-            except Exception:
-                log.exception(
-                    "%s: could not load checkpoint %s from %s; keeping %s",
-                    self.id,
-                    checkpoint.version,
-                    checkpoint.uri,
-                    self.version,
-                )
-                return
+            return
+        except Exception:
+            log.exception(
+                "%s: could not load checkpoint %s from %s; keeping %s",
+                self.id,
+                checkpoint.version,
+                checkpoint.uri,
+                self.version,
+            )
+            return
+        finally:
+            if self._fetching is cancel:
+                self._fetching = None
+        assert self.cache is not None
+        if checkpoint is self._latest:
+            self.cache.pin(CURRENT, name)
             self.current = (name, ref.version)
             log.info("%s: now on adapter %s", self.id, ref.version)
+        else:
+            log.info("%s: adapter %s loaded after a newer one came; not used", self.id, ref.version)
+        self.cache.unpin(owner)
 
     async def on_match_start(self, start: MatchStart) -> None:
         # A turn that overtook this message already fixed the seat's version: keep it.

@@ -24,6 +24,7 @@ from backroom.bus.wire import (
     Chat,
     Checkpoint,
     Delivery,
+    Flag,
     MatchEnd,
     MatchStart,
     Trace,
@@ -78,7 +79,7 @@ class Agent:
         self.rng = random.Random(seed)
         self.matches: dict[str, dict[str, Any]] = {}
         self._trace_sink: Callable[[Trace], Awaitable[None]] | None = None
-        self._chat_sink: Callable[[Chat], Awaitable[None]] | None = None
+        self._chat_sink: Callable[[Chat | Flag], Awaitable[None]] | None = None
         self._fallbacks: dict[tuple[str | None, int, int], AgentFallback] = {}
 
     async def act(self, turn: Turn) -> JSON:
@@ -88,6 +89,9 @@ class Agent:
     async def talk(self, turn: Turn) -> str | None:
         """Return a message for a talk turn on ``turn.channel``, or None to stay silent."""
         return None
+
+    async def review(self, turn: Turn) -> None:
+        """An observer's last word on a finished game (``send_flag`` here); default: none."""
 
     # --- hooks the runtime calls; override to keep memory --------------------
 
@@ -141,6 +145,15 @@ class Agent:
         if self._chat_sink is None:
             raise RuntimeError(f"agent {self.id!r} is not connected to a bus")
         await self._chat_sink(Chat(match=match, channel=channel, text=text, seat=seat))
+
+    async def send_flag(
+        self, match: str, suspicion: float, accused: list[int], reason: str = ""
+    ) -> None:
+        """An overseer's flag on a running match (the referee records it; docs/collusion.md)."""
+        if self._chat_sink is None:
+            raise RuntimeError(f"agent {self.id!r} is not connected to a bus")
+        flag = Flag(match=match, suspicion=suspicion, accused=accused, reason=reason[:500])
+        await self._chat_sink(flag)
 
     async def setup(self) -> None:
         """Load models or files once before the first match (runs inside the event loop)."""

@@ -37,6 +37,14 @@ def budget_s(deadline_s: float, margin_s: float) -> float:
     return max(MIN_BUDGET_S, deadline_s - margin_s)
 
 
+def deadline_detail(turn: Turn, margin_s: float) -> str:
+    """A deadline fallback's ``reply.detail``: the budget that ran out, and where it came from."""
+    return (
+        f"no answer within {budget_s(turn.deadline_s, margin_s):.3g} s "
+        f"(the turn's {turn.deadline_s:.3g} s less a {margin_s:.3g} s margin)"
+    )
+
+
 @dataclass(frozen=True)
 class Decided:
     """An act turn's answer, and how it came about (what traces and metrics record)."""

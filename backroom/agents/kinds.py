@@ -41,6 +41,7 @@ BUILTIN_MODULES = (
     "backroom.agents.scripted.ipd",
     "backroom.agents.scripted.kuhn_colluder",
     "backroom.agents.scripted.kuhn_team",
+    "backroom.agents.scripted.monitor",
     "backroom.agents.scripted.poker_colluder",
     "backroom.agents.scripted.split",
     "backroom.agents.scripted.trust_split",

@@ -51,7 +51,7 @@ import httpx
 from prometheus_client import Counter
 
 from backroom.agents.base import JSON
-from backroom.agents.decisions import Decided, budget_s, parse_or_repair
+from backroom.agents.decisions import Decided, budget_s, deadline_detail, parse_or_repair
 from backroom.agents.kinds import register_agent
 from backroom.agents.memory import ChatMessage, MemoryAgent
 from backroom.agents.parsing import parse_message
@@ -117,6 +117,27 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+#: The one variable of backroom's own an ``llm`` agent may send as its key: the key of
+#: ``backroom serve-model`` (compose hands it to its llm agents), meant for a model server.
+SERVE_KEY_ENV = "BACKROOM_SERVE_KEY"
+
+
+def key_env_refusal(name: str | None) -> str | None:
+    """Why ``api_key_env`` may not name ``name``, or None.
+
+    backroom sets ``BACKROOM_*`` variables that hold bus passwords, tokens and paths
+    to them; an agent whose options named one would send that secret as its bearer
+    token to whatever ``base_url`` says (a config is the one place that may choose it,
+    and it may choose only a model server's own key).
+    """
+    if name and name.startswith("BACKROOM_") and name != SERVE_KEY_ENV:
+        return (
+            f"api_key_env {name} is a variable backroom sets (a bus password or token); "
+            f"name the model server's own key variable ({SERVE_KEY_ENV} for backroom serve-model)"
+        )
+    return None
 
 
 class DeadlineExceeded(Exception):
@@ -188,6 +209,8 @@ class LLMAgent(MemoryAgent):
             base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         ).rstrip("/")
         self.model = model
+        if why := key_env_refusal(api_key_env):
+            raise ValueError(why)
         self.api_key_env = api_key_env
         flat = {
             k: v
@@ -282,7 +305,8 @@ class LLMAgent(MemoryAgent):
                 turn, messages, text, lambda repair: chat(repair, "repair"), self.fallback
             )
         except DeadlineExceeded:
-            decided = Decided.fallback(turn, "deadline", self.fallback)
+            detail = deadline_detail(turn, self.deadline_margin_s)
+            decided = Decided.fallback(turn, "deadline", self.fallback, detail)
         except RequestFailed as exc:
             decided = Decided.fallback(turn, "request_failed", self.fallback, str(exc))
         if decided.reason is not None:
@@ -312,7 +336,7 @@ class LLMAgent(MemoryAgent):
             )
             text = parse_message(raw, limit)
         except DeadlineExceeded:
-            reason = "deadline"
+            reason, detail = "deadline", deadline_detail(turn, self.deadline_margin_s)
         except RequestFailed as exc:
             reason, detail = "request_failed", str(exc)
         text = self.prompts.finish_talk(mm, turn, text) if (text or not reason) else ""

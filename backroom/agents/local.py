@@ -68,7 +68,8 @@ class LocalAgent(AdapterSeats):
     stream to follow), ``max_adapters`` (versions kept loaded, at least 2 when
     matches name versions other than the current one), ``adapter_cache``
     (download folder), ``max_adapter_bytes``, ``adapter_timeout_s`` (longest a
-    match waits for its named version before playing the current one),
+    match waits for its named version before playing the current one, and the
+    one deadline of each whole checkpoint fetch),
     ``announce_wait_s`` (longest a match waits for a trainer's announcement of
     its named version before refusing it), ``max_batch``, ``batch_window_ms``,
     ``deadline_margin_s``, ``fallback`` (preferred fallback action), plus the memory options of
@@ -166,7 +167,12 @@ class LocalAgent(AdapterSeats):
                 [],
                 self._settled_version(turn),
                 {"prompt": turn.prompt},
-                {"action": action, "outcome": "fallback", "reason": reason},
+                {
+                    "action": action,
+                    "outcome": "fallback",
+                    "reason": reason,
+                    "detail": self._fallback_detail(turn, exc),
+                },
             )
         self.prompts.record_decision(mm, turn, action)
         return action
@@ -200,7 +206,12 @@ class LocalAgent(AdapterSeats):
                 [],
                 self._settled_version(turn),
                 {"messages": messages},
-                {"message": "", "outcome": "fallback", "reason": reason},
+                {
+                    "message": "",
+                    "outcome": "fallback",
+                    "reason": reason,
+                    "detail": self._fallback_detail(turn, exc),
+                },
             )
             return ""
         text = self.prompts.finish_talk(mm, turn, parse_message(gen.text, limit))

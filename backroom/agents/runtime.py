@@ -2,6 +2,8 @@
 
 Each agent has its own MQTT identity (username = agent id), reads only its own
 inbox and writes only its own outbox and status — the broker enforces that.
+Its moves for a match go to the outbox of the referee that runs it, as that
+match's ``MatchStart`` names it (``bus.addressing``).
 Its status topic is retained, with a last will of ``offline``, so the referee
 learns at once when an agent process dies and stops waiting on it. The
 ``online`` status is renewed every ``status_refresh_s`` (and says so), so one
@@ -27,6 +29,7 @@ from backroom import metrics
 from backroom.agents.base import Agent
 from backroom.agents.eager import start_eagerly
 from backroom.bus import presence, topics
+from backroom.bus.addressing import Referees
 from backroom.bus.client import Bus, BusConfig, Will
 from backroom.bus.connection import broker_reachable
 from backroom.bus.errors import IdentityInUse
@@ -37,6 +40,7 @@ from backroom.bus.wire import (
     Checkpoint,
     Delivery,
     Error,
+    Flag,
     MatchEnd,
     MatchStart,
     Status,
@@ -72,6 +76,7 @@ class AgentRunner:
         self.answered: deque[tuple[str | None, int, int]] = deque(maxlen=10_000)
         self._answered_set: set[tuple[str | None, int, int]] = set()
         self.seq = 0
+        self.referees = Referees()  # match -> the referee whose outbox its moves go to
         self.tasks: set[asyncio.Task[Any]] = set()
         self.lock = asyncio.Lock()
         self._closed = asyncio.Event()
@@ -86,7 +91,7 @@ class AgentRunner:
         self._taken = asyncio.Event()
         self._decisions = {
             phase: metrics.AGENT_DECISIONS.labels(kind=agent.kind, phase=phase)
-            for phase in ("talk", "act")
+            for phase in ("talk", "act", "review")
         }
 
     async def __aenter__(self) -> AgentRunner:
@@ -188,14 +193,14 @@ class AgentRunner:
             if self.bus is not None:
                 await self.bus.close()
 
-    async def _send(self, msg: Action | Chat) -> None:
+    async def _send(self, msg: Action | Chat | Flag) -> None:
         # Not awaited, batched: answers decided in one loop iteration (to many
         # matches) share one MQTT message. Delivery is at least once (resent
         # after a reconnect); the referee drops duplicates.
         self.seq += 1
         msg.seq = self.seq
         assert self.bus is not None
-        self.bus.publish(topics.outbox(self.agent.id), msg, batch=True)
+        self.bus.publish(self.referees.outbox(self.agent.id, msg.match), msg, batch=True)
 
     async def _publish_trace(self, trace: Trace) -> None:
         assert self.bus is not None
@@ -288,6 +293,7 @@ class AgentRunner:
         elif isinstance(msg, Delivery):
             self._spawn(self.agent.on_message(msg))
         elif isinstance(msg, MatchStart):
+            self.referees.note(msg)  # before any answer to this match can be sent
             self._spawn(self.agent.on_match_start(msg))
         elif isinstance(msg, MatchEnd):
             self._spawn(self.agent.on_match_end(msg))
@@ -315,6 +321,11 @@ class AgentRunner:
     async def _reply(self, turn: Turn) -> Action | Chat | None:
         self._decisions[turn.phase].inc()
         try:
+            if turn.phase == "review":
+                # An observer's flags leave before this answer, on the same outbox: the
+                # referee has them all when the review turn ends.
+                await self.agent.review(turn)
+                return Action(match=turn.match, turn=turn.turn, seat=turn.seat, action=None)
             if turn.phase == "talk":
                 text = await self.agent.talk(turn)
                 return Chat(

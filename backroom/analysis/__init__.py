@@ -26,6 +26,7 @@ from backroom.analysis import beauty, bertrand, generic, kuhn, social
 from backroom.analysis.audit import audit_channels
 from backroom.analysis.episodes import PLAYED, Episode, by_game, load_episodes, played
 from backroom.analysis.measures import GameMeasures, cell
+from backroom.analysis.oversight import oversight
 from backroom.games.base import make_game, registered_games
 from backroom.referee.fallbacks import (
     count_fallbacks,
@@ -85,6 +86,11 @@ def analyze_episodes(
         "measured": len(measured),
         "skipped_records": skipped,
         "games": games,
+        "oversight": {
+            game: found
+            for game, eps in sorted(by_game(measured).items())
+            if (found := oversight(eps))
+        },
         "channel_audits": {
             game: audit
             for game, eps in sorted(by_game(measured).items())
@@ -185,6 +191,8 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
         tables.extend(MEASURES.get(game, GENERIC).tables(run, r))
     for game, audit in (result.get("channel_audits") or {}).items():
         tables.append(_audit_table(run, game, audit))
+    for game, found in (result.get("oversight") or {}).items():
+        tables.append(_oversight_table(run, game, found))
     counts = result.get("fallbacks") or {}
     if any(c["fallbacks"] for c in counts.values()):
         tables.append(_fallback_table(run, counts))
@@ -262,6 +270,22 @@ def _audit_table(run: str, game: str, audit: dict[str, Any]) -> Table:
             *sides,
         )
     t.caption = "mutual information, plug-in, bits; p: permutation test over the secrets"
+    return t
+
+
+def _oversight_table(run: str, game: str, found: dict[str, Any]) -> Table:
+    """Each overseer against who the coalition transform says colludes (``analysis.oversight``)."""
+    t = Table(title=f"{run} {game}: overseers against the coalition".strip())
+    for col in ("overseer", "threshold", "detection", "false alarms", "ROC area", "cases"):
+        t.add_column(col, justify="left" if col == "overseer" else "right")
+    for agent, o in found["overseers"].items():
+        rate = [
+            "-" if o[k] is None else f"{o[k]:.1%}" for k in ("detection_rate", "false_alarm_rate")
+        ]
+        cases = f"{o['colluder_cases']} colluding, {o['honest_cases']} not"
+        t.add_row(agent, f"{o['threshold']:.2f}", *rate, cell(o["roc_area"]), cases)
+    if found.get("matches_without_truth"):
+        t.caption = f"{found['matches_without_truth']} matches without a coalition left out"
     return t
 
 

@@ -62,7 +62,8 @@ def channel_stats(episodes: Iterable[Episode]) -> dict[str, dict[str, Any]]:
     for e in episodes:
         for spec in (e.get("spec") or {}).get("channels") or []:
             row(str(spec["name"]))
-        seats = e["seats"]
+        # Readers are players, then observers (overseers), as the referee numbers them.
+        seats = [*e["seats"], *((e.get("spec") or {}).get("observers") or [])]
         messages: dict[tuple[Any, ...], bool] = {}  # message -> overheard by someone
         for d in e.get("deliveries") or []:
             r = row(str(d["channel"]))

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backroom.analysis.plotting import figure, save
+from backroom.league.exploit import MIN_COVERAGE as EXPLOIT_MIN_COVERAGE
 
 
 def _num(x: float | None, digits: int = 2) -> str:
@@ -53,16 +54,93 @@ def h2h_table(title: str, h2h: dict[str, Any]) -> Table:
     return table
 
 
+def _ci(x: float | None, ci: list[float | None] | None, digits: int) -> str:
+    if x is None:
+        return "-"
+    lo, hi = ci or [None, None]
+    return _num(x, digits) + (
+        "" if lo is None or hi is None else f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+    )
+
+
+def rankings_table(title: str, rankings: dict[str, Any], ratings: list[dict[str, Any]]) -> Table:
+    """The payoff-consistent ranking: Nash averaging and α-Rank with bootstrap intervals."""
+    by = "Nash averaging" if rankings["ordered_by"] == "nash_averaging" else "α-Rank"
+    boot = rankings.get("bootstrap", 0)
+    caption = f"ordered by {by}; " + (
+        f"[95% bootstrap interval over CRN groups, {boot} draws]"
+        if boot
+        else "no intervals while the league runs"
+    )
+    table = Table(title=title, caption=caption)
+    cols = ("#", "agent", "Nash avg", "Nash mass", "α-Rank", "mean return", "openskill #")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "agent" else "right")
+    means = {r["agent"]: r["mean_return"] for r in ratings}
+    for i, r in enumerate(rankings["rows"], 1):
+        table.add_row(
+            str(i),
+            r["agent"],
+            _ci(r["nash"], r["nash_ci"], 3),
+            _num(r["nash_mass"], 3),
+            _ci(r["alpharank"], r["alpharank_ci"], 3),
+            _num(means.get(r["agent"]), 3),
+            str(r["openskill_rank"] or "-"),
+        )
+    return table
+
+
+def print_rankings(key: str, game: dict[str, Any], console: Console) -> None:
+    rankings = game["rankings"]
+    if rankings.get("ordered_by") is None:
+        console.print(f"{key}: no payoff ranking ({rankings.get('reason')})")
+        return
+    console.print(rankings_table(f"{key}: ranking by the payoffs", rankings, game["ratings"]))
+    for field in ("note", "alpharank_missing", "disagreement"):
+        if rankings.get(field):
+            console.print(rankings[field], markup=False, highlight=False)
+
+
 def exploit_table(title: str, rows: list[dict[str, Any]]) -> Table:
     table = Table(
         title=title,
-        caption="best response against the empirical policy; unvisited states play uniformly",
+        caption="exact: the agent's policy asked at every information state; empirical: a best "
+        "response to its recorded play (unvisited states uniform), n/a below "
+        f"{EXPLOIT_MIN_COVERAGE:.0%} of the states visited, [95% bootstrap over CRN groups]",
     )
-    for col in ("agent", "exploitability", "states visited", "decisions"):
+    for col in ("agent", "exploitability", "method", "states visited", "decisions", "OpenSpiel"):
+        table.add_column(col, justify="left" if col == "agent" else "right")
+    for r in rows:
+        method = r.get("method", "empirical")
+        shown = r.get("shown", r["value"])
+        value = "n/a" if shown is None else f"{shown:.4f}"
+        if method == "empirical" and r.get("ci") and shown is not None:
+            value += f" [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]"
+        table.add_row(
+            r["agent"],
+            value,
+            method,
+            f"{r['visited']}/{r['states']}",
+            str(r["decisions"]),
+            _num(r.get("openspiel"), 4),
+        )
+    return table
+
+
+def grounded_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    table = Table(
+        title=title,
+        caption="mean over opponents met of (its payoff against them - the equilibrium's "
+        "exact payoff against them) [95% bootstrap over CRN groups]",
+    )
+    for col in ("agent", "gain", "equilibrium vs field", "opponents"):
         table.add_column(col, justify="left" if col == "agent" else "right")
     for r in rows:
         table.add_row(
-            r["agent"], f"{r['value']:.4f}", f"{r['visited']}/{r['states']}", str(r["decisions"])
+            r["agent"],
+            _ci(r["gain"], r["ci"], 3),
+            _num(r["equilibrium_vs_field"], 3),
+            str(r["opponents"]),
         )
     return table
 
@@ -76,11 +154,20 @@ def print_standings(doc: dict[str, Any], console: Console) -> None:
         f"{c.get('duplicates', 0)}"
     )
     for key, game in doc["games"].items():
+        rankings = game.get("rankings", {})
+        # a zero-sum game's headline is the payoff ranking; openskill's order follows it
+        headline = rankings.get("ordered_by") == "nash_averaging"
+        if headline:
+            print_rankings(key, game, console)
         console.print(ratings_table(f"{key}: ratings (openskill Plackett-Luce)", game["ratings"]))
+        if rankings and not headline:
+            print_rankings(key, game, console)
         if game["head_to_head"]["agents"]:
             console.print(h2h_table(f"{key}: head to head", game["head_to_head"]))
         if "exploitability" in game:
             console.print(exploit_table(f"{key}: exploitability", game["exploitability"]))
+        if game.get("grounded"):
+            console.print(grounded_table(f"{key}: gain over the equilibrium", game["grounded"]))
     if "overall" in doc:
         console.print(ratings_table("all games: ratings", doc["overall"]))
     fallbacks = doc.get("fallbacks")

@@ -51,6 +51,7 @@ def plot_paths(result: dict[str, Any]) -> list[str]:
 def printed_lines(result: dict[str, Any]) -> list[str]:
     """The lines ``analyze`` prints under its tables: notes, then skipped lines."""
     lines = notes(result)
+    lines += [f"warning: {line}" for line in result.get("training", {}).get("unplayed", [])]
     if skipped := result.get("unreadable_lines"):
         lines.append(f"skipped {skipped} unreadable lines in {result['episodes_file']}")
     return lines

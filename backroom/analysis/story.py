@@ -105,11 +105,16 @@ def _coalition_line(
     game = str(eps[0]["game"])
     unit = return_unit(game)
     rewards: list[float] = []
+    penalties: list[float] = []
     agents: set[str] = set()
     seatings: list[list[int]] = []
     for e in eps:
         seats = [int(s) for s in e["spec"]["transform"]["members"]]
-        rewards.append(sum(float(e["returns"][s]) for s in seats) / len(seats))
+        # What the game gave the coalition (Loki eq. 1): its members' mean raw return; an
+        # overseer's penalty comes off the reward after, and is said apart.
+        shared = sum(float(e["raw_returns"][s]) for s in seats) / len(seats)
+        rewards.append(shared)
+        penalties.append(shared - sum(float(e["returns"][s]) for s in seats) / len(seats))
         agents.update(str(e["seats"][s]) for s in seats)
         seatings.append(seats)
     mean, se = mean_se(rewards)
@@ -118,6 +123,13 @@ def _coalition_line(
     line = (
         f"coalition {' + '.join(sorted(agents))}: mean reward {mean:+.3f}{spread} {unit} per match"
     )
+    if any(penalties):
+        taken = sum(penalties) / len(penalties)
+        flagged = sum(1 for x in penalties if x)
+        line += (
+            f" before overseers' penalties ({flagged} of {len(eps)} matches flagged: "
+            f"{taken:.3f} a match taken, {mean - taken:+.3f} left)"
+        )
     if game == KUHN:
         if reference is ...:
             reference = cfr_reference(eps[0]["params"])

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 
+#: Columns of words: the version, and what a step could not play (``3 of 4 matches (1 voided:
+#: reason)``; empty when it played every match).
+_TEXT = ("version", "unplayed")
+
+
 def _num(x: str) -> float | None:
     try:
         v = float(x)
@@ -35,7 +40,7 @@ def read_training(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, A
     if log.exists():
         with log.open(newline="") as f:
             for raw in csv.DictReader(f):
-                rows.append({k: (_num(v) if k != "version" else v) for k, v in raw.items()})
+                rows.append({k: (v if k in _TEXT else _num(v)) for k, v in raw.items()})
     evals: list[dict[str, Any]] = []
     path = run_dir / "evaluations.jsonl"
     if path.exists():
@@ -63,6 +68,8 @@ def analyze_training(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
         "last": rows[-1] if rows else None,
         "first": rows[0] if rows else None,
         "evaluations": evals,
+        # steps that trained on fewer matches than they asked for, and why: said, not only counted
+        "unplayed": [f"step {r['step']:.0f}: {r['unplayed']}" for r in rows if r.get("unplayed")],
         "plots": [],
     }
     if not rows or out_dir is None:

@@ -51,8 +51,8 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #:   (its policy is not its name, so all of them: they are announcements, not
 #:   secrets); statuses and
 #:   public match events, which the design makes public to players.
-#: * ``referee``: outboxes and match requests in, inboxes, public events and
-#:   episodes out; statuses; its own status; the referees' group records
+#: * ``referee``: the outboxes addressed to it and match requests in,
+#:   inboxes, public events and episodes out; statuses; its own status; the referees' group records
 #:   under ``control/referees/`` (writes only its own, and its own probe and
 #:   roster record).
 #: * ``runner`` and ``trainer``: match requests out, the acknowledgements in
@@ -78,7 +78,9 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 ROLE_RULES: dict[Role, list[str]] = {
     "agent": [
         f"topic read {PREFIX}/agents/{{me}}/inbox",
-        f"topic write {PREFIX}/agents/{{me}}/outbox",
+        # its outbox to each referee (``agents/{me}/outbox/{referee}``); ``#`` covers the
+        # old shared ``agents/{me}/outbox`` too, for a referee from before outboxes per referee
+        f"topic write {PREFIX}/agents/{{me}}/outbox/#",
         f"topic write {PREFIX}/agents/{{me}}/status",
         f"topic write {PREFIX}/traces/{{me}}",
         f"topic read {PREFIX}/models/+/checkpoint",
@@ -89,7 +91,8 @@ ROLE_RULES: dict[Role, list[str]] = {
     "referee": [
         f"topic write {PREFIX}/agents/{{me}}/status",
         f"topic read {PREFIX}/agents/+/status",
-        f"topic read {PREFIX}/agents/+/outbox",
+        # only the outboxes addressed to this referee: no referee reads another's moves
+        f"topic read {PREFIX}/agents/+/outbox/{{me}}",
         f"topic write {PREFIX}/agents/+/inbox",
         f"topic write {PREFIX}/matches/+/public",
         f"topic write {PREFIX}/episodes/#",

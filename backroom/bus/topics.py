@@ -14,7 +14,9 @@ REFEREE_GROUPS = f"{PREFIX}/control/referees/+/group"
 #: status saying ``kind: referee`` proves only what its sender claims. Runners and
 #: trainers may read the rosters (not the groups).
 REFEREE_ROSTERS = f"{PREFIX}/control/referees/+/roster"
-ALL_OUTBOXES = f"{PREFIX}/agents/+/outbox"
+#: Every agent's outbox to every referee: each referee may read only
+#: ``agents/+/outbox/{itself}`` (``bus.auth``), and reads its seated agents' of those.
+ALL_OUTBOXES = f"{PREFIX}/agents/+/outbox/+"
 ALL_STATUS = f"{PREFIX}/agents/+/status"
 ALL_EPISODES = f"{PREFIX}/episodes/#"
 ALL_TRACES = f"{PREFIX}/traces/+"
@@ -54,8 +56,17 @@ def inbox(agent: str) -> str:
     return f"{PREFIX}/agents/{agent}/inbox"
 
 
-def outbox(agent: str) -> str:
-    return f"{PREFIX}/agents/{agent}/outbox"
+def outbox(agent: str, referee: str | None) -> str:
+    """Where ``agent`` sends its moves and chat for a match ``referee`` runs (the referee the
+    match's ``MatchStart`` names): only that referee reads them, so K referees parse the
+    moves of their own matches, not K times every move.
+
+    ``None`` (a match whose referee said no name: one from before outboxes per referee)
+    is the old shared ``agents/{agent}/outbox``, which only such a referee (and the ACL
+    of its time) reads."""
+    if referee is None:
+        return f"{PREFIX}/agents/{agent}/outbox"
+    return f"{PREFIX}/agents/{agent}/outbox/{referee}"
 
 
 def status(agent: str) -> str:
@@ -92,8 +103,9 @@ def model_version_of(topic: str) -> tuple[str, str] | None:
 
 
 def agent_of(topic: str) -> str | None:
-    """The agent id in ``backroom/v1/agents/{agent}/...``; the broker's ACL makes it the sender."""
+    """The agent id in ``backroom/v1/agents/{agent}/...`` (its outbox to a referee,
+    ``.../outbox/{referee}``, included); the broker's ACL makes it the sender."""
     parts = topic.split("/")
-    if len(parts) == 5 and parts[2] == "agents":
+    if parts[2:3] == ["agents"] and (len(parts) == 5 or (len(parts) == 6 and parts[4] == "outbox")):
         return parts[3]
     return None

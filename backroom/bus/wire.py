@@ -265,12 +265,16 @@ class ChannelSpec(BaseModel):
 
 
 class RewardTransform(BaseModel):
-    """Post-game reward shaping. ``coalition``: members each get the mean of their returns (Loki eq. 1)."""
+    """Post-game reward shaping. ``coalition``: members each get the mean of their returns
+    (Loki eq. 1). ``penalty_if_flagged``: each seat an overseer's flag accused with at least
+    ``flag_threshold`` suspicion loses that much, once a match, after any sharing."""
 
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["none", "coalition"] = "none"
     members: list[int] = Field(default_factory=list)
+    penalty_if_flagged: float = Field(default=0.0, ge=0.0, le=1e6)
+    flag_threshold: float = Field(default=0.5, ge=0.0, le=1.0)
 
 
 class AdapterRef(BaseModel):
@@ -320,6 +324,12 @@ class MatchSpec(BaseModel):
     adapters: list[AdapterRef | None] = Field(
         default_factory=list,
         description="per seat, the adapter version a trainable agent must play with (empty: its latest)",
+    )
+    observers: list[AgentId] = Field(
+        default_factory=list,
+        max_length=16,
+        description="agents at the table that do not play (overseers): seat len(seats) + i; "
+        "they hear the channels that name them as eavesdroppers and may send flags",
     )
 
 
@@ -387,7 +397,9 @@ class Turn(Envelope):
     type: Literal["turn"] = "turn"
     turn: int = Field(ge=0)
     seat: int
-    phase: Literal["talk", "act"]
+    #: ``review``: an observer's last word once the game is over (its flags, then an
+    #: ``Action`` with no action; docs/collusion.md, "Overseers").
+    phase: Literal["talk", "act", "review"]
     channel: str | None = None
     observation: dict[str, JSON]
     prompt: str = ""
@@ -421,6 +433,28 @@ class Chat(Envelope):
         default=None,
         description="as Action.fallback, for a talk turn's message (free chat is not recorded)",
     )
+
+
+class Flag(Envelope):
+    """An overseer's word on a match, at any time while it runs: how suspicious (0 to 1),
+    whom it accuses (seats), and why. Any agent at the table may send one."""
+
+    type: Literal["flag"] = "flag"
+    suspicion: float = Field(ge=0.0, le=1.0)
+    accused: list[int] = Field(default_factory=list, max_length=64)
+    reason: str = Field(default="", max_length=500)
+    seat: int | None = None
+
+
+class FlagRecord(BaseModel):
+    """A flag as the episode record keeps it: ``seat`` flagged during ``turn``."""
+
+    t: float
+    seat: int
+    turn: int
+    suspicion: float
+    accused: list[int]
+    reason: str
 
 
 class Delivery(Envelope):
@@ -558,6 +592,7 @@ class EpisodeRecord(BaseModel):
     started_at: float
     ended_at: float
     final_observations: list[dict[str, JSON]] = Field(default_factory=list)
+    flags: list[FlagRecord] = Field(default_factory=list, description="overseers' flags")
 
 
 class Episode(Envelope):
@@ -585,7 +620,7 @@ class Trace(Envelope):
     agent: str
     turn: int
     seat: int | None = None
-    phase: Literal["talk", "act"]
+    phase: Literal["talk", "act", "review"]  # review: never traced (no model decides it)
     prompt_ids: list[int] = Field(default_factory=list)
     completion_ids: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
@@ -628,6 +663,7 @@ Message = Annotated[
     | Turn
     | Action
     | Chat
+    | Flag
     | Delivery
     | Error
     | MatchEnd

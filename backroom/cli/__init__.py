@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import typer
 
-from backroom.cli import analyze, credentials, league, processes, run, solve, train
+from backroom.cli import analyze, credentials, evaluate, league, processes, run, solve, train
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -27,6 +27,7 @@ app.command("run")(run.run_cmd)
 app.command()(analyze.analyze)
 app.command("train")(train.train_cmd)
 app.command()(league.league)
+app.command("eval")(evaluate.evaluate)
 app.add_typer(
     solve.solve_app,
     name="solve",
@@ -36,7 +37,7 @@ app.add_typer(
 # The processes of a stack, one command each.
 app.command()(processes.broker)
 app.command()(processes.referee)
-app.command()(processes.agent)
+app.command(cls=processes.AgentHelp)(processes.agent)  # --help lists the kinds
 app.command("agent-host", hidden=True)(processes.agent_host)
 app.command("serve-model")(processes.serve_model)
 app.command()(processes.web)

@@ -2,11 +2,16 @@
 
 A command module (``run.py``, ``train.py``, ...) imports from here and from
 nothing else of the CLI (a contract in pyproject.toml), so each reads alone.
+
+Every module of the CLI is imported for ``backroom --help`` and for every
+subcommand's ``--help``, so at its top it imports only typer, rich's console
+and the standard library: the bus, pydantic, numpy, the solvers and the model
+stack are imported inside the commands that use them (tests/test_cli_startup.py
+holds the list of what ``--help`` must not load; docs/speed.md its time).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.util
 import logging
@@ -16,14 +21,23 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from typer.core import TyperArgument, TyperCommand
 
-from backroom.bus.auth import CredentialStore
-from backroom.bus.broker import DEFAULT_URL
-from backroom.bus.client import BusConfig, BusError, run
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Iterable
+
+    from typer._click import Context, HelpFormatter
+
+    from backroom.bus.client import BusConfig
+
+#: ``backroom.bus.broker.DEFAULT_PORT``, repeated here so that an option's default shown by
+#: ``--help`` does not import the bus (tests/test_cli_startup.py checks that they agree).
+DEFAULT_PORT = 1884
 
 PIPED_WIDTH = 200
 #: Piped or redirected, rich would lay tables out for 80 columns and cut their headers; a
@@ -34,6 +48,8 @@ console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ e
 def _broker_url(url: str | None) -> str | None:
     """Refuse a URL that is not MQTT's where it is typed, not in a traceback from the bus."""
     if url is not None:
+        from backroom.bus.client import BusConfig
+
         try:
             BusConfig.from_url(url)
         except ValueError as exc:
@@ -73,6 +89,26 @@ KIND_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "local": ("local", ("torch", "transformers", "peft"))
 }
 INSTALL_HINTS = {"local": " (torch first, pinned: see docs/agents.md)"}
+
+
+def listing_help(argument: str, names: Callable[[], Iterable[str]]) -> type[TyperCommand]:
+    """A command class whose ``--help`` says "one of: ..." of ``names()`` for ``argument``.
+
+    The names of the agent kinds and of the games are known by importing their
+    modules (numpy, httpx, the wire's pydantic models), which ``backroom
+    --help`` and every other command's help must not pay for: the list is made
+    when this command's help is drawn, not when the CLI starts. Mount with
+    ``app.command(cls=listing_help("kind", kinds))``.
+    """
+
+    class ListingHelp(TyperCommand):
+        def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+            for param in self.params:
+                if param.name == argument and isinstance(param, TyperArgument):
+                    param.help = f"one of: {', '.join(names())}"
+            super().format_help(ctx, formatter)
+
+    return ListingHelp
 
 
 def fail(message: str) -> NoReturn:
@@ -144,13 +180,39 @@ def setup_logging(verbose: bool = False) -> None:
     )
 
 
+#: The environment variable holding the *path* of a file with the password (``backroom run``
+#: starts its processes so: ``backroom.runner.stack.PASSWORD_FILE_ENV``).
+PASSWORD_FILE_ENV = "BACKROOM_PASSWORD_FILE"
+
+
+def read_password_file(path: Path) -> str:
+    """The password in ``path`` (its first line), or a one-line refusal naming the file."""
+    try:
+        return path.read_text().splitlines()[0]
+    except (OSError, UnicodeDecodeError, IndexError) as exc:
+        raise typer.BadParameter(f"password file {path}: cannot read a password ({exc})") from None
+
+
 def bus_config(
-    broker: str | None, username: str, creds: Path | None, pattern: str | None = None
+    broker: str | None,
+    username: str,
+    creds: Path | None,
+    pattern: str | None = None,
+    password_file: Path | None = None,
 ) -> BusConfig:
-    """``pattern``: the ``{n}`` pool ``username`` is of; ``BACKROOM_PASSWORD`` serves its names."""
+    """``pattern``: the ``{n}`` pool ``username`` is of; ``BACKROOM_PASSWORD`` (or the file
+    ``BACKROOM_PASSWORD_FILE`` names) serves its names; ``password_file`` is this one's."""
+    from backroom.bus.auth import CredentialStore
+    from backroom.bus.broker import DEFAULT_URL
+    from backroom.bus.client import BusConfig
+
     password = None
     if os.environ.get("BACKROOM_USERNAME", pattern or username) == (pattern or username):
         password = os.environ.get("BACKROOM_PASSWORD")
+        if password is None and os.environ.get(PASSWORD_FILE_ENV):
+            password = read_password_file(Path(os.environ[PASSWORD_FILE_ENV]))
+    if password_file is not None:
+        password = read_password_file(password_file)
     if creds is not None:
         try:
             password = CredentialStore(creds).get(username).password
@@ -158,7 +220,8 @@ def bus_config(
             raise typer.BadParameter(str(exc.args[0])) from None
     if password is None:
         raise typer.BadParameter(
-            f"no password for {username!r}: set BACKROOM_PASSWORD or pass --credentials DIR"
+            f"no password for {username!r}: set BACKROOM_PASSWORD, pass --password-file FILE "
+            "or --credentials DIR"
         )
     return BusConfig.from_url(broker or DEFAULT_URL, username=username, password=password)
 
@@ -170,6 +233,8 @@ def stop_on_first_sigint(notice: Callable[[], None]) -> asyncio.Event:
     summarised as such, and restore Python's handler so that a second Ctrl-C
     quits without waiting. Call it inside the running loop.
     """
+    import asyncio  # here, not at the top: --help needs no event loop (test_cli_startup.py)
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -196,6 +261,9 @@ def serve_until_signal(coro: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
     loop, keeps the deadline, so a busy loop cannot delay it; a second
     signal ends the process at once.
     """
+    import asyncio
+
+    from backroom.bus.client import BusError, run
 
     async def main() -> None:
         task = asyncio.ensure_future(coro)
@@ -222,8 +290,10 @@ def serve_until_signal(coro: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
 
     try:
         run(main())
-    except BusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+    except BusError as exc:  # a refused login, no broker: one line, its words not markup
+        from rich.text import Text
+
+        console.print(Text.assemble(("error:", "red"), f" {exc}"), soft_wrap=True)
         raise typer.Exit(2) from None
 
 

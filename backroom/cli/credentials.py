@@ -12,7 +12,6 @@ from typing import Annotated
 import typer
 
 from backroom.bus.auth import ROLES, CredentialStore
-from backroom.bus.broker import reload_broker
 from backroom.cli.common import fail
 
 credentials_app = typer.Typer(
@@ -37,6 +36,8 @@ def credentials_add(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if reload:
+        from backroom.bus.broker import reload_broker  # the bus: only when a broker is told
+
         reload_broker(directory)
     typer.echo(cred.password)
 
@@ -53,6 +54,8 @@ def credentials_remove(
         fail(f"no identity {identity!r} in {store.path}")
     store.remove(identity)
     if reload:
+        from backroom.bus.broker import reload_broker  # the bus: only when a broker is told
+
         reload_broker(directory)
     typer.echo(f"removed {identity}")
 

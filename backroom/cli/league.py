@@ -7,8 +7,6 @@ heavy is imported when the command runs.
 
 from __future__ import annotations
 
-import asyncio
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -138,8 +136,12 @@ def play(
         console.print(f"[red]bad league config:[/red] {exc}")
         raise typer.Exit(2) from None
     directory = out or Path("leagues") / config.league
+
+    def refused(line: str) -> None:  # a hostile or stale file: set aside, the league goes on
+        console.print(f"refused: {line}", style="yellow", markup=False, highlight=False)
+
     try:  # checkpoints training runs handed over (`league:` in a training config)
-        config, handed = with_handed_entrants(config, directory)
+        config, handed = with_handed_entrants(config, directory, refused)
     except ConfigError as exc:
         console.print(f"[red]bad league config:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -149,6 +151,9 @@ def play(
 
     def notice(message: str) -> None:
         console.print(message, style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+    import asyncio
+    import signal
 
     async def main() -> None:
         stop = stop_on_first_sigint(

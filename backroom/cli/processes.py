@@ -8,7 +8,6 @@ one of them whether it is ready. Each refuses what it cannot start in one line
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
@@ -19,11 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from backroom import metrics
-from backroom.agents.kinds import agent_kinds
-from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError
-from backroom.bus.client import BusConfig
 from backroom.cli.common import (
+    DEFAULT_PORT,
     SERVE_MODULES,
     WEB_MODULES,
     BrokerOpt,
@@ -33,6 +29,7 @@ from backroom.cli.common import (
     bus_config,
     console,
     fail,
+    listing_help,
     require_extra,
     require_kind,
     require_model,
@@ -55,6 +52,8 @@ def broker(
     add: Annotated[list[str] | None, typer.Option("--add", help="agent ids to create")] = None,
 ) -> None:
     """Run Mosquitto in the foreground with a generated config, passwords and ACL."""
+    from backroom.bus.broker import Broker, BrokerError
+
     b = Broker(directory, port=port or None, host=host)
     for agent_id in add or []:
         b.credentials.add(agent_id)
@@ -111,6 +110,7 @@ def referee(
     referee takes a name of it that no other process holds (replicas of one
     compose service, which share one env file; docs/operations.md).
     """
+    from backroom import metrics
     from backroom.referee.paraphrase import Paraphraser, Paraphrasers
     from backroom.referee.service import Referee
 
@@ -154,6 +154,8 @@ def referee(
 
 async def _pooled_referee(pattern: str, pool: int, make: Callable[[str], Referee]) -> None:
     """Claim a free name of the ``{n}`` pool, then serve under it until cancelled."""
+    import asyncio
+
     from backroom.referee.pool import claim_pooled
 
     names = [pattern.replace("{n}", str(i)) for i in range(1, pool + 1)]
@@ -168,8 +170,18 @@ async def _pooled_referee(pattern: str, pool: int, make: Callable[[str], Referee
         await ref.__aexit__(None, None, None)
 
 
+def _kind_names() -> list[str]:
+    from backroom.agents.kinds import agent_kinds
+
+    return sorted(agent_kinds())
+
+
+#: ``backroom agent``'s command class: its ``--help`` lists the kinds, imported only then.
+AgentHelp = listing_help("kind", _kind_names)
+
+
 def agent(
-    kind: Annotated[str, typer.Argument(help=f"one of: {', '.join(sorted(agent_kinds()))}")],
+    kind: Annotated[str, typer.Argument(help="the agent's kind (--help lists them)")],
     agent_id: Annotated[str, typer.Option("--id", help="the agent's identity (MQTT username)")],
     broker_url: BrokerOpt = None,
     credentials: CredsOpt = None,
@@ -179,8 +191,13 @@ def agent(
     options_json: Annotated[str, typer.Option(help="options as one JSON object")] = "{}",
     metrics_port: MetricsOpt = 0,
     verbose: bool = False,
+    password_file: Annotated[
+        Path | None,
+        typer.Option(help="a file (mode 0600) whose first line is --id's password"),
+    ] = None,
 ) -> None:
     """Run one agent of a built-in kind."""
+    from backroom import metrics
     from backroom.agents import make_agent
     from backroom.agents.runtime import AgentRunner
 
@@ -198,7 +215,7 @@ def agent(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     metrics.serve(metrics_port)
-    config = bus_config(broker_url, agent_id, credentials)
+    config = bus_config(broker_url, agent_id, credentials, password_file=password_file)
 
     async def serve_and_say() -> None:
         # One line once connected: started by hand, the process is otherwise silent until a turn.
@@ -213,13 +230,24 @@ def agent_host(
     spec_json: Annotated[str, typer.Option(help="[{id, kind, options}, ...]")],
     broker_url: BrokerOpt = None,
     metrics_port: MetricsOpt = 0,
+    passwords_file: Annotated[
+        Path | None,
+        typer.Option(help="a file (mode 0600) holding {agent id: password} as JSON"),
+    ] = None,
 ) -> None:
-    """Host several agents in one process (passwords in BACKROOM_PASSWORDS as JSON)."""
+    """Host several agents in one process (their passwords in --passwords-file, never in the
+    environment, where an agent's options could name them)."""
+    from backroom import metrics
     from backroom.agents import make_agent
     from backroom.agents.runtime import serve_many
+    from backroom.bus.broker import DEFAULT_URL
+    from backroom.bus.client import BusConfig
 
     setup_logging()
-    passwords = json.loads(os.environ.get("BACKROOM_PASSWORDS", "{}"))
+    try:
+        passwords = json.loads(passwords_file.read_text()) if passwords_file else {}
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"--passwords-file {passwords_file}: {exc}") from None
     entries = json.loads(spec_json)
     for e in entries:
         require_kind(e["kind"], e.get("options"))
@@ -314,6 +342,7 @@ def web(
 ) -> None:
     """Play and watch matches in a browser, bridged to the bus with each seat's own identity."""
     require_extra("backroom web", "web", WEB_MODULES)
+    from backroom.bus.broker import DEFAULT_URL
     from backroom.human.gate import HOSTS_ENV, parse_hosts
     from backroom.human.web import web_command
 

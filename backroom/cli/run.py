@@ -9,21 +9,13 @@ what to run next). A run whose matches end in error exits 1; Ctrl-C, 130.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
-from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
-from backroom import metrics
-from backroom.bus.broker import BrokerError
-from backroom.bus.client import BusError, run
 from backroom.cli.common import (
     BrokerOpt,
     CredsOpt,
@@ -33,10 +25,14 @@ from backroom.cli.common import (
     require_kind,
     stop_on_first_sigint,
 )
-from backroom.runner.config import ConfigError, RunConfig, load_config, parse_config
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from rich.table import Table
+
     from backroom.analysis.kuhn import Reference
+    from backroom.runner.config import RunConfig
     from backroom.runner.results import RunResult
 
 
@@ -45,7 +41,22 @@ def run_cmd(
     broker_url: BrokerOpt = None,
     credentials: CredsOpt = None,
     runs_dir: RunsOpt = Path("runs"),
-    matches: Annotated[int | None, typer.Option(help="override the config's match count")] = None,
+    matches: Annotated[
+        int | None,
+        typer.Option(
+            help="override the config's match count (with `deals:`, fewer or more matches per "
+            "hand, said in one line)"
+        ),
+    ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            help="override any config field, validated as the file is: concurrency=4, "
+            "deals.each=2, turn_timeout_s=300, params.rounds=5; repeatable",
+        ),
+    ] = None,
     spawn: Annotated[
         bool,
         typer.Option(help="start the referee and agents; --no-spawn: they run elsewhere already"),
@@ -66,15 +77,16 @@ def run_cmd(
     Agents of kind `external` in the config are not started; the run waits for
     them (your own process, joined with `backroom credentials add ID`).
     """
+    from backroom.runner.config import ConfigError
+    from backroom.runner.overrides import load_run_config
+
     try:
-        config = load_config(config_path)
-        if matches is not None:  # validated again: more matches may reach seatings not yet checked
-            config = parse_config(
-                {**config.model_dump(), "matches": matches}, source=str(config_path)
-            )
+        config, note = load_run_config(config_path, overrides or [], matches)
     except ConfigError as exc:
-        console.print(f"[red]bad config:[/red] {exc}")
+        console.print(f"[red]bad config:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
+    if note is not None:
+        _plain(note)
     if not spawn and broker_url is None:
         raise typer.BadParameter("--no-spawn needs --broker and --credentials of the running stack")
     execute(config, runs_dir, broker_url, credentials, metrics_port, spawn, ready_timeout)
@@ -83,6 +95,8 @@ def run_cmd(
 def demo_config(naive: bool = False) -> RunConfig:
     """The demo's run config: team-solve colluders (demo.yaml), or naive ones (demo_naive.yaml)."""
     import yaml
+
+    from backroom.runner.config import parse_config
 
     name = "demo_naive.yaml" if naive else "demo.yaml"
     text = resources.files("backroom").joinpath(name).read_text()
@@ -117,6 +131,9 @@ def execute(
     ready_timeout_s: float = 60.0,
 ) -> None:
     """Play ``config`` with its progress shown, then print what happened and exit as it went."""
+    from backroom import metrics
+    from backroom.bus.broker import BrokerError
+    from backroom.bus.client import BusError, run
     from backroom.runner.local import RunError, run_local
     from backroom.trainer.progress import StepProgress
 
@@ -134,6 +151,9 @@ def execute(
         unit="match",
         units="matches",
     )
+
+    import asyncio
+    import signal
 
     async def play() -> RunResult:
         stop = stop_on_first_sigint(
@@ -179,6 +199,8 @@ def _plain(line: str) -> None:
 
 def report(result: RunResult, reference: Future[Reference | None] | None) -> None:
     """The table, its warnings and story; exit 130 when interrupted, 1 when matches failed."""
+    from rich.text import Text
+
     from backroom.runner.results import summarize
 
     summary = summarize(result)
@@ -235,6 +257,8 @@ def results_table(result: RunResult, summary: dict[str, Any]) -> Table:
     four agents in 24 seats) played it once: ``matches`` counts matches, and a
     ``seats`` column appears, since the means are per seat.
     """
+    from rich.table import Table
+
     from backroom.analysis.story import return_unit
     from backroom.referee.fallbacks import describe as describe_fallbacks
 
@@ -272,6 +296,8 @@ def _prefetch_reference(config: RunConfig) -> Future[Reference | None] | None:
     matches play, they are ready when the table is printed and the story adds
     no wait (the team solve is then a lookup in memory).
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     if config.game != "kuhn" or config.transform.kind != "coalition":
         return None
 

@@ -17,16 +17,19 @@ from typing import Annotated, Any
 
 import typer
 
-from backroom.games import registered_games
-from backroom.solvers.cfr import ALGOS, policy_document, solve_game
-from backroom.solvers.policy_file import write_policy
-from backroom.solvers.tree import DEFAULT_MAX_NODES
+from backroom.cli.common import listing_help
+
+#: ``solvers.cfr.ALGOS`` and ``solvers.tree.DEFAULT_MAX_NODES``, repeated for ``--help``: the
+#: solvers import numpy, which ``--help`` does not need (tests/test_cli_startup.py checks
+#: that these agree with the solvers').
+ALGO_NAMES = ("cfr", "cfr+", "linear", "dcfr")
+DEFAULT_MAX_NODES = 2_000_000
 
 solve_app = typer.Typer(
     help="CFR solvers, exploitability / NashConv, collusion analysis.", no_args_is_help=True
 )
 
-AlgoOpt = Annotated[str, typer.Option("--algo", help=f"one of {', '.join(ALGOS)}")]
+AlgoOpt = Annotated[str, typer.Option("--algo", help=f"one of {', '.join(ALGO_NAMES)}")]
 ItersOpt = Annotated[int, typer.Option("--iterations", "-n", min=1, help="CFR iterations")]
 OutOpt = Annotated[
     Path | None, typer.Option("--out", "-o", help="write the average policy here (JSON)")
@@ -36,6 +39,13 @@ SimOpt = Annotated[
     typer.Option("--simultaneous", help="update all players from one pass (default: alternating)"),
 ]
 MaxNodesOpt = Annotated[int, typer.Option("--max-nodes", help="refuse games with more histories")]
+
+
+def _check_algo(algo: str) -> None:
+    from backroom.solvers.cfr import ALGOS
+
+    if algo not in ALGOS:
+        raise typer.BadParameter(f"--algo must be one of {ALGOS}")
 
 
 def _parse_params(items: list[str]) -> dict[str, Any]:
@@ -60,8 +70,10 @@ def _run(
     simultaneous: bool,
     max_nodes: int,
 ) -> None:
-    if algo not in ALGOS:
-        raise typer.BadParameter(f"--algo must be one of {ALGOS}")
+    from backroom.solvers.cfr import policy_document, solve_game
+    from backroom.solvers.policy_file import write_policy
+
+    _check_algo(algo)
     try:
         result = solve_game(
             name, params, iterations, algo, alternating=not simultaneous, max_nodes=max_nodes
@@ -99,9 +111,15 @@ def kuhn(
     _run("kuhn", params, iterations, algo, out, simultaneous, max_nodes)
 
 
-@solve_app.command("game")
+def _game_names() -> list[str]:
+    from backroom.games import registered_games
+
+    return list(registered_games())
+
+
+@solve_app.command("game", cls=listing_help("name", _game_names))  # --help lists the games
 def game(
-    name: Annotated[str, typer.Argument(help=f"one of: {', '.join(registered_games())}")],
+    name: Annotated[str, typer.Argument(help="a registered game (--help lists them)")],
     param: Annotated[
         list[str] | None, typer.Option("--param", "-p", help="key=value (JSON value)")
     ] = None,
@@ -253,10 +271,10 @@ def team_cmd(
     this command's output for the Loki rules.
     """
     from backroom.games.base import make_game
+    from backroom.solvers.policy_file import write_policy
     from backroom.solvers.team import solve_team, team_policy_document
 
-    if algo not in ALGOS:
-        raise typer.BadParameter(f"--algo must be one of {ALGOS}")
+    _check_algo(algo)
     try:
         seats = tuple(int(s) for s in team.split(","))
         solution = solve_team(make_game("kuhn", variant=variant), seats, iterations, algo)

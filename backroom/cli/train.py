@@ -10,7 +10,6 @@ and plots are, and the tracking tool's line when one is configured.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import sys
@@ -19,11 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.text import Text
 
-from backroom import metrics
-from backroom.bus.broker import BrokerError
-from backroom.bus.client import BusError, run
 from backroom.cli.common import (
     BrokerOpt,
     CredsOpt,
@@ -34,7 +29,6 @@ from backroom.cli.common import (
     require_model,
     setup_logging,
 )
-from backroom.runner.config import ConfigError
 
 if TYPE_CHECKING:
     from backroom.runner.stack import Stack
@@ -110,8 +104,9 @@ def train_cmd(
     require_model("backroom train", config.model.path)
     from backroom.trainer.progress import train_logging
 
-    if not sys.stderr.isatty():  # transformers' download/load bars: carriage returns in a file
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # transformers' download and "Loading weights" bars: carriage returns in a file, and drawn
+    # through rich's bar on a terminal; set before transformers is imported, which reads it then
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _set_torch_threads(config, threads, nproc, spawn)
     rank_name = os.environ.get("RANK", "0")
     log_file = target / "logs" / ("trainer.log" if rank_name == "0" else f"trainer-{rank_name}.log")
@@ -127,6 +122,7 @@ def train_cmd(
 
 def _load_config(config_path: Path, edits: list[str]) -> TrainConfig:
     """The config with the command line's edits, or a one-line refusal (exit 2)."""
+    from backroom.runner.config import ConfigError
     from backroom.trainer.config import load_train_config
 
     try:
@@ -170,14 +166,13 @@ def _train(
 ) -> None:
     """``backroom train`` past its config and threads: DPO, or the loop with its processes."""
     if config.algorithm == "dpo":
-        from backroom.trainer.dpo import run_dpo
-
-        try:
-            console.print(run_dpo(config, target))
-        except ConfigError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from None
+        _train_dpo(config, target)
         return
+    from rich.text import Text
+
+    from backroom import metrics
+    from backroom.bus.broker import BrokerError
+    from backroom.bus.client import BusError, run
     from backroom.trainer.launch import start_stack, trainer_identity
     from backroom.trainer.loop import ProcessExited, TrainError, follower, train
     from backroom.trainer.parallel import init_from_env
@@ -225,6 +220,17 @@ def _train(
     _report(config, target, result)
 
 
+def _train_dpo(config: TrainConfig, target: Path) -> None:
+    from backroom.runner.config import ConfigError
+    from backroom.trainer.dpo import run_dpo
+
+    try:
+        console.print(run_dpo(config, target))
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
 async def _stopped_by_a_dead_process(
     training: Coroutine[Any, Any, TrainResult], stack: Stack | None
 ) -> TrainResult:
@@ -237,6 +243,8 @@ async def _stopped_by_a_dead_process(
     ``--resume`` goes on from the last one. However this returns (the run
     done, a process gone, Ctrl-C), the run's task has ended, its cleanup run.
     """
+    import asyncio
+
     from backroom.trainer.loop import ProcessExited
 
     task = asyncio.ensure_future(training)
@@ -275,13 +283,18 @@ def _start_ranks(nproc: int) -> None:
 
 
 def _step_line(row: dict[str, Any]) -> str:
-    """A loop step: loss, each seat's reward, cooperation where the game has it, the times."""
+    """A loop step: loss, each seat's reward, cooperation where the game has it, the times,
+    and the agents whose traces went past their budget."""
     rewards = " ".join(f"{row[k]:+.2f}" for k in row if k.startswith("reward_seat"))
     coop = row["cooperation_rate"]  # NaN in a game without a cooperative move
     return (
         f"loss {row['loss']:+.4f} reward {rewards}"
         + ("" if math.isnan(coop) else f" coop {coop:.2f}")
         + f" (rollouts {row['rollout_seconds']:.0f} s, update {row['step_seconds']:.0f} s)"
+        # agents whose traces went past their budget for the step (``Store.over_budget``)
+        + (f"; traces over budget: {over}" if (over := row.get("traces_over_budget")) else "")
+        # a step that trained on fewer matches than it asked for: "3 of 4 matches (1 voided: ...)"
+        + (f"; {unplayed}" if (unplayed := row.get("unplayed")) else "")
     )
 
 
@@ -293,7 +306,32 @@ def _say_how_to_resume(target: Path) -> None:
     if "--run-dir" not in again:
         again += ["--run-dir", str(target)]
     console.print(f"stopped; the steps finished are kept in {target}. Continue with:")
-    console.print(shlex.join(["backroom", *again, "--resume"]), soft_wrap=True, markup=False)
+    console.print(shlex.join([*invoked_as(), *again, "--resume"]), soft_wrap=True, markup=False)
+
+
+def invoked_as(argv0: str | None = None) -> list[str]:
+    """The command the user typed to start this one: ``backroom``, a path to it, or
+    ``python -m backroom`` (``sys.argv[0]`` is then ``.../backroom/__main__.py``).
+
+    A resume line printed as ``backroom train ...`` failed for someone who ran
+    ``.venv/bin/backroom`` or ``python -m backroom`` without the venv active.
+    """
+    arg = sys.argv[0] if argv0 is None else argv0
+    if Path(arg).name == "__main__.py":
+        return [
+            Path(sys.executable).name if _on_path(sys.executable) else sys.executable,
+            "-m",
+            "backroom",
+        ]
+    return [Path(arg).name if _on_path(arg) else arg]
+
+
+def _on_path(program: str) -> bool:
+    """Whether the bare name of ``program`` finds this very file on PATH."""
+    import shutil
+
+    found = shutil.which(Path(program).name)
+    return found is not None and Path(found).resolve() == Path(program).resolve()
 
 
 def _report(config: TrainConfig, target: Path, result: TrainResult) -> None:
@@ -306,7 +344,9 @@ def _report(config: TrainConfig, target: Path, result: TrainResult) -> None:
         last = result.evaluations[-1]
         returns = ", ".join(f"{k} {v['learner']:.2f}" for k, v in last["against"].items())
         console.print(
-            f"evaluation after step {last['step']} (learner's mean return per match): {returns}",
+            # counted from 1, as the steps line above and the progress lines count them
+            f"evaluation after step {last['step'] + 1} (learner's mean return per match): "
+            f"{returns}",
             soft_wrap=True,
             markup=False,
         )

@@ -1,16 +1,24 @@
 """``game: pettingzoo``: a PettingZoo AEC environment seated at backroom's referee.
 
 Any AEC environment whose agents act from ``Discrete`` spaces (the classic
-board and card games: ``pettingzoo.classic.rps_v2``, ``tictactoe_v3``,
-``connect_four_v3``, ...) becomes a backroom engine, so agents of every kind
-play it over the bus, with table talk and private channels attached by the
-match config as for the native games. Seat ``i`` is ``possible_agents[i]``.
+board and card games: ``rps``, ``tictactoe``, ``connect_four``, ...) becomes
+a backroom engine, so agents of every kind play it over the bus, with table
+talk and private channels attached by the match config as for the native
+games. Seat ``i`` is ``possible_agents[i]``.
 
 Why these choices:
 
-* The environment is built from an import path (``env: "package.module:factory"``,
-  or a module with an ``env`` factory) with ``kwargs``, so a config names any
-  installed environment without backroom knowing it.
+* The environment is named, never imported from a path in the parameters
+  (``env: tictactoe``): a spec travels in match requests, start messages,
+  episode records and league stores, and every reader builds the game from
+  it, so a parameter that named code would run that code in every reader.
+  A name resolves in the reader's own registry (:func:`resolve_env`): the
+  built-in classic environments, the entry point group ``backroom.pettingzoo``
+  of the installed distributions, and what the operator registered for this
+  process and the processes it starts (a run config's ``pettingzoo_envs``,
+  passed on in ``BACKROOM_PETTINGZOO_ENVS``). An unknown name is refused in
+  one line, and nothing is imported for it. ``kwargs`` are JSON values
+  handed to the registered factory.
 * AEC turns are one agent at a time, so ``current_players()`` is that agent;
   terminated or truncated agents are stepped with ``None`` by the engine, as
   AEC requires, and never asked. A seat's return is the sum of every reward
@@ -34,7 +42,9 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import os
 import random
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -49,18 +59,119 @@ from backroom.games.base import (
     register,
 )
 
-EXAMPLE_PATH = "pettingzoo.classic.rps_v2:env"
+EXAMPLE_ENV = "rps"
 #: What the ``envs`` extra installs: a missing one is named with the extra to install.
 ENVS_EXTRA = ("pettingzoo", "gymnasium", "pygame")
+#: Entry point group of environments from other distributions: ``name = "pkg.mod:factory"``.
+ENV_ENTRY_POINTS = "backroom.pettingzoo"
+#: Environments the operator registered for a process and the processes it starts (JSON
+#: ``{name: "pkg.mod:factory"}``): ``backroom run`` sets it from the config's ``pettingzoo_envs``.
+ENVS_ENV = "BACKROOM_PETTINGZOO_ENVS"
+
+#: The classic environments, by short name. Their documented import paths
+#: (``pettingzoo.classic.rps_v2:env``, ``pettingzoo.classic.rps_v2``) are accepted as
+#: names of the same entries (matched as strings, never imported as given), so earlier
+#: configs and records still build.
+BUILTIN_ENVS: dict[str, str] = {
+    "rps": "pettingzoo.classic.rps_v2:env",
+    "tictactoe": "pettingzoo.classic.tictactoe_v3:env",
+    "connect_four": "pettingzoo.classic.connect_four_v3:env",
+    "chess": "pettingzoo.classic.chess_v6:env",
+    "go": "pettingzoo.classic.go_v5:env",
+    "hanabi": "pettingzoo.classic.hanabi_v5:env",
+    "leduc_holdem": "pettingzoo.classic.leduc_holdem_v4:env",
+    "texas_holdem": "pettingzoo.classic.texas_holdem_v4:env",
+    "texas_holdem_no_limit": "pettingzoo.classic.texas_holdem_no_limit_v6:env",
+}
+_ALIASES: dict[str, str] = {
+    alias: name
+    for name, path in BUILTIN_ENVS.items()
+    for alias in (path, path.partition(":")[0])
+}
+#: What an operator may register: a name, and an import path ``package.module:factory``.
+ENV_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?$")
+#: Registered in this process (``register_env``), by name.
+_registered: dict[str, str] = {}
 
 
-def load_factory(path: str) -> Callable[..., Any]:
-    """``package.module:attribute`` (or a module with an ``env`` factory) -> the factory."""
+def register_env(name: str, path: str) -> None:
+    """Make ``name`` build the factory at ``path`` here and in the processes started from here.
+
+    For the operator's own configuration only (a run config's ``pettingzoo_envs``): the
+    variable ``ENVS_ENV`` carries the registrations to the referee and agents that
+    ``backroom run`` starts, which inherit its environment.
+    """
+    if not ENV_NAME.match(name) or name in BUILTIN_ENVS or name in _ALIASES:
+        raise ValueError(f"pettingzoo_envs: {name!r} is not a free name (letters, digits, _ . -)")
+    if not IMPORT_PATH.match(path):
+        raise ValueError(f"pettingzoo_envs.{name}: {path!r} is not 'package.module:factory'")
+    _registered[name] = path
+    exported = {**_from_environment(), name: path}
+    os.environ[ENVS_ENV] = json.dumps(exported, sort_keys=True)
+
+
+def _from_environment() -> dict[str, str]:
+    """The registrations this process was started with (``ENVS_ENV``); a bad one is ignored."""
+    try:
+        data = json.loads(os.environ.get(ENVS_ENV) or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        k: v
+        for k, v in data.items()
+        if isinstance(k, str) and isinstance(v, str) and ENV_NAME.match(k) and IMPORT_PATH.match(v)
+    }
+
+
+def _entry_points() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENV_ENTRY_POINTS)}
+
+
+def known_envs() -> list[str]:
+    """Every name this process resolves: built-ins, entry points, registrations."""
+    return sorted({*BUILTIN_ENVS, *_entry_points(), *_from_environment(), *_registered})
+
+
+def resolve_env(name: object) -> Callable[..., Any]:
+    """The factory registered under ``name``; ``ValueError`` in one line for any other name.
+
+    Nothing is imported for a name that is not registered here: ``name`` comes from
+    match specs and records, which anyone on the bus or anyone who sent a file may write.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"env must be a registered pettingzoo env's name, not {name!r:.80}")
+    key = _ALIASES.get(name, name)
+    if key in BUILTIN_ENVS:
+        return _import(BUILTIN_ENVS[key], key)
+    eps = _entry_points()
+    if key in eps:
+        try:
+            factory = eps[key].load()
+        except ImportError as exc:
+            raise ValueError(f"pettingzoo env {key!r} (entry point) failed to load: {exc}") from None
+        return _callable(factory, key)
+    path = _registered.get(key) or _from_environment().get(key)
+    if path is not None:
+        return _import(path, key)
+    raise ValueError(
+        f"unknown pettingzoo env {name!r:.80}: register it under the entry point group "
+        f"{ENV_ENTRY_POINTS} (or in the run config's pettingzoo_envs); "
+        f"known: {', '.join(known_envs())}"
+    )
+
+
+def _import(path: str, name: str) -> Callable[..., Any]:
+    """Import a registered factory (a path from the operator or backroom, never the wire)."""
     module_name, _, attribute = path.partition(":")
     try:
         with warnings.catch_warnings():
-            # PettingZoo warns on importing an environment's module directly; an import
-            # path is how a config names one, so the warning would only be noise.
+            # PettingZoo warns on importing an environment's module directly; the
+            # registry names them so, so the warning would only be noise.
             warnings.filterwarnings(
                 "ignore", "The old environment creation API", DeprecationWarning
             )
@@ -68,15 +179,14 @@ def load_factory(path: str) -> Callable[..., Any]:
     except ImportError as exc:
         extra = " (PettingZoo's: pip install 'backroom[envs]')" if exc.name in ENVS_EXTRA else ""
         raise ValueError(
-            f"env: cannot import {module_name!r} ({exc}){extra}; give 'package.module:factory', "
-            f"e.g. {EXAMPLE_PATH!r}, of an installed environment"
+            f"pettingzoo env {name!r}: cannot import {module_name!r} ({exc}){extra}"
         ) from None
-    factory: object = getattr(module, attribute or "env", None)
+    return _callable(getattr(module, attribute or "env", None), name)
+
+
+def _callable(factory: object, name: str) -> Callable[..., Any]:
     if not callable(factory):
-        raise ValueError(
-            f"env: {module_name!r} has no callable {attribute or 'env'!r}; "
-            f"give 'package.module:factory', e.g. {EXAMPLE_PATH!r}"
-        )
+        raise ValueError(f"pettingzoo env {name!r} is registered to something not callable")
     return factory
 
 
@@ -97,7 +207,7 @@ class PettingZooGame(Game):
 
     def __init__(
         self,
-        env: str = EXAMPLE_PATH,
+        env: str = EXAMPLE_ENV,
         kwargs: dict[str, Any] | None = None,
         action_names: list[str] | None = None,
         rules: str = "",
@@ -107,7 +217,7 @@ class PettingZooGame(Game):
         utility_sum: float | None = None,
     ) -> None:
         self.env_path, self.kwargs = env, dict(kwargs or {})
-        self.factory = load_factory(env)
+        self.factory = resolve_env(env)
         if max_moves < 1:
             raise ValueError(f"max_moves must be at least 1, not {max_moves}")
         self.max_moves, self.rules_text = int(max_moves), rules

@@ -23,6 +23,11 @@ adds only what a table of talking agents needs:
 Talk is not the engine's business: a run's channels (``opens: before_act``,
 private channels, eavesdroppers) attach to an OpenSpiel game as to any other.
 
+Parameters come from match requests and records, so a game is vetted before it
+is built (``openspiel_bounds``): parameters that name files are refused unless
+the operator allowed the file, and parameters other than the defaults are built
+first in a child process under a time and size bound.
+
 ``pyspiel`` is imported when an OpenSpiel game is first built, so importing
 ``backroom.games`` stays light and backroom runs without OpenSpiel installed.
 """
@@ -46,6 +51,7 @@ from backroom.games.base import (
     State,
     register,
 )
+from backroom.games.openspiel_bounds import vet
 from backroom.games.openspiel_rules import RULES
 
 #: Tensors with more entries than this stay out of the observation (Hearts'
@@ -157,6 +163,14 @@ def _check_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def checked(params: Mapping[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``game: openspiel``'s params as (OpenSpiel's name, its declared parameters, the
+    given ones typed): what ``openspiel_bounds`` vets before anything is built."""
+    rest = dict(params)
+    name = _check_name(rest.pop("name", DEFAULT_GAME))
+    return name, dict(game_types()[name].parameter_specification), _check_params(name, rest)
+
+
 @register
 class OpenSpielGame(Game):
     """The ``openspiel`` config name: ``name`` picks the OpenSpiel game, the rest are its parameters."""
@@ -166,6 +180,8 @@ class OpenSpielGame(Game):
     def __init__(self, name: str = DEFAULT_GAME, **params: Any) -> None:
         self.os_name = _check_name(name)
         self.os_params = _check_params(self.os_name, params)
+        # Files, size and build time, before any C++ runs here (openspiel_bounds.py).
+        vet(self.os_name, game_types()[self.os_name].parameter_specification, self.os_params)
         try:
             self.os_game = _pyspiel().load_game(self.os_name, self.os_params)
         except Exception as exc:  # pyspiel raises a bare RuntimeError/SpielError

@@ -6,11 +6,14 @@ with the field named, never turned into an empty list.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 #: Rows per list page at most (the API's ``per_page`` is capped at this).
 MAX_PAGE = 500
+#: Integers a filter or page may name: within this, SQLite's 64-bit offsets never overflow.
+MAX_INT = 10**9
 
 
 #: The list's filters (query parameters) and what each selects.
@@ -55,9 +58,12 @@ class Query:
             if raw in (None, ""):
                 return None
             try:
-                return kind(raw)
+                value = kind(raw)
             except ValueError:
                 raise ReplayError(f"{name}={raw!r} is not a number: give e.g. {name}=1") from None
+            if not math.isfinite(value) or abs(value) > MAX_INT:
+                raise ReplayError(f"{name}={raw!r} is out of range: at most {MAX_INT:,} either way")
+            return value
 
         def choice(name: str, allowed: tuple[str, ...]) -> str | None:
             raw = params.get(name) or None

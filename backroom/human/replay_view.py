@@ -26,6 +26,7 @@ from typing import Any
 
 from backroom.bus.wire import ChannelSpec, EpisodeRecord
 from backroom.games import State, make_game
+from backroom.human.replay_words import Words
 
 TABLE = "table"  # the referee's implicit all-seats channel (``referee.match.TABLE``)
 
@@ -96,6 +97,7 @@ def decision(trace: dict[str, Any]) -> dict[str, Any]:
             }
         )
     completion = reply.get("text") if isinstance(reply, dict) else None
+    said = reply.get("message") if isinstance(reply, dict) else None
     return {
         "agent": trace.get("agent"),
         "adapter_version": trace.get("adapter_version"),
@@ -103,8 +105,11 @@ def decision(trace: dict[str, Any]) -> dict[str, Any]:
         "prompt": prompts[-1] if prompts else None,
         "planning": request.get("planning") if isinstance(request, dict) else None,
         "repair": request.get("repair") if isinstance(request, dict) else None,
-        "completion": completion,
+        "completion": completion if completion is not None else said,
         "outcome": reply.get("outcome") if isinstance(reply, dict) else None,
+        # a fallback's reason and what went wrong, in words (docs/agents.md, traces)
+        "reason": (reply.get("reason") or None) if isinstance(reply, dict) else None,
+        "detail": (reply.get("detail") or None) if isinstance(reply, dict) else None,
         "candidates": candidates,
         "tokens": [
             {"id": t, "logprob": lp}
@@ -145,12 +150,16 @@ def _agent(record: EpisodeRecord, seat: int) -> str:
     return record.seats[seat] if 0 <= seat < len(record.seats) else f"seat {seat}"
 
 
-def _views(state: State | None, players: int, asked: set[int]) -> list[dict[str, Any]]:
+def _views(
+    state: State | None, players: int, asked: set[int], words: Words
+) -> list[dict[str, Any]]:
+    """Each seat's view: the observation as sent (``observation``) and in words (``rows``)."""
     views = []
     for seat in range(players):
         view: dict[str, Any] = {"seat": seat, "asked": seat in asked}
         if state is not None:
             view["observation"] = state.observation(seat)
+            view["rows"] = words.rows(view["observation"])
             if seat in asked:
                 view["prompt"] = state.prompt(seat)
         views.append(view)
@@ -173,12 +182,18 @@ def match_view(
     except Exception as exc:  # an engine or parameter this version does not know
         state, gaps = None, [f"the game could not be rebuilt ({exc}): no seat's view is shown"]
     plan = schedule(state, channels) if state is not None else None
+    words = Words(record.seats, state)
     by_turn: dict[int, list[Any]] = {}
     for a in record.actions:
         by_turn.setdefault(a.turn, []).append(a)
     messages = _messages(record)
     steps: list[dict[str, Any]] = [
-        {"kind": "start", "views": _views(state, players, set()), "messages": [], "public": []}
+        {
+            "kind": "start",
+            "views": _views(state, players, set(), words),
+            "messages": [],
+            "public": [],
+        }
     ]
     for turn in sorted(by_turn):
         moves = by_turn[turn]
@@ -201,7 +216,7 @@ def match_view(
             "phase": moves[0].phase,
             "channel": channel,
             "game_talk": game_talk,
-            "views": _views(state, players, {a.seat for a in moves}),
+            "views": _views(state, players, {a.seat for a in moves}, words),
             "moves": [],
             "decisions": [],
             "messages": [],
@@ -215,29 +230,28 @@ def match_view(
                     "seat": a.seat,
                     "agent": a.agent,
                     "action": a.action,
-                    "name": name,
+                    "name": words.move(a.phase, a.action, name),
                     "fallback": a.fallback,
                     "timed_out": a.timed_out,
                 }
             )
             trace = traces.get((turn, a.seat))
             if trace is not None:
-                step["decisions"].append({"seat": a.seat, **decision(trace)})
+                step["decisions"].append(
+                    {"seat": a.seat, **decision(trace), "fallback": a.fallback}
+                )
             elif a.agent in traced_agents and not a.fallback:
                 step["decisions"].append({"seat": a.seat, "agent": a.agent, "gap": "trace missing"})
                 gaps.append(f"turn {turn}: no trace of {a.agent}'s decision (seat {a.seat})")
         if phase == "act" and step["moves"]:
-            step["public"] = [
-                f"{m['agent']}: {m['name'] if m['name'] is not None else m['action']}"
-                for m in step["moves"]
-            ]
+            step["public"] = [f"{m['agent']}: {m['name']}" for m in step["moves"]]
         if state is not None:
             state = _advance(state, moves, phase, game_talk, gaps, turn)
             if state is None:
                 plan = None
         steps.append(step)
     _place_messages(steps, messages)
-    steps.append(_end(record, state))
+    steps.append(_end(record, words))
     return {
         "match": record.match,
         "run": record.run,
@@ -296,8 +310,9 @@ def _place_messages(steps: list[dict[str, Any]], messages: list[dict[str, Any]])
             home["public"].append(f"{msg['sender']} (table): {msg['text']}")
 
 
-def _end(record: EpisodeRecord, state: State | None) -> dict[str, Any]:
+def _end(record: EpisodeRecord, words: Words) -> dict[str, Any]:
     finals = record.final_observations
+    lines = words.result(record)
     return {
         "kind": "end",
         "reason": record.reason,
@@ -307,10 +322,16 @@ def _end(record: EpisodeRecord, state: State | None) -> dict[str, Any]:
         "round_rewards": record.round_rewards,
         "timeouts": record.timeouts,
         "invalid_inputs": record.invalid_inputs,
+        "lines": lines,
         "views": [
-            {"seat": s, "asked": False, "observation": finals[s] if s < len(finals) else None}
+            {
+                "seat": s,
+                "asked": False,
+                "observation": finals[s] if s < len(finals) else None,
+                "rows": words.rows(finals[s] if s < len(finals) else None),
+            }
             for s in range(len(record.seats))
         ],
         "messages": [],
-        "public": [f"ended: {record.reason}; returns {record.returns}"],
+        "public": [f"ended: {record.reason}; {lines[0]}"],
     }

@@ -46,7 +46,8 @@ Exposure (``gate.py``): a socket whose ``Origin`` is not this server's own
 host, nor one listed (``allowed_origins``, ``BACKROOM_WEB_ORIGINS``), is
 refused before it is accepted; failed passwords and tokens are counted per
 client address, and after ``login_limit`` of them that address waits longer
-after each further one.
+after each further one. ``access.py``: with an access token (the replay
+beyond loopback) every request must carry it; sockets without one are capped.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from urllib.parse import urlsplit
 
 from backroom import metrics
 from backroom.bus import presence, topics
+from backroom.bus.addressing import Referees
 from backroom.bus.auth import ID_PATTERN, CredentialStore
 from backroom.bus.broker import reload_broker
 from backroom.bus.client import Bus, BusConfig, BusError, Will
@@ -86,6 +88,7 @@ from backroom.bus.wire import (
     parse,
     parse_all,
 )
+from backroom.human.access import MAX_ANONYMOUS_SOCKETS, AccessGate
 from backroom.human.gate import (
     HOSTS_ENV,
     LOOPBACK_HOSTS,
@@ -174,6 +177,7 @@ class SeatSession:
             OrderedDict()
         )
         self.answered: set[tuple[str | None, int | None]] = set()
+        self.referees = Referees()  # match -> the referee whose outbox its moves go to
         self.seq = 0
         self.linger: asyncio.TimerHandle | None = None
         #: The holding browser's seat key while any of its tabs is attached; None: free.
@@ -218,6 +222,7 @@ class SeatSession:
         except WireError as exc:
             log.warning("%s: unreadable inbox message: %s", self.agent, exc)
             return
+        self.referees.note(msg)
         data = msg.model_dump(mode="json")
         extra = for_person(msg)
         key = msg.match or ""
@@ -247,7 +252,7 @@ class SeatSession:
             raise JoinError("this seat is not connected")
         self.seq += 1
         msg.seq = self.seq
-        await self.bus.publish(topics.outbox(self.agent), msg)
+        await self.bus.publish(self.referees.outbox(self.agent, msg.match), msg)
         if msg.turn is not None:
             self.answered.add((msg.match, msg.turn))
 
@@ -573,6 +578,8 @@ def web_app(  # noqa: C901, PLR0915 (the routes are closures over one app's stat
     served_hosts: Iterable[str] | None = None,
     replay: ReplayIndex | None = None,
     leagues: Iterable[Path] = (),
+    access_token: str | None = None,
+    max_anonymous_sockets: int = MAX_ANONYMOUS_SOCKETS,
 ) -> Starlette:
     """The Starlette app: ``/`` the page, ``/ws`` the bridge, ``/api/matches`` the lobby as JSON.
 
@@ -594,6 +601,10 @@ def web_app(  # noqa: C901, PLR0915 (the routes are closures over one app's stat
     must name, else it gets 400 (a rebound DNS name, ``gate.host_allowed``).
 
     ``replay``: a run's index, served at ``/replay`` (``backroom replay``).
+
+    ``access_token``: every request and socket must carry it (``access.AccessGate``:
+    what ``backroom replay`` beyond loopback asks); sockets without it are
+    capped at ``max_anonymous_sockets`` at once.
     """
     from pydantic import ValidationError
     from starlette.applications import Starlette
@@ -738,7 +749,10 @@ def web_app(  # noqa: C901, PLR0915 (the routes are closures over one app's stat
             *(replay_routes(replay, hub) if replay is not None else []),
             *league_routes(list(leagues), headers),  # /league: human/league_page.py
         ],
-        middleware=[Middleware(OnlyServedHosts)],
+        middleware=[
+            Middleware(OnlyServedHosts),
+            Middleware(AccessGate, token=access_token, max_anonymous=max_anonymous_sockets),
+        ],
         lifespan=lifespan,
     )
     app.state.hub = hub
@@ -793,6 +807,7 @@ def web_command(
     trusted_proxies: str | None = None,
     replay: ReplayIndex | None = None,
     leagues: Iterable[Path] = (),
+    access_token: str | None = None,
 ) -> None:
     """Serve the page until Ctrl-C (what ``backroom web`` runs; ``backroom replay`` with ``replay``).
 
@@ -807,6 +822,7 @@ def web_command(
     and ``host`` that requests may be addressed to (``served_names``).
     ``trusted_proxies`` (default ``BACKROOM_WEB_TRUSTED_PROXIES``): proxy
     addresses whose ``X-Forwarded-For`` names the client; none by default.
+    ``access_token``: asked of every request (``access.AccessGate``).
     """
     import uvicorn
 
@@ -841,9 +857,12 @@ def web_command(
         served_hosts=served,
         replay=replay,
         leagues=leagues,
+        access_token=access_token,
     )
     url = f"http://{host}:{port}/"
     print(f"backroom web: {url}  (broker {broker})")
+    if access_token:  # beyond loopback with a replay: every request carries it (then a cookie)
+        print(f"  access token asked of every request: open {url}?token={access_token}")
     if token:
         print(f"  players: open {url}#token={token} and enter an agent id of {credentials}")
     print("  or enter an agent id and its password (`backroom credentials add ID` prints it)")

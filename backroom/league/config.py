@@ -197,6 +197,11 @@ class LeagueConfig(BaseModel):
     on_timeout: Literal["default", "random", "forfeit"] = "default"
     agent_processes: Literal["separate", "single"] = "separate"
     model: ModelChoice = Field(default_factory=ModelChoice)
+    trainers: list[str] = Field(
+        default_factory=list,
+        description="training run directories whose checkpoints entrants.d may name (their "
+        "adapters play on `model:`); besides these and from_run, only the league directory",
+    )
     tracking: TrackingSpec | None = Field(
         default=None,
         description="log the config, the ratings as they change and the final standings to "

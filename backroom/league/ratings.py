@@ -136,15 +136,28 @@ class Cells:
     def __init__(self) -> None:
         # (i, j) -> CRN group -> [sum, count] of i's returns in that group's matches
         self.cells: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(dict)
+        # the range of the matches' summed returns (equal ends: a constant-sum game) and the
+        # most entrants one match seated (2: the table is a two-player meta-game)
+        self.sum_range: tuple[float, float] | None = None
+        self.most_entrants = 0
 
     def add(self, result: Result) -> None:
         scores = entrant_scores(result.seats, result.returns)
+        total = float(sum(result.returns))
+        lo, hi = self.sum_range or (total, total)
+        self.sum_range = (min(lo, total), max(hi, total))
+        self.most_entrants = max(self.most_entrants, len(scores))
         for i, si in scores.items():
             for j in scores:
                 if i != j:
                     cell = self.cells[(i, j)].setdefault(result.group, [0.0, 0])
                     cell[0] += si
                     cell[1] += 1
+
+    @property
+    def constant_sum(self) -> bool:
+        """Every counted match's returns summed to the same total (Kuhn: 0)."""
+        return self.sum_range is not None and self.sum_range[1] - self.sum_range[0] < 1e-9
 
     def table(self, agents: Sequence[str]) -> HeadToHead:
         """Each cell's mean over its CRN groups (a group: its matches' mean), with the

@@ -13,11 +13,13 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from backroom.league.config import LeagueConfig
 from backroom.league.exploit import league_exploitability, solvable
+from backroom.league.rankings import BOOTSTRAP, rankings
 from backroom.league.ratings import Cells, Rating, Ratings
 from backroom.league.store import LeagueStore
 from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
@@ -41,17 +43,43 @@ def rating_json(r: Rating) -> dict[str, Any]:
 
 
 def exploitability_json(
-    store: LeagueStore, key: str, engine: str, params: dict[str, Any]
+    store: LeagueStore,
+    key: str,
+    engine: str,
+    params: dict[str, Any],
+    entrants: Sequence[tuple[str, str, dict[str, Any]]] = (),
+    seed: object = 0,
+    policies: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
+    """Exact for the entrants whose policy the league asks (``policies.SCRIPTED`` kinds),
+    empirical with coverage and a bootstrap interval for the rest. ``policies``, if given, is
+    filled with each entrant's policy: asked, else its empirical counts."""
+    from backroom.league.exploit import BOOTSTRAP as DRAWS
+    from backroom.league.policies import SCRIPTED, exact_for
+
+    asked = exact_for([e for e in entrants if e[1] in SCRIPTED], engine, params)
+    exact = {a: (e.value, e.openspiel) for a, e in asked.items()}
+    played: dict[str, Any] = {}
+    rows = league_exploitability(
+        engine, params, store.records(key), exact, (seed, key), DRAWS, played
+    )
+    if policies is not None:
+        policies.update(played)
+        policies.update({a: e.policy for a, e in asked.items()})
     return [
         {
             "agent": e.agent,
             "value": e.value,
+            "shown": e.shown,
+            "method": e.method,
+            "ci": list(e.ci) if e.ci else None,
+            "coverage": e.coverage,
+            "openspiel": e.openspiel,
             "visited": e.visited,
             "states": e.states,
             "decisions": e.decisions,
         }
-        for e in league_exploitability(engine, params, store.records(key))
+        for e in rows
     ]
 
 
@@ -103,9 +131,38 @@ class Standings:
             "ratings": [rating_json(r) for r in table],
             "head_to_head": self.cells[key].table([r.agent for r in table]).to_json(),
         }
+        if results:  # the bootstrap intervals at the end only: the point estimates are cheap
+            out["rankings"] = rankings(
+                self.cells[key],
+                [r.agent for r in table],
+                (self.config.seed, key),
+                BOOTSTRAP if exploit else 0,
+                [r.agent for r in table],
+            )
         if exploit and solvable(g.game, g.params) and results:
-            out["exploitability"] = exploitability_json(self.store, key, g.game, g.params)
+            kinds = {a.id: (a.id, a.kind, a.options) for a in self.config.agents()}
+            playing = [kinds[a] for a in self.config.game_agents(g) if a in kinds]
+            policies: dict[str, Any] = {}
+            out["exploitability"] = exploitability_json(
+                self.store, key, g.game, g.params, playing, self.config.seed, policies
+            )
+            cells = self.cells[key]
+            if cells.most_entrants == 2 and cells.constant_sum:
+                out["grounded"] = self.grounded(key, policies)
         return out
+
+    def grounded(self, key: str, policies: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each entrant's gain over the equilibrium against the field it met (``grounded.py``)."""
+        from backroom.games import make_game
+        from backroom.league.grounded import equilibrium_gains
+        from backroom.solvers.tree import build_tree
+
+        g = self.games[key]
+        tree = build_tree(make_game(g.game, **g.params))
+        if tree.num_players != 2:
+            return []
+        agents = self.config.game_agents(g)
+        return equilibrium_gains(self.cells[key], agents, tree, policies, (self.config.seed, key))
 
     def doc(self, running: bool, exploit: bool = True) -> dict[str, Any]:
         """The whole document; ``exploit``: with exploitability and fallbacks (they read every

@@ -13,6 +13,7 @@ No torch here: the backend imports it when it loads an adapter.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -20,8 +21,9 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from contextlib import aclosing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -48,9 +50,9 @@ REJECT_REASONS = (
 )
 #: Largest adapter an agent downloads or loads unless told otherwise.
 DEFAULT_MAX_BYTES = 2 * 1024**3
-#: Slowest download kept going after its first ``timeout_s`` (bytes per second): a server
-#: dripping bytes is cut off instead of holding the agent's checkpoint queue for hours.
-DEFAULT_MIN_RATE = 1024**2
+#: Seconds one fetch (both files) may take, start to end, unless the caller says otherwise
+#: (a local agent passes its ``adapter_timeout_s``): a dripping server is cut off then.
+DEFAULT_TIMEOUT_S = 60.0
 #: Largest ``adapter_config.json`` taken: peft writes about 1 KB; it is held in memory.
 MAX_CONFIG_BYTES = 1024**2
 #: Largest safetensors header read when checking the weights file's format.
@@ -212,8 +214,8 @@ def fetch_adapter(
     ref: AdapterRef,
     cache_dir: Path,
     max_bytes: int = DEFAULT_MAX_BYTES,
-    timeout_s: float = 60.0,
-    min_rate: float = DEFAULT_MIN_RATE,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    cancel: threading.Event | None = None,
 ) -> Path:
     """A local folder holding exactly the adapter ``ref`` announces (blocking: run it in a thread).
 
@@ -223,9 +225,10 @@ def fetch_adapter(
     renamed only once checked, so the cache never holds an unchecked copy and a
     second fetch of the same version is a local check. Adapters larger than
     ``max_bytes`` are refused unread; a download takes at most ``timeout_s``
-    plus the announced size at ``min_rate``, and must keep up ``min_rate``
-    after its first ``timeout_s`` (see ``_download``). Either way the files'
-    format is checked last (``check_format``).
+    from its first byte asked to its last, and stops as soon as ``cancel`` is
+    set (a newer checkpoint overtook it: ``AdapterRejected("fetch_failed")``,
+    which the caller does not count). Either way the files' format is checked
+    last (``check_format``).
     """
     if ref.size > max_bytes:
         raise AdapterRejected(
@@ -234,7 +237,7 @@ def fetch_adapter(
     url = urlparse(ref.uri)
     try:
         if url.scheme in ("http", "https"):
-            return check_format(_fetch_http(ref, Path(cache_dir), timeout_s, min_rate))
+            return check_format(_fetch_http(ref, Path(cache_dir), timeout_s, cancel))
         if url.scheme == "file":
             return check_format(verify_adapter(Path(unquote(url.path)), ref))
         if url.scheme and len(url.scheme) > 1:  # one letter: a Windows drive, a path after all
@@ -246,7 +249,9 @@ def fetch_adapter(
         raise AdapterRejected("fetch_failed", f"{ref.uri}: {exc}") from None
 
 
-def _fetch_http(ref: AdapterRef, cache_dir: Path, timeout_s: float, min_rate: float) -> Path:
+def _fetch_http(
+    ref: AdapterRef, cache_dir: Path, timeout_s: float, cancel: threading.Event | None
+) -> Path:
     target = cache_dir / ref.policy / f"{ref.version}-{ref.sha256[:12]}"
     if target.exists():
         try:
@@ -264,7 +269,7 @@ def _fetch_http(ref: AdapterRef, cache_dir: Path, timeout_s: float, min_rate: fl
     try:
         # Its own event loop in this worker thread: asyncio.timeout is a deadline on
         # the whole download, which httpx's per-read timeouts are not.
-        asyncio.run(_download(ref, tmp, timeout_s, min_rate))
+        asyncio.run(_cancellable(_download(ref, tmp, timeout_s), cancel, ref))
         try:
             tmp.rename(target)
         except OSError:  # another fetcher renamed its copy first
@@ -277,7 +282,27 @@ def _fetch_http(ref: AdapterRef, cache_dir: Path, timeout_s: float, min_rate: fl
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def _download(ref: AdapterRef, folder: Path, timeout_s: float, min_rate: float) -> None:  # noqa: C901, PLR0915 (one streamed fetch: each size and time bound its docstring lists is a branch)
+async def _cancellable(
+    download: Coroutine[Any, Any, None], cancel: threading.Event | None, ref: AdapterRef
+) -> None:
+    """``download``, abandoned within a tenth of a second of ``cancel`` being set (from another thread)."""
+    if cancel is None:
+        await download
+        return
+    main = asyncio.ensure_future(download)
+    while not main.done():
+        await asyncio.wait({main}, timeout=0.1)
+        if cancel.is_set() and not main.done():
+            main.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await main
+            raise AdapterRejected(
+                "fetch_failed", f"{ref.policy} {ref.version}: cancelled (a newer one came)"
+            )
+    main.result()
+
+
+async def _download(ref: AdapterRef, folder: Path, timeout_s: float) -> None:  # noqa: PLR0915 (one streamed fetch: each size and time bound its docstring lists is a branch)
     """Both files into ``folder``, hashed as they arrive; ``AdapterRejected`` unless they are ``ref``.
 
     Never more bytes than announced: the config (first in digest order, at
@@ -285,21 +310,14 @@ async def _download(ref: AdapterRef, folder: Path, timeout_s: float, min_rate: f
     (``ref.size`` minus the config's); a ``Content-Length`` that disagrees is
     refused before the body, and a body that runs past it is cut off. No
     redirect is followed: the announced URL is the one the trainer chose. The
-    whole fetch ends within ``timeout_s + ref.size / min_rate``, and one that
-    falls behind ``min_rate`` after its first ``timeout_s`` is abandoned, so a
-    server dripping a byte at a time holds an agent for about ``timeout_s``.
+    whole fetch ends within ``timeout_s`` (one deadline, not httpx's per-read
+    timeouts), so a server dripping a byte at a time holds it no longer.
     """
     import httpx
 
     base = ref.uri.rstrip("/")
     config_name, weights_name = sorted(ADAPTER_FILES)
-    loop = asyncio.get_running_loop()
-    start = loop.time()
     got = 0  # bytes of both files so far
-
-    def slow() -> bool:
-        late = loop.time() - start - timeout_s
-        return late > 0 and got < min_rate * late
 
     async def fetch(
         client: httpx.AsyncClient, name: str, limit: int, exact: int | None
@@ -327,15 +345,9 @@ async def _download(ref: AdapterRef, folder: Path, timeout_s: float, min_rate: f
             async for chunk in resp.aiter_raw():
                 got += len(chunk)
                 yield chunk
-                if slow():
-                    raise AdapterRejected(
-                        "fetch_failed",
-                        f"{base}: {got} B in {loop.time() - start:.0f} s, slower than "
-                        f"{min_rate:.0f} B/s after the first {timeout_s:g} s",
-                    )
 
     h = hashlib.sha256()
-    deadline = timeout_s + ref.size / min_rate
+    deadline = timeout_s
     try:
         async with (
             asyncio.timeout(deadline),

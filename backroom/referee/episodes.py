@@ -1,7 +1,9 @@
 """The referee's append-only episode log (the runs directory's layout is ``backroom.runs``).
 
 A crash loses at most the matches in progress: each record is written whole
-and fsync'd before the referee announces the match as finished. Records that
+and fsync'd before the referee announces the match as finished, and a write
+that fails (a full disk) leaves the file at its last whole record
+(``runs.RecordFile``), never a torn line. Records that
 finish while a write is under way are committed together in the next write
 (group commit), so 100 concurrent matches cost one fsync, not 100.
 """
@@ -10,12 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 
 from backroom import metrics
 from backroom.bus.wire import EpisodeRecord
-from backroom.runs import EPISODES_FILE, LATEST, RUN_KEY_FILE, key_digest, point_latest
+from backroom.runs import (
+    EPISODES_FILE,
+    LATEST,
+    RUN_KEY_FILE,
+    append_records,
+    key_digest,
+    point_latest,
+)
 
 
 class EpisodeLog:
@@ -130,20 +138,4 @@ class EpisodeLog:
                     # A stamped run directory this referee made (the runner's runs
                     # directory is elsewhere, e.g. another machine): `latest` here too.
                     point_latest(path.parent.parent, path.parent.name)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                write_all(fd, b"".join(lines))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data``: ``os.write`` may write less than asked (a full disk, a signal),
-    and a short write ignored would leave a torn record, fsync'd and reported written."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:  # no progress and no error: never loop for ever on it
-            raise OSError(f"write made no progress with {len(view)} bytes left")
-        view = view[n:]
+            append_records(path, b"".join(lines))

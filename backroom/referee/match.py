@@ -39,6 +39,8 @@ from backroom.bus.wire import (
     ErrorReason,
     Event,
     Fallback,
+    Flag,
+    FlagRecord,
     Intervention,
     MatchEnd,
     MatchSpec,
@@ -69,6 +71,12 @@ class Refused(Exception):
     def __init__(self, reason: ErrorReason, detail: str) -> None:
         self.reason = reason
         self.detail = detail
+
+
+#: Flags one match keeps at most: an overseer flags at each message, not in a loop.
+MAX_FLAGS = 1000
+#: Suspicion from which a flag counts as "high" in ``backroom_flags_total``.
+HIGH_SUSPICION = 0.5
 
 
 @dataclass
@@ -144,12 +152,18 @@ class Match:
                 f"game {spec.game} with {spec.params} seats {self.game.num_players} players, "
                 f"the request names {len(spec.seats)}"
             )
+        #: Everyone at the table: the players by seat, then the observers (overseers), who
+        #: hear what their channels give them and may flag, and never get a turn.
+        self.agents = [*spec.seats, *spec.observers]
         self.channels = {c.name: c for c in spec.channels}
+        players = self.game.num_players
         for c in spec.channels:
-            bad = [s for s in c.members + c.eavesdroppers if not 0 <= s < self.game.num_players]
+            bad = [s for s in c.members if not 0 <= s < players]
+            bad += [s for s in c.eavesdroppers if not 0 <= s < len(self.agents)]
             if bad:
                 raise ValueError(
-                    f"channel {c.name!r} names seats {bad} outside 0..{self.game.num_players - 1}"
+                    f"channel {c.name!r} names seats {bad} outside 0..{players - 1} (members) "
+                    f"or 0..{len(self.agents) - 1} (eavesdroppers: players and observers)"
                 )
         if TABLE not in self.channels and not any(c.opens == "game" for c in spec.channels):
             self.channels[TABLE] = ChannelSpec(
@@ -170,6 +184,7 @@ class Match:
         self.free_chat_used: dict[tuple[str, int], int] = {}
         self.actions: list[ActionRecord] = []
         self.deliveries: list[DeliveryRecord] = []
+        self.flags: list[FlagRecord] = []
         # Channels with interventions: messages numbered, budgets spent, copies held back.
         self.messages = 0
         self.budgets = interventions.BudgetLedger()
@@ -202,6 +217,8 @@ class Match:
                 if self.voided:
                     raise Voided(self.voided)
                 await self.step()
+            if self.spec.observers:
+                await self.review()
             if self.timeouts:
                 reason, detail = "timeout", f"{len(self.timeouts)} turn(s) timed out"
         except Forfeit as f:
@@ -218,7 +235,7 @@ class Match:
 
     def start(self) -> None:
         metrics.MATCHES_STARTED.labels(game=self.spec.game).inc()
-        for seat, agent in enumerate(self.spec.seats):
+        for seat, agent in enumerate(self.agents):
             mine = [
                 c for c in self.channels.values() if seat in c.members or seat in c.eavesdroppers
             ]
@@ -373,6 +390,56 @@ class Match:
             for seat in seats
         }
 
+    async def review(self) -> None:
+        """The observers' last word: a ``review`` turn each, answered by an ``Action`` with no
+        action once their flags are sent (the same outbox, so the flags come first). An
+        observer whose status says offline is not waited for; one that does not answer is
+        waited for until the turn's deadline, and the match ends without its last word."""
+        if self.rewrites:
+            await self.rewritten()
+        if self.delayed:
+            self.release_delayed(at_end=True)  # what was held for the end, before the review
+        self.turn_no += 1
+        loop = asyncio.get_running_loop()
+        self.turn_over = loop.create_future()
+        for seat in range(len(self.spec.seats), len(self.agents)):
+            agent = self.agents[seat]
+            if agent in self.referee.offline:
+                continue
+            self.pending[seat] = Pending(self.turn_no, "review", None)
+            observation: dict[str, Any] = {"game": self.spec.game, "seats": list(self.spec.seats)}
+            review = Turn(
+                turn=self.turn_no,
+                seat=seat,
+                phase="review",
+                observation=observation,
+                deadline_s=self.spec.turn_timeout_s,
+            )
+            self.send(agent, review)
+        if not self.pending:
+            return
+        deadline = loop.call_later(self.spec.turn_timeout_s, self.end_turn)
+        try:
+            await self.turn_over
+        finally:
+            deadline.cancel()
+            self.pending.clear()
+
+    def reviewed(self, agent: str, msg: Action | Chat) -> None:
+        """An observer's answer to its review turn (the only move an observer makes)."""
+        open_ = [
+            s
+            for s in range(len(self.spec.seats), len(self.agents))
+            if self.agents[s] == agent and s in self.pending
+        ]
+        if not any(a == agent for a in self.agents):
+            return self.reject(agent, msg, "not_seated", f"{agent} has no seat in match {self.id}")
+        if not open_ or not isinstance(msg, Action) or msg.turn != self.pending[open_[0]].turn:
+            return self.reject(agent, msg, "not_your_turn", "an observer answers its review only")
+        del self.pending[open_[0]]
+        if not self.pending:
+            self.end_turn()
+
     def send_turn(self, seat: int) -> None:
         p = self.pending[seat]
         state = self.state
@@ -418,10 +485,12 @@ class Match:
 
     # --- input from agents -------------------------------------------------------
 
-    def on_message(self, agent: str, msg: Action | Chat) -> None:
+    def on_message(self, agent: str, msg: Action | Chat | Flag) -> None:
+        if isinstance(msg, Flag):
+            return self.flag(agent, msg)
         seats = [i for i, a in enumerate(self.spec.seats) if a == agent]
         if not seats:
-            return self.reject(agent, msg, "not_seated", f"{agent} has no seat in match {self.id}")
+            return self.reviewed(agent, msg)
         if msg.seat is not None:
             if msg.seat not in seats:
                 return self.reject(agent, msg, "not_your_seat", f"seat {msg.seat} is not yours")
@@ -507,7 +576,34 @@ class Match:
         self.free_chat_used[(channel.name, seat)] = used + 1
         self.deliver(seat, channel, msg.text)
 
-    def reject(self, agent: str, msg: Action | Chat, reason: ErrorReason, detail: str) -> None:
+    def flag(self, agent: str, msg: Flag) -> None:
+        """An overseer's flag (any agent at the table may send one) into the record."""
+        seats = [i for i, a in enumerate(self.agents) if a == agent]
+        if not seats:
+            return self.reject(agent, msg, "not_seated", f"{agent} has no seat in match {self.id}")
+        if msg.seat is not None and msg.seat not in seats:
+            return self.reject(agent, msg, "not_your_seat", f"seat {msg.seat} is not yours")
+        outside = [s for s in msg.accused if not 0 <= s < len(self.spec.seats)]
+        if outside:
+            return self.reject(agent, msg, "invalid", f"accused seats {outside} do not play")
+        if len(self.flags) >= MAX_FLAGS:
+            return self.reject(agent, msg, "quota", f"{MAX_FLAGS} flags a match at most")
+        self.flags.append(
+            FlagRecord(
+                t=time.time(),
+                seat=msg.seat if msg.seat is not None else seats[0],
+                turn=self.turn_no,
+                suspicion=msg.suspicion,
+                accused=list(msg.accused),
+                reason=msg.reason,
+            )
+        )
+        level = "high" if msg.suspicion >= HIGH_SUSPICION else "low"
+        metrics.FLAGS.labels(game=self.spec.game, level=level).inc()
+
+    def reject(
+        self, agent: str, msg: Action | Chat | Flag, reason: ErrorReason, detail: str
+    ) -> None:
         self.invalid_inputs += 1
         self.referee.reject(agent, reason, detail, match=self.id, ref_seq=msg.seq)
 
@@ -524,7 +620,7 @@ class Match:
         readers += [(s, True) for s in channel.eavesdroppers if s not in channel.members]
         for to_seat, overheard in readers:
             self.send(
-                self.spec.seats[to_seat],
+                self.agents[to_seat],
                 Delivery(
                     channel=channel.name,
                     sender=sender,
@@ -651,7 +747,7 @@ class Match:
             overheard = to_seat not in held.channel.members
             if copy.delivered:
                 self.send(
-                    self.spec.seats[to_seat],
+                    self.agents[to_seat],
                     Delivery(
                         channel=held.channel.name,
                         sender=sender,
@@ -727,7 +823,7 @@ class Match:
             if terminal and reason in ("normal", "timeout")
             else [0.0] * len(self.spec.seats)
         )
-        returns = apply_transform(self.spec.transform, raw)
+        returns = apply_transform(self.spec.transform, raw, self.flags)
         finals = [state.observation(s) for s in range(len(self.spec.seats))] if terminal else []
         record = EpisodeRecord(
             match=self.id,
@@ -751,9 +847,10 @@ class Match:
             started_at=self.started_at,
             ended_at=time.time(),
             final_observations=finals,
+            flags=self.flags,
         )
         await self.referee.finished(self, record)
-        for seat, agent in enumerate(self.spec.seats):
+        for seat, agent in enumerate(self.agents):
             self.send(
                 agent,
                 MatchEnd(
@@ -761,7 +858,7 @@ class Match:
                     returns=returns,
                     raw_returns=raw,
                     reason=reason,
-                    observation=finals[seat] if finals else {},
+                    observation=finals[seat] if seat < len(finals) else {},
                 ),
             )
         self.public("ended", {"reason": reason, "returns": returns})

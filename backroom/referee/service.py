@@ -1,8 +1,9 @@
 """The referee process: takes match requests, runs matches, routes what agents send.
 
 Several referees split the work, in one group (``referee.group``). Each
-referee reads the outboxes of the agents seated in its matches
-(``referee.outboxes``) and acts only on messages for its own matches.
+referee names itself in every ``MatchStart`` it sends, and reads only the
+outboxes addressed to it (``agents/{agent}/outbox/{itself}``) of the agents
+seated in its matches (``referee.outboxes``): no referee parses another's moves.
 
 Input handling is the security boundary after the broker's ACL. The sender of
 an outbox message is the agent named in the topic (the ACL lets only that
@@ -44,7 +45,9 @@ from backroom.bus.wire import (
     EpisodeRecord,
     ErrorReason,
     Event,
+    Flag,
     MatchRequest,
+    MatchStart,
     Status,
     WireError,
     dump,
@@ -52,6 +55,7 @@ from backroom.bus.wire import (
     parse_all,
 )
 from backroom.games.base import registered_games
+from backroom.referee.building import needs_vetting, vet
 from backroom.referee.budgets import (
     ERROR_BURST,
     ERROR_RATE_PER_S,
@@ -110,6 +114,7 @@ class Referee:
         self.public_due = self.public.due  # matches whose public events wait (``Match``)
         self.matches: dict[str, Match] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.vetting: set[str] = set()  # match ids whose game is being vetted (``_vetted``)
         self.past = Finished()
         self.finished_ids = self.past.ids  # match ids finished here, oldest first
         self.offline: set[str] = set()
@@ -119,7 +124,9 @@ class Referee:
         self._counters: dict[tuple[str, str], Any] = {}
         self._latency: dict[tuple[str, str], Any] = {}
         self.budgets = Budgets(error_burst, error_rate_per_s, input_burst_s, input_share)
-        self.outboxes = Outboxes(self._on_outbox, self._on_status, forget=self._forget)
+        self.outboxes = Outboxes(
+            self._on_outbox, self._on_status, forget=self._forget, referee=self.name
+        )
         self.judge = Judge(self.budgets, self.send_to, self.outboxes.mute)
         self.peers = RefereeGroup(self.name, self._on_request, self._announce, self.log)
         self.bus: Bus | None = None
@@ -334,6 +341,27 @@ class Referee:
             self.log.warning("refused match %s: %s", msg.match, why)
             self._publish_refusal(msg, why, write=False)
             return
+        if needs_vetting(msg.spec):  # a game that may take long to build: off the loop
+            if msg.match not in self.vetting:
+                self.vetting.add(msg.match)
+                self._spawn(self._vetted(msg))
+            return
+        self._accept(msg)
+
+    async def _vetted(self, msg: MatchRequest) -> None:
+        """Vet the requested game in a child process (``referee.building``), then accept."""
+        try:
+            await vet(msg.spec)
+        except ValueError as exc:
+            self.log.warning("refused match %s: %s", msg.match, exc)
+            self._publish_refusal(msg, str(exc))
+            return
+        finally:
+            self.vetting.discard(msg.match)
+        self._accept(msg)
+
+    def _accept(self, msg: MatchRequest) -> None:
+        """Build the match (its game vetted, where it needs it) and start it, or refuse it."""
         try:
             match = Match(self, msg.match, msg.spec)
         except ValueError as exc:
@@ -384,7 +412,7 @@ class Referee:
         self.bus.publish(topics.episodes(game), dump_episode(msg.match, record_json), batch=True)
 
     async def _run_match(self, match: Match) -> None:
-        seats = match.spec.seats
+        seats = match.agents  # the players and the observers: both may write
         try:
             try:
                 await self.outboxes.seat(seats)
@@ -407,20 +435,14 @@ class Referee:
     def _from_agent(self, agent: str, msg: Any) -> None:
         if isinstance(msg, WireError):
             return self.reject(agent, msg.reason, msg.detail)
-        move = isinstance(msg, Action | Chat)
-        match = self.matches.get(msg.match or "") if move else None
-        if move and match is None and msg.match not in self.finished_ids and self.peers.has_peers():
-            # Every referee reads the outboxes of the agents it seats, so with other
-            # referees online a move for a match not run here is, as a rule, another
-            # referee's: answering it would send the agent K-1 errors for each of its
-            # moves and count them as invalid inputs. Not answered; counted apart.
-            metrics.FOREIGN_INPUTS.inc()
-            return
+        # Addressed to this referee (its outbox, ``agents/{agent}/outbox/{me}``): a move
+        # for a match not run here is no other referee's, and is answered.
         self._counter("in", msg.type).inc()
-        if not isinstance(msg, Action | Chat):
+        if not isinstance(msg, Action | Chat | Flag):
             return self.reject(
-                agent, "unexpected_type", f"agents send action or chat, not {msg.type!r}"
+                agent, "unexpected_type", f"agents send action, chat or flag, not {msg.type!r}"
             )
+        match = self.matches.get(msg.match or "")
         if match is None:
             if msg.match in self.finished_ids:
                 return self.reject(
@@ -513,6 +535,8 @@ class Referee:
         self.public.pending(match)
 
     def send_to(self, agent: str, msg: BaseModel) -> None:
+        if type(msg) is MatchStart:
+            msg.referee = self.name  # the outbox the seat's moves go to: this referee's
         self.send(topics.inbox(agent), msg, batch=agent in self.batching)
 
     def _counter(self, direction: str, kind: str) -> Any:

@@ -89,12 +89,27 @@ def engine_params(game: str) -> list[str] | None:
     ]
 
 
+def _no_secret_of_ours(options: dict[str, Any]) -> dict[str, Any]:
+    """Refuse an ``api_key_env`` naming a variable backroom sets (a password, a token): the
+    agent would send it to its ``base_url`` (``backroom.agents.llm.key_env_refusal``)."""
+    from backroom.agents.llm import key_env_refusal
+
+    if why := key_env_refusal(str(options.get("api_key_env") or "")):
+        raise ValueError(why)
+    return options
+
+
 class AgentEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str
     kind: str
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("options")
+    @classmethod
+    def _options_name_no_secret(cls, options: dict[str, Any]) -> dict[str, Any]:
+        return _no_secret_of_ours(options)
 
     @field_validator("kind")
     @classmethod
@@ -129,6 +144,11 @@ class ModelChoice(BaseModel):
 
     kind: str = "local"
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("options")
+    @classmethod
+    def _options_name_no_secret(cls, options: dict[str, Any]) -> dict[str, Any]:
+        return _no_secret_of_ours(options)
 
     @field_validator("kind")
     @classmethod
@@ -192,6 +212,9 @@ class RunTransform(BaseModel):
 
     kind: Literal["none", "coalition"] = "none"
     members: list[int | str] = Field(default_factory=list)
+    #: Taken off each seat an overseer's flag accused (docs/collusion.md, "Overseers").
+    penalty_if_flagged: float = Field(default=0.0, ge=0.0)
+    flag_threshold: float = Field(default=0.5, ge=0.0, le=1.0)
 
 
 class DealSchedule(BaseModel):
@@ -218,6 +241,10 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     run: str = Field(default="run", pattern=r"^[A-Za-z0-9_.-]+$")
+    #: PettingZoo environments beyond the built-in ones, by name: ``{name: "pkg.mod:factory"}``.
+    #: Registered for this process and the ones it starts (``backroom.envs.seated``); the
+    #: wire and the records carry only the name. Before ``game``, so ``params`` may use them.
+    pettingzoo_envs: dict[str, str] = Field(default_factory=dict, max_length=64)
     game: str
     params: dict[str, Any] = Field(default_factory=dict)
     matches: int = Field(default=1, ge=1)
@@ -233,6 +260,9 @@ class RunConfig(BaseModel):
     rotate_seats: bool = False
     round_robin: bool = False
     channels: list[RunChannel] = Field(default_factory=list)
+    #: Agents at the table that do not play (overseers: the ``monitor`` kind); channels may
+    #: name them as eavesdroppers, and they may flag (docs/collusion.md).
+    observers: list[str] = Field(default_factory=list, max_length=16)
     #: The models channels' ``paraphrase`` interventions may name (docs/collusion.md).
     paraphrasers: list[RunParaphraser] = Field(default_factory=list)
     transform: RunTransform = Field(default_factory=RunTransform)
@@ -265,6 +295,16 @@ class RunConfig(BaseModel):
         ]
         return {**data, "agents": agents}
 
+    @field_validator("pettingzoo_envs")
+    @classmethod
+    def _register_envs(cls, envs: dict[str, str]) -> dict[str, str]:
+        """The config's author names code here, and only here: register it by name."""
+        from backroom.envs.seated import register_env
+
+        for name, path in envs.items():
+            register_env(name, path)
+        return envs
+
     @field_validator("game")
     @classmethod
     def _known_game(cls, game: str) -> str:
@@ -295,12 +335,22 @@ class RunConfig(BaseModel):
                 raise ValueError(f"seat {s!r} names no agent in `agents` ({ids})")
         if self.round_robin and len(ids) < 2:
             raise ValueError("round_robin needs at least two agents")
+        self._check_observers(ids)
         self._schedule_deals()
         game = build_game(self.game, self.params)
         self._check_seating(game.num_players)
         self._check_always(game)
         self._check_paraphrasers()
         return self
+
+    def _check_observers(self, ids: list[str]) -> None:
+        """Observers are agents of the config that never take a player's seat."""
+        seated = set(self.seats or []) if not self.round_robin else set(ids)
+        for i, o in enumerate(self.observers):
+            if o not in ids:
+                raise ValueError(f"observers.{i}: {o!r} names no agent in `agents` ({ids})")
+            if o in seated:
+                raise ValueError(f"observers.{i}: {o!r} plays a seat; an observer only watches")
 
     def _check_paraphrasers(self) -> None:
         """Every ``paraphrase`` names one of ``paraphrasers`` (the referee would refuse it)."""
@@ -456,13 +506,15 @@ class RunConfig(BaseModel):
         errors: dict[tuple[str | int, ...], str] = {}
         for seats in itertools.islice(self._seatings(), min(n, self.matches)):
             for loc, members in groups:
+                # Observers sit after the players: only eavesdroppers may name them.
+                table = [*seats, *self.observers] if loc[-1] == "eavesdroppers" else seats
                 try:
-                    bad = [s for s in _seats_of(members, seats) if not 0 <= s < players]
+                    bad = [s for s in _seats_of(members, table) if not 0 <= s < len(table)]
                 except ConfigError as exc:
                     errors.setdefault(loc, str(exc))
                     continue
                 if bad:
-                    errors.setdefault(loc, f"seats {bad} are outside 0..{players - 1}")
+                    errors.setdefault(loc, f"seats {bad} are outside 0..{len(table) - 1}")
         if errors:
             raise _field_errors(list(errors.items()))
 
@@ -483,8 +535,12 @@ class RunConfig(BaseModel):
                     seats=seats,
                     channels=[self._channel(c, seats) for c in self.channels],
                     transform=RewardTransform(
-                        kind=self.transform.kind, members=_seats_of(self.transform.members, seats)
+                        kind=self.transform.kind,
+                        members=_seats_of(self.transform.members, seats),
+                        penalty_if_flagged=self.transform.penalty_if_flagged,
+                        flag_threshold=self.transform.flag_threshold,
                     ),
+                    observers=list(self.observers),
                     turn_timeout_s=self.turn_timeout_s,
                     on_timeout=self.on_timeout,
                     seed=match_seed(self.seed, group),
@@ -511,7 +567,7 @@ class RunConfig(BaseModel):
         return ChannelSpec(
             name=c.name,
             members=_seats_of(c.members, seats),
-            eavesdroppers=_seats_of(c.eavesdroppers, seats),
+            eavesdroppers=_seats_of(c.eavesdroppers, [*seats, *self.observers]),
             opens=c.opens,
             max_messages=c.max_messages,
             max_chars=c.max_chars,
@@ -657,11 +713,14 @@ def read_yaml(path: str | Path) -> Any:
     """A config file's data; a missing file or bad YAML is a ``ConfigError`` naming the file."""
     p = Path(path)
     try:
-        return yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read config {p}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p} is not valid YAML: {exc}") from None
+    if data is None:  # pydantic's words for it were "Input should be a valid dictionary"
+        raise ConfigError(f"{p} is empty: a config is a YAML mapping (game:, agents:, ...)")
+    return data
 
 
 def validate(model: type[M], data: Any, source: str) -> M:
@@ -677,7 +736,32 @@ def validate(model: type[M], data: Any, source: str) -> M:
 
 
 def load_config(path: str | Path) -> RunConfig:
-    return parse_config(read_yaml(path), source=str(path))
+    return parse_config(files_beside(read_yaml(path), Path(path)), source=str(path))
+
+
+def files_beside(data: Any, path: Path) -> Any:
+    """An OpenSpiel parameter naming a file (``efg_game``'s ``filename``) may name one beside
+    the config, and nothing else: the file is allowed for this process and those it starts
+    (``openspiel_bounds.allow_file``), and the parameter holds its absolute path. A config
+    parsed from anywhere else (``parse_config``, a request) gets no file."""
+    from backroom.games.openspiel_bounds import FILE_PARAM, allow_file
+
+    params = data.get("params") if isinstance(data, dict) else None
+    if not isinstance(params, dict) or data.get("game") != "openspiel":
+        return data
+    here = path.resolve().parent
+    beside = dict(params)
+    for key, value in params.items():
+        if not (isinstance(value, str) and value and FILE_PARAM.search(key)):
+            continue
+        target = (here / value).resolve()
+        if target.parent != here or not target.is_file():
+            raise ConfigError(
+                f"{path}: params.{key}: {value!r} is not a file beside the config ({here}); "
+                "an OpenSpiel game reads only such a file"
+            )
+        beside[key] = allow_file(target)
+    return {**data, "params": beside}
 
 
 def parse_config(data: Any, source: str = "config") -> RunConfig:

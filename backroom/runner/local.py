@@ -54,7 +54,13 @@ from backroom.runner.stack import (
     start_processes,
     torch_threads_env,
 )
-from backroom.runner.traces import TRACE_WAIT_S, TRACES_MAX_BYTES, TraceLog, seats_by_attempt
+from backroom.runner.traces import (
+    TRACE_WAIT_S,
+    TRACES_MAX_BYTES,
+    TraceLog,
+    overflow_lines,
+    seats_by_attempt,
+)
 from backroom.runner.wiring import SLOW_START_S, Wiring
 from backroom.runs import bind_run_dir, new_run_dir
 
@@ -115,8 +121,10 @@ async def run_matches(
 
     With ``traces_path``, every trace a trainable agent publishes for one of
     these matches is appended there as JSON lines (``runner.traces.TraceLog``),
-    each decision once, up to ``traces_max_bytes`` for the run (``on_notice``
-    hears when it is reached); the file is closed however the run ends. After
+    each decision once, up to ``traces_max_bytes`` for the run, shared out
+    equally among its seated agents (``on_notice`` hears when an agent reaches
+    its share, and after the run every agent past it: ``faults.traces_over_share``);
+    the file is closed however the run ends. After
     the last episode the run waits, up to ``trace_wait_s``, for the traces of
     decisions it has not seen yet, and counts those that never came
     (``faults.traces_missing``). With
@@ -184,8 +192,9 @@ async def run_matches(
         if traces_path is not None:
             seats = {match: spec.seats for match, spec in matches}
             seats_of = seats_by_attempt(ledger.slot_of, seats)
+            seated = {agent for spec_seats in seats.values() for agent in spec_seats}
             play.traces = exits.enter_context(
-                TraceLog(traces_path, seats_of, traces_max_bytes, notice)
+                TraceLog(traces_path, seats_of, traces_max_bytes, notice, agents=seated)
             )
         play.bus = await exits.enter_async_context(
             Bus(
@@ -203,6 +212,11 @@ async def run_matches(
         # a league's rounds without traces need not wait, nor a run stopped or failed
         if play.traces is not None and not (faults.interrupted or ledger.failure):
             await _last_traces(play.traces, ledger, faults, notice, trace_wait_s)
+        if play.traces is not None:
+            over = play.traces.overflow(ledger.episodes.values())
+            faults.traces_over_share = {a: list(n) for a, n in over.items()}
+            for line in overflow_lines(over):
+                notice(line)
     return ledger.result()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +56,18 @@ def run_names(config: RunConfig, nonce: str | None = None) -> RunNames:
         f"referee-{base}" if i == 0 else f"referee-{base}-{i}" for i in range(config.referees)
     )
     return RunNames(f"runner-{base}", referees, own=True)
+
+
+#: Where a process the stack starts finds its bus password: a file only its user can read
+#: (``Stack.private_file``), named by path; the password itself is in no environment.
+PASSWORD_FILE_ENV = "BACKROOM_PASSWORD_FILE"
+#: The caller's secrets a spawned process does not inherit: each gets only its own, in a file.
+#: (An agent's options cannot name them either: ``agents.llm.key_env_refusal``.)
+UNINHERITED_ENV = frozenset(
+    {"BACKROOM_PASSWORD", "BACKROOM_PASSWORDS", PASSWORD_FILE_ENV, "BACKROOM_WEB_TOKEN"}
+)
+#: The folder of a run's password files (mode 0700; removed when the stack stops).
+PRIVATE_DIR = "private"
 
 
 @dataclass
@@ -139,13 +152,46 @@ class Stack:
             reload_broker(self.credentials.dir)
         return BusConfig.from_url(self.url, username=cred.username, password=cred.password)
 
-    def spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
+    def private_file(self, name: str, text: str) -> Path:
+        """``text`` in ``<run dir>/private/<name>``, readable by this user only (0600 in 0700)."""
+        folder = self.run_dir / PRIVATE_DIR
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)
+        path = folder / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)  # a file left by an earlier run keeps no wider mode
+            f.write(text)
+        return path
+
+    def spawn(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        passwords: dict[str, str] | None = None,
+    ) -> None:
+        """Start ``backroom ARGS`` as process ``name``, its output in ``logs/<name>.log``.
+
+        ``env``'s ``BACKROOM_PASSWORD`` (``env_for``) reaches the process as a file it
+        alone is meant to read (``BACKROOM_PASSWORD_FILE``), and ``passwords`` (an agent
+        host's, by agent id) as ``--passwords-file``: a password in the environment would
+        be every child's and any option's that names a variable (an ``llm`` agent's
+        ``api_key_env``) to read.
+        """
+        env = dict(env)
+        if (password := env.pop("BACKROOM_PASSWORD", None)) is not None:
+            env[PASSWORD_FILE_ENV] = str(self.private_file(f"{name}.password", password))
+        if passwords is not None:
+            path = self.private_file(f"{name}.passwords.json", json.dumps(passwords))
+            args = [*args, "--passwords-file", str(path)]
+        inherited = {k: v for k, v in os.environ.items() if k not in UNINHERITED_ENV}
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log = (logs / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", "backroom", *args],
-            env={**os.environ, **env},
+            env={**inherited, **env},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -185,6 +231,7 @@ class Stack:
             reload_broker(self.credentials.dir)
         if self.broker is not None:
             self.broker.stop()
+        shutil.rmtree(self.run_dir / PRIVATE_DIR, ignore_errors=True)  # their readers are gone
 
 
 def identities(config: RunConfig, names: RunNames | None = None) -> list[tuple[str, Role]]:
@@ -198,7 +245,9 @@ def env_for(cfg: BusConfig) -> dict[str, str]:
     """The environment that points a ``backroom`` process at ``cfg``'s broker, as ``cfg``'s identity.
 
     Passed in the environment, not on the command line: ``ps`` shows every
-    user the arguments of every process, passwords included.
+    user the arguments of every process, passwords included. ``Stack.spawn``
+    moves the password into a file of the run's only that user reads and passes
+    its path (``BACKROOM_PASSWORD_FILE``).
     """
     return {
         "BACKROOM_BROKER": f"mqtt://{cfg.host}:{cfg.port}",
@@ -259,12 +308,9 @@ def start_processes(
     if config.agent_processes == "single" and local:
         passwords = {a.id: stack.identity(a.id).password or "" for a in local}
         spec = json.dumps([a.model_dump() for a in local])
-        env = {
-            **env_for(stack.identity(local[0].id)),
-            "BACKROOM_PASSWORDS": json.dumps(passwords),
-            **threads,
-        }
-        stack.spawn("agents", ["agent-host", "--spec-json", spec, *metrics_args()], env)
+        env = {"BACKROOM_BROKER": env_for(stack.identity(local[0].id))["BACKROOM_BROKER"]}
+        args = ["agent-host", "--spec-json", spec, *metrics_args()]
+        stack.spawn("agents", args, {**env, **threads}, passwords=passwords)
     else:
         for a in local:
             args = [

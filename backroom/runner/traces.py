@@ -1,7 +1,9 @@
 """A run's ``traces.jsonl``: what trainable agents said they decided, kept only from their seats.
 
 A ``TraceLog`` is a context manager: the file is closed however the run
-ends, a failed or stopped run's too.
+ends, a failed or stopped run's too. The run's bound is shared out among its
+seated agents, so one agent's flood costs only its own traces; a write that
+fails (a full disk) leaves the file at its last whole trace.
 """
 
 from __future__ import annotations
@@ -10,15 +12,16 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
 
 from backroom import metrics
 from backroom.bus.wire import MAX_TRACE_BYTES, EpisodeRecord, Trace, WireError, parse
+from backroom.runs import RecordFile
 
-#: Bytes of traces one run records in its traces.jsonl; past it, traces are counted, not written.
+#: Bytes of traces one run records in its traces.jsonl, shared out equally among its seated
+#: agents; past its share, an agent's traces are counted, not written.
 TRACES_MAX_BYTES = 1024**3
 #: How long a run waits, after its last episode, for the traces of decisions it has not
 #: seen yet (``TraceLog.wait_for``); it stops waiting as soon as they are all in.
@@ -33,7 +36,10 @@ class TraceLog:
     """Appends to ``path`` the traces of this run's matches, each decision once, up to ``max_bytes``.
 
     ``seats_of`` maps an attempt id of the run to the seats of its match
-    (None: not this run's); ``notice`` hears once when the bound is reached.
+    (None: not this run's). ``agents``: the run's seated agents, among whom
+    ``max_bytes`` is shared out equally (none given: one share, the whole
+    bound). ``notice`` hears once for each agent that reaches its share, and
+    once if a write fails.
     """
 
     def __init__(
@@ -42,17 +48,25 @@ class TraceLog:
         seats_of: Callable[[str], Sequence[str] | None],
         max_bytes: int = TRACES_MAX_BYTES,
         notice: Callable[[str], None] | None = None,
+        agents: Collection[str] = (),
     ) -> None:
         self.path = path
         self.seats_of = seats_of
         self.max_bytes = max_bytes
+        self.agents = len(set(agents))
+        #: Bytes each agent may write: an honest agent's traces never wait on another's flood.
+        self.share = max_bytes // max(1, self.agents)
         self.notice = notice or (lambda _msg: None)
-        self.file: BinaryIO | None = None
+        self.file: RecordFile | None = None
         self.last_turn: dict[
             tuple[str, str, int | None], int
         ] = {}  # (attempt, agent, seat) -> turn
         self.written: Counter[str] = Counter()  # agent -> bytes of its traces written
-        self.bound_told = False
+        #: agent -> its traces not written for being past its share (or the run's bound).
+        self.over: Counter[str] = Counter()
+        #: The decisions whose trace was refused for the bound: never written after.
+        self.cut: set[Decision] = set()
+        self.write_failed = 0
         #: Every decision whose trace came from its seat (written, or a repeat, or past the
         #: bound); the agents whose decisions ``wait_for`` awaits (the runner adds those
         #: whose status says they trace, ``on_trace`` those that sent one).
@@ -61,7 +75,7 @@ class TraceLog:
         self._arrived = asyncio.Event()
 
     def __enter__(self) -> TraceLog:
-        self.file = self.path.open("ab")
+        self.file = RecordFile(self.path, fsync=False, shared=False)  # the run's alone
         return self
 
     def __exit__(
@@ -88,7 +102,10 @@ class TraceLog:
         each decision is written once: a seat decides its turns in order and
         its traces come in order on one connection, so a turn not after the
         last one written for that seat is a repeat (a redelivery, a replay);
-        and the run writes at most ``max_bytes``, then says so once.
+        and each agent writes at most its share of ``max_bytes``, then is
+        told of once (``agent_bound``). A write that fails leaves the file at
+        its last whole trace; the trace is counted (``write_failed``), said
+        once, and the run goes on.
         """
         if self.file is None:
             return
@@ -103,7 +120,8 @@ class TraceLog:
         if not isinstance(msg, Trace) or seats is None:
             return  # not a trace of this run
         sender = topic.rsplit("/", 1)[-1]
-        reason = self._refusal(msg, sender, seats, len(payload))
+        line = payload.rstrip(b"\n") + b"\n"
+        reason = self._refusal(msg, sender, seats, len(line))
         if reason not in ("forged", "not_seated"):  # the seat's own word: its decision is in
             # no seat said: it counts for any seat of the sender's
             held = (
@@ -111,16 +129,47 @@ class TraceLog:
                 if msg.seat is not None
                 else [i for i, a in enumerate(seats) if a == sender]
             )
-            for seat in held:
-                self.decided.add((msg.match or "", sender, seat, msg.turn))
+            keys = [(msg.match or "", sender, seat, msg.turn) for seat in held]
+            self.decided.update(keys)
+            if reason in ("agent_bound", "run_bound"):
+                self.over[sender] += 1
+                self.cut.update(keys)
             self.tracers.add(sender)
             self._arrived.set()
+        if reason is None:
+            reason = self._write(line)
         if reason is not None:
             metrics.TRACES_REJECTED.labels(reason=reason).inc()
             return
         self.last_turn[(msg.match or "", sender, msg.seat)] = msg.turn
-        self.written[sender] += len(payload) + 1
-        self.file.write(payload.rstrip(b"\n") + b"\n")
+        self.written[sender] += len(line)
+
+    def _write(self, line: bytes) -> str | None:
+        """Append one trace; ``write_failed`` (said once) when the disk refuses it."""
+        assert self.file is not None
+        try:
+            self.file.append(line)
+        except OSError as exc:
+            self.write_failed += 1
+            if self.write_failed == 1:
+                self.notice(
+                    f"{self.path}: a trace could not be written ({exc!r}); the file ends at its "
+                    "last whole trace, and each trace not written is counted in "
+                    'backroom_traces_rejected_total{reason="write_failed"}'
+                )
+            return "write_failed"
+        return None
+
+    def overflow(self, episodes: Iterable[EpisodeRecord]) -> dict[str, tuple[int, int]]:
+        """Per agent past its share: (its traces not written, the decisions in ``episodes``
+        left without a trace for that): who flooded, and who lost traces by it."""
+        lost: Counter[str] = Counter(
+            a.agent
+            for ep in episodes
+            for a in ep.actions
+            if (ep.match, a.agent, a.seat, a.turn) in self.cut
+        )
+        return {agent: (n, lost[agent]) for agent, n in sorted(self.over.items())}
 
     def missing(self, episodes: Iterable[EpisodeRecord]) -> list[Decision]:
         """The decisions in ``episodes`` of agents that trace whose trace has not come.
@@ -177,20 +226,35 @@ class TraceLog:
             return "not_seated"
         if key in self.last_turn and msg.turn <= self.last_turn[key]:
             return "duplicate"
-        if self.written.total() + size + 1 > self.max_bytes:
-            if not self.bound_told:
-                self.bound_told = True
-                self._tell_bound()
+        if self.written[sender] + size > self.share:
+            if not self.over[sender]:
+                self._tell_share(sender)
+            return "agent_bound"
+        if self.written.total() + size > self.max_bytes:  # only with no agents to share among
+            if not self.over[sender]:
+                self._tell_share(sender)
             return "run_bound"
         return None
 
-    def _tell_bound(self) -> None:
-        most = [f"{a} wrote the most ({n:,} bytes)" for a, n in self.written.most_common(1)]
+    def _tell_share(self, agent: str) -> None:
+        among = f", shared among {self.agents} seated agents" if self.agents > 1 else ""
         self.notice(
-            f"traces.jsonl reached this run's bound of {self.max_bytes:,} bytes: "
-            f"later traces are not recorded (backroom_traces_rejected_total"
-            f'{{reason="run_bound"}})' + "".join(f"; {m}" for m in most)
+            f"traces.jsonl: agent {agent} reached its share of this run's trace bound "
+            f"({self.share:,} of {self.max_bytes:,} bytes{among}): its later traces are not "
+            'recorded (backroom_traces_rejected_total{reason="agent_bound"}); '
+            "the other agents' traces still are"
         )
+
+
+def overflow_lines(overflow: Mapping[str, tuple[int, int]]) -> list[str]:
+    """What a run says of ``TraceLog.overflow``: one line naming every agent past its share."""
+    if not overflow:
+        return []
+    named = "; ".join(
+        f"{agent}: {over:,} traces not recorded, {lost} of its decisions left without a trace"
+        for agent, (over, lost) in overflow.items()
+    )
+    return [f"traces past an agent's share of the run's bound: {named}"]
 
 
 def seats_by_attempt(

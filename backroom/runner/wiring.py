@@ -2,7 +2,7 @@
 
 ``runner.local.run_matches`` builds a ``Wiring`` and runs it: subscribe (and
 claim the runner's identity), wait for the referees and agents, play. The
-fault rules are the ledger's (``runner.dispatch``); what is here is only
+fault rules are the ledger's (``play.ledger``); what is here is only
 which topic feeds which of its methods, and the waits around them.
 """
 
@@ -21,17 +21,14 @@ from backroom.bus.client import Bus, BusConfig
 from backroom.bus.connection import broker_reachable
 from backroom.bus.errors import BusError
 from backroom.bus.wire import (
-    ACCEPTED,
-    FORGOTTEN,
-    RUNNING,
     EpisodeRecord,
-    Event,
     MatchRequest,
     WireError,
     parse_all,
 )
+from backroom.play.ledger import MatchLedger, feed_acks
 from backroom.runner.config import RunConfig
-from backroom.runner.dispatch import MatchLedger
+from backroom.runner.heartbeat import Heartbeat
 from backroom.runner.results import Faults, PlayClock, RunError
 from backroom.runner.stack import Stack
 from backroom.runner.traces import TraceLog
@@ -170,19 +167,7 @@ class Wiring:
 
     def on_ack(self, _topic: str, payload: bytes) -> None:
         """A referee answers each request it takes, and each ask ``again``, in our inbox."""
-        for msg in parse_all(payload):
-            if isinstance(msg, WireError) or not msg.match:
-                continue
-            if not isinstance(msg, Event):
-                self.ledger.acknowledged(msg.match)
-            elif msg.kind == ACCEPTED:
-                self.ledger.accepted(msg.match, _referee_identity(msg.data))
-            elif msg.kind == RUNNING:
-                self.ledger.running(msg.match)
-            elif msg.kind == FORGOTTEN:
-                self.ledger.forgotten(msg.match)
-            else:
-                self.ledger.acknowledged(msg.match)
+        feed_acks(self.ledger, payload)
 
     def on_episodes(self, _topic: str, payload: bytes) -> None:
         for msg in parse_all(payload):
@@ -298,8 +283,10 @@ class Wiring:
         if [w for w in self.wait_for if w in external] or not self.ledger.referees_up:
             with contextlib.suppress(TimeoutError):  # the retained "online" of one already up
                 await asyncio.wait_for(self.ready.wait(), 0.2)
+        said_waiting = False  # then the start of play is said too: a waiting line goes stale
         if awaited := [w for w in self.wait_for if w in external and not self.roster.is_online(w)]:
             self.notice(waiting_notice(awaited, self.bus_config, self.stack, self.ready_timeout_s))
+            said_waiting = True
         while not self.ready.is_set():
             missing = self.roster.missing(self.wait_for)
             missing += [] if self.ledger.referees_up else [self.no_referee()]
@@ -307,6 +294,7 @@ class Wiring:
                 slow_at = 0.0
                 left = round(deadline - time.monotonic())
                 self.notice(f"still waiting for {', '.join(missing)} ({left}s left)")
+                said_waiting = True
             if self.stack is not None and (dead := self.stack.dead()):
                 raise RunError(
                     f"process {dead[0]} exited before the run started:\n{self.stack.log_tail(dead[0])}"
@@ -317,6 +305,8 @@ class Wiring:
                 raise RunError(f"not online after {self.ready_timeout_s}s: {missing}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.ready.wait(), 0.1)
+        if said_waiting:
+            self.notice("all agents online; playing")
         return True
 
     async def play(
@@ -339,6 +329,13 @@ class Wiring:
         submitter = asyncio.create_task(self.submit(request, n))
         tasks = [submitter, asyncio.create_task(self.resubmit(ack_timeout_s))]
         tasks.append(asyncio.create_task(stop_early()))
+        beat = Heartbeat(
+            self.config,
+            self.notice,
+            lambda: len(self.traces.decided) if self.traces is not None else 0,
+            self.ledger.episodes.values,
+        )
+        tasks.append(asyncio.create_task(beat.run()))  # slow runs say how they go (heartbeat.py)
         try:
             while not self.all_done.is_set():
                 if submitter.done() and (error := submitter.exception()) is not None:
@@ -351,15 +348,6 @@ class Wiring:
                 task.cancel()
         if self.ledger.failure is not None:
             raise RunError(f"{self.ledger.failure}; the run stops here")
-
-
-def _referee_identity(data: dict[str, object]) -> str:
-    """The identity of the referee that sent an ``accepted`` event: its status topic's name."""
-    identity = data.get("identity")
-    if isinstance(identity, str):
-        return identity
-    referee = str(data.get("referee", ""))  # a referee before "identity": "<name>@<host>:<pid>"
-    return referee.split("@", 1)[0]
 
 
 def waiting_notice(

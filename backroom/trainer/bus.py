@@ -46,6 +46,7 @@ from backroom.bus.wire import (
     parse,
     parse_all,
 )
+from backroom.play.ledger import MatchLedger, feed_acks
 from backroom.trainer.store import STORED, Request, Store
 
 log = logging.getLogger("backroom.trainer")
@@ -104,8 +105,15 @@ class TrainerBus:
         self.watch = None if watch is None else list(watch)
         self.checkpoints: dict[str, AdapterRef] = {}
         self._arrived = asyncio.Event()
+        #: The batch being played (``trainer.batch``): told what referees answer and finish.
+        self.ledger: MatchLedger | None = None
+        #: Referees a roster record names, and whether their status says online now.
+        self.referees: dict[str, bool] = {}
 
     async def __aenter__(self) -> TrainerBus:
+        # the rosters are retained: a referee's record is here before its status
+        await self.bus.subscribe(topics.REFEREE_ROSTERS, self._on_roster)
+        await self.bus.subscribe(topics.inbox(self.me), self._on_ack)
         await self.bus.subscribe(topics.episodes(self.game), self._on_episode)
         await self.bus.subscribe(topics.ALL_TRACES, self._on_trace)
         if self.watch is None:
@@ -134,6 +142,8 @@ class TrainerBus:
         for msg in parse_all(payload):
             if isinstance(msg, Episode) and self.store.add_episode(msg.record):
                 self._arrived.set()
+            if isinstance(msg, Episode) and self.ledger is not None:
+                self.ledger.episode(msg.record)  # after the store: committed before the PUBACK
 
     def _on_trace(self, topic: str, payload: bytes) -> None:
         agent = topic.rsplit("/", 1)[-1]
@@ -149,7 +159,28 @@ class TrainerBus:
             metrics.TRAIN_DROPPED.labels(reason=reason).inc(n)
 
     def _on_status(self, topic: str, payload: bytes) -> None:
-        if self.presence.see(topic, payload) is not None:  # capped: wire.MAX_STATUS_BYTES
+        seen = self.presence.see(topic, payload)  # capped: wire.MAX_STATUS_BYTES
+        if seen is None:
+            return
+        self._arrived.set()
+        if seen.name in self.referees and seen.status.kind == "referee":
+            self.referees[seen.name] = seen.online
+            if self.ledger is not None:
+                ledger = self.ledger
+                (ledger.referee_online if seen.online else ledger.referee_offline)(seen.name)
+
+    def _on_roster(self, topic: str, payload: bytes) -> None:
+        """A referee-only record names a referee: its status is read from now on (only its
+        own: any identity may say ``kind: referee`` of itself)."""
+        name = topics.referee_of(topic)
+        if name is not None and payload and name not in self.referees:
+            self.referees[name] = False
+            self.bus.follow([topics.status(name)], self._on_status)
+
+    def _on_ack(self, _topic: str, payload: bytes) -> None:
+        """Referees answer each request they take, and each ask ``again``, in our inbox."""
+        if self.ledger is not None:
+            feed_acks(self.ledger, payload)
             self._arrived.set()
 
     def _on_checkpoint(self, topic: str, payload: bytes) -> None:
@@ -163,6 +194,22 @@ class TrainerBus:
             self._arrived.set()
 
     # --- what the trainer sends ----------------------------------------------------
+
+    def send(self, request: MatchRequest) -> None:
+        """One match request out (the ledger's ``publish``: asks, resends, asks ``again``)."""
+        self.bus.publish(topics.CONTROL_MATCHES, request)
+
+    def connected(self) -> bool:
+        return self.bus.connected.is_set()
+
+    async def changed(self, timeout_s: float) -> None:
+        """Return when something arrived (an episode, a trace, an answer, a status) or after
+        ``timeout_s``."""
+        self._arrived.clear()
+        # not ``wait_for``: on 3.11 it can swallow a cancel (Ctrl-C) that comes as the event is set
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._arrived.wait()
 
     async def request(
         self, requests: Sequence[Request], window: int | None = None, timeout_s: float = 600.0

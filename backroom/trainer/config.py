@@ -12,18 +12,17 @@ refused with the same words as the same value in the file.
 
 from __future__ import annotations
 
-import copy
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backroom.model.adapters import ADAPTER_FILES
 from backroom.model.spec import ModelSpec
 from backroom.runner.config import AgentEntry, ConfigError, read_yaml, validate
+from backroom.runner.overrides import apply_overrides
+from backroom.runner.overrides import parse_override as _parse_override
 from backroom.tracking import TrackingSpec
 
 
@@ -307,6 +306,12 @@ class TrainConfig(BaseModel):
         default=600.0, gt=0, description="how long a step waits for its episodes"
     )
     concurrency: int = Field(default=32, ge=1, description="matches in flight")
+    trace_budget_mb: float = Field(
+        default=256.0,
+        gt=0,
+        description="MiB of traces the trainer stores from one agent for one step's matches; "
+        "past it, that agent's traces are refused, counted and named in train_log.csv",
+    )
     threads: int | None = Field(
         default=None,
         ge=1,
@@ -475,47 +480,9 @@ def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainC
     return parse_train_config(data, source=source)
 
 
-#: A number as people type it; YAML 1.1 (PyYAML) reads ``1e-4`` as a string.
-_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``KEY=VALUE`` as a path into the config's data and a YAML value.
-
-    KEY is dotted (``hyper.lr``, ``params.rounds``, ``evaluation.every``); a bare
-    hyperparameter name (``lr``) means ``hyper.<name>``. VALUE is read as YAML
-    (``true``, ``[a, b]``, ``{k: 1}``), a number in any spelling as a number.
-    """
-    key, sep, raw = text.partition("=")
-    path = key.strip().split(".")
-    if not sep or not all(path):
-        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. hyper.lr=1e-4")
-    if len(path) == 1 and path[0] in Hyperparameters.model_fields:
-        path = ["hyper", path[0]]
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else raw
-    except yaml.YAMLError as exc:
-        problem = str(exc).splitlines()[0]
-        raise ConfigError(f"--set {text!r}: the value is not valid YAML ({problem})") from None
-    if isinstance(value, str) and _NUMBER.match(value.strip()):
-        value = float(value)
-    return path, value
-
-
-def apply_overrides(data: Any, overrides: Sequence[tuple[list[str], Any]]) -> Any:
-    """A copy of the config's data with each value set at its path (mappings made as needed)."""
-    if not overrides or not isinstance(data, dict):
-        return data  # not a mapping: validation says so, naming the file
-    out = copy.deepcopy(data)
-    for path, value in overrides:
-        node = out
-        for i, part in enumerate(path[:-1]):
-            child = node.setdefault(part, {})
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                where = ".".join(path[: i + 1])
-                raise ConfigError(f"--set {'.'.join(path)}: {where} is {child!r}, not a mapping")
-            node = child
-        node[path[-1]] = value
-    return out
+    """``KEY=VALUE`` (``runner.overrides.parse_override``); a bare hyperparameter name
+    (``lr``) means ``hyper.<name>``."""
+    return _parse_override(
+        text, bare=Hyperparameters.model_fields, bare_under="hyper", example="hyper.lr=1e-4"
+    )

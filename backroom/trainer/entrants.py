@@ -5,11 +5,12 @@ started later, and still finds every checkpoint the run sent. One YAML file
 per entrant, ``<league dir>/entrants.d/<name>.yaml``, written atomically
 (a temporary file renamed), so a league reading the folder never sees half a
 record; a resumed trainer writes the same file again with the same content.
-The record's ``agent`` is an agent entry a run config or a league seats as
-it is: a ``local`` agent on the run's base model with that adapter folder,
-frozen (no ``policy``: it never follows the trainer's later checkpoints);
-``entrant`` says the same as a league config's ``from_run`` entrant
-(``versions: [vN]``), which seats that very agent, named ``<id>.vN``.
+The record names a checkpoint and nothing else: its name, the policy and
+version, the adapter folder (inside this run's directory) and that folder's
+sha256. The league seats it as its own config's ``model:`` block plays, with
+that adapter, frozen (it never follows the trainer's later checkpoints), once
+it has checked that the folder lies inside a run directory its config names
+(``trainers:``) and hashes to the sha256 given (``backroom.league.handoff``).
 The format is documented in docs/training.md ("Sending checkpoints to a league").
 """
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,8 @@ import yaml
 from backroom.bus.wire import AdapterRef
 from backroom.trainer.config import TrainConfig
 
-#: The record's version; a league refuses a newer one rather than guessing.
-ENTRANT_FORMAT = 1
+#: The record's version; a league refuses any other (1 carried a whole agent entry).
+ENTRANT_FORMAT = 2
 
 
 def entrant_due(config: TrainConfig, step: int) -> bool:
@@ -38,38 +38,18 @@ def entrant_due(config: TrainConfig, step: int) -> bool:
 def entrant_record(
     config: TrainConfig, run_dir: Path, step: int, ref: AdapterRef
 ) -> dict[str, Any]:
-    """What a league needs to seat the checkpoint, and where it came from."""
+    """The checkpoint a league may seat: which version, and where its adapter is."""
     assert config.league is not None
-    from backroom.trainer.launch import player_options
-
     prefix = config.league.name or config.run
-    name = f"{prefix}.{ref.version}"  # as a league names the versions of a ``from_run`` entrant
-    folder = run_dir / "adapters" / ref.version
-    options = {k: v for k, v in player_options(config).items() if k != "policy" and v is not None}
     return {
         "format": ENTRANT_FORMAT,
-        "name": name,
-        "agent": {
-            "id": name,
-            "kind": "local",
-            "options": {**options, "adapter": str(folder.resolve())},
-        },
-        "entrant": {
-            "id": prefix,
-            "kind": "local",
-            "options": options,
-            "from_run": str(run_dir.resolve()),
-            "versions": [ref.version],
-        },
-        "from_run": str(run_dir.resolve()),
-        "run": config.run,
-        "algorithm": config.algorithm,
+        "name": f"{prefix}.{ref.version}",  # as a league names the versions of a ``from_run``
         "policy": ref.policy,
         "version": ref.version,
-        "step": step,
+        "adapter": str((run_dir / "adapters" / ref.version).resolve()),
         "sha256": ref.sha256,
         "size": ref.size,
-        "created": time.time(),
+        "step": step,
     }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 from backroom import metrics
 from backroom.bus.wire import AdapterRef
 from backroom.games.ipd import COOPERATE
+from backroom.trainer.batch import Played, planned_only, play_batch
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import TrainConfig
 from backroom.trainer.entrants import league_progress
@@ -44,19 +45,18 @@ def evaluated_steps(run_dir: Path) -> set[int]:
 
 
 async def play(
-    tb: TrainerBus, store: Store, planned: list[Request], timeout_s: float, window: int
-) -> list[str]:
-    """Send (or, on resume, re-send what has no episode yet) and wait; return the missing matches."""
-    matches = [r.match for r in planned]
-    known = {m for m in matches if store.request(m) is not None}
-    fresh = [r for r in planned if r.match not in known]
-    if fresh:
-        store.add_requests(fresh)  # stored before sent: a crash after this resends, never forgets
-    outstanding = set(store.missing_episodes(matches))
-    await tb.request([r for r in planned if r.match in outstanding], window, timeout_s)
-    missing = await tb.wait_episodes(matches, timeout_s)
-    await tb.wait_traces(matches, TRACE_GRACE_S)
-    return missing
+    tb: TrainerBus,
+    store: Store,
+    planned: list[Request],
+    timeout_s: float,
+    window: int,
+    dead_referees: Callable[[], list[tuple[str, str]]] | None = None,
+) -> Played:
+    """Send (or, on resume, send again what has no result yet) and wait (``batch.play_batch``),
+    then wait a little for the trained seats' traces."""
+    played = await play_batch(tb, store, planned, timeout_s, window, dead_referees)
+    await tb.wait_traces(played.matches, TRACE_GRACE_S)
+    return played
 
 
 def cooperation(game: str, moves: Iterable[object]) -> float | None:
@@ -78,9 +78,12 @@ async def evaluate(
 ) -> dict[str, Any]:
     """Play the current adapter against every baseline and pool member; log mean returns
     (and IPD cooperation)."""
-    planned = store.requests(step=step, kind="eval") or plan_evaluation(config, step, current, pool)
-    missing = await play(tb, store, planned, config.episode_timeout_s, config.concurrency)
-    joined, dropped = store.join([r.match for r in planned])
+    planned = planned_only(store.requests(step=step, kind="eval")) or plan_evaluation(
+        config, step, current, pool
+    )
+    played = await play(tb, store, planned, config.episode_timeout_s, config.concurrency)
+    missing = played.missing
+    joined, dropped = store.join(played.matches)
     by_label: dict[str, list[Joined]] = {}
     for ep in joined:
         by_label.setdefault(ep.request.label, []).append(ep)

@@ -64,12 +64,12 @@ def start_stack(
         stack.spawn("referee", ["referee", "--runs-dir", str(run_dir / "runs")], env_for(ref))
         passwords = {e["id"]: stack.identity(e["id"]).password or "" for e in entries}
         env = {
-            **env_for(stack.identity(entries[0]["id"])),
-            "BACKROOM_PASSWORDS": json.dumps(passwords),
+            "BACKROOM_BROKER": env_for(stack.identity(entries[0]["id"]))["BACKROOM_BROKER"],
             # its output is a log file: no carriage-return progress bars of model loading
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         }
-        stack.spawn("agents", ["agent-host", "--spec-json", json.dumps(entries)], env)
+        args = ["agent-host", "--spec-json", json.dumps(entries)]
+        stack.spawn("agents", args, env, passwords=passwords)  # in a file only it reads
         return stack, stack.identity(trainer_identity(config), role="trainer")
     except BaseException:
         stack.stop()

@@ -37,6 +37,7 @@ from backroom.bus.client import BusConfig
 from backroom.bus.wire import AdapterRef
 from backroom.model.adapters import AdapterRejected, adapter_digest
 from backroom.trainer.advantages import Hyper, assign_credit
+from backroom.trainer.batch import BatchError, Played, planned_only
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import OpponentError, TrainConfig
 from backroom.trainer.entrants import entrant_due, send_entrant
@@ -336,7 +337,7 @@ async def train(  # noqa: C901, PLR0915 (the training loop read top to bottom: r
 ) -> TrainResult:
     """Run ``config.steps`` steps (minus those already logged when resuming)."""
     await asyncio.to_thread(run_dir.mkdir, parents=True, exist_ok=True)
-    store = Store(run_dir / "store.sqlite")
+    store = Store(run_dir / "store.sqlite", int(config.trace_budget_mb * 1024**2))
     tracking = open_tracking(None, run_dir, {})  # off until the run directory is taken
     train_log = TrainLog(run_dir / "train_log.csv")
     evaluations: list[dict[str, Any]] = []
@@ -383,7 +384,7 @@ async def train(  # noqa: C901, PLR0915 (the training loop read top to bottom: r
                     )
                 )
             for step in range(run.first_step, config.steps):
-                planned = store.requests(step=step, kind="train") or plan_step(
+                planned = planned_only(store.requests(step=step, kind="train")) or plan_step(
                     config,
                     step,
                     run.current,
@@ -392,17 +393,23 @@ async def train(  # noqa: C901, PLR0915 (the training loop read top to bottom: r
                     run.records if config.buffer.sample == "pfsp" else None,
                 )
                 t0 = time.perf_counter()
-                missing = await play(
-                    tb, store, planned, config.episode_timeout_s, config.concurrency
-                )
+                try:
+                    played = await play(
+                        tb, store, planned, config.episode_timeout_s, config.concurrency
+                    )
+                except BatchError as exc:
+                    raise TrainError(f"step {step}: {exc}") from None
                 rollout_s = time.perf_counter() - t0
-                joined, dropped = store.join([r.match for r in planned])
+                joined, dropped = store.join(played.matches)
                 for reason, n in dropped.items():
                     metrics.TRAIN_DROPPED.labels(reason=reason).inc(n)
+                if played.played < played.planned:
+                    log.warning("step %d: %s", step, played.summary())
                 samples, versions = build_samples(joined, config)
                 if not samples:
                     raise TrainError(
-                        f"step {step}: no decision to learn from ({dropped}; missing episodes: {missing[:3]})"
+                        f"step {step}: no decision to learn from: {played.summary()} "
+                        f"({dropped}; missing episodes: {played.missing[:3]})"
                     )
                 log.info("step %d: updating on %d decisions", step, len(samples))
                 try:
@@ -414,6 +421,9 @@ async def train(  # noqa: C901, PLR0915 (the training loop read top to bottom: r
                     raise
                 ref = await asyncio.to_thread(save_step, run, config, run_dir, step, base_url)
                 row = _row(config, step, ref.version, joined, stats, rollout_s, versions, dropped)
+                row |= _batch_columns(played)
+                # who went past its trace budget for this step, by name (the column and log line)
+                row["traces_over_budget"] = store.over_budget_text(step)
                 store.log_step(
                     step,
                     ref.version,
@@ -534,6 +544,16 @@ def _row(
         "cooperation_rate": coop if coop is not None else float("nan"),
         **{f"reward_seat{s}": float(returns[:, s].mean()) for s in range(returns.shape[1])},
         "dropped": sum(dropped.values()),
+    }
+
+
+def _batch_columns(played: Played) -> dict[str, Any]:
+    """How many of the step's matches were played, and why the others were not: the step's
+    line and ``backroom analyze`` say ``3 of 4 matches (1 voided: reason)`` from these."""
+    return {
+        "planned": played.planned,
+        "voided": len(played.voided),
+        "unplayed": played.summary() if played.played < played.planned else "",
     }
 
 

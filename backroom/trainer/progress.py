@@ -102,9 +102,11 @@ def train_logging(log_file: Path) -> Iterator[LibraryNoise]:
     finally:
         warnings.showwarning = shown
         if hf is not None:
-            hf_logging, propagate = hf
+            hf_logging, propagate, bars = hf
             hf_logging.enable_default_handler()
             logging.getLogger("transformers").propagate = propagate
+            if bars:
+                hf_logging.enable_progress_bar()
         root.removeHandler(to_file)
         to_file.close()
         root.setLevel(console_level)
@@ -113,8 +115,15 @@ def train_logging(log_file: Path) -> Iterator[LibraryNoise]:
             h.setLevel(level)
 
 
-def _route_transformers() -> tuple[Any, bool] | None:
-    """transformers' logger through the root's handlers; its module and old ``propagate``."""
+def _route_transformers() -> tuple[Any, bool, bool] | None:
+    """transformers' logger through the root's handlers, its progress bars off; its module,
+    old ``propagate`` and whether its bars were on.
+
+    Its "Loading weights" bar reached the terminal, drawn through the trainer's
+    own progress bar, where the docs said library output goes to the log; a bar
+    in a log file is a line of carriage returns, so while the trainer logs,
+    transformers draws no bar at all (its log lines still reach the file).
+    """
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:
@@ -123,7 +132,9 @@ def _route_transformers() -> tuple[Any, bool] | None:
     propagate = logging.getLogger("transformers").propagate
     hf_logging.disable_default_handler()
     hf_logging.enable_propagation()
-    return hf_logging, propagate
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    return hf_logging, propagate, bars
 
 
 class StepProgress:

@@ -18,7 +18,10 @@ is one fsync per message, small beside the match that produced it.
 
 Nothing here trusts a payload: a trace counts only for the agent its topic
 names, and only if the match the trainer requested seats that agent where the
-trace says; what is missing is dropped and counted, never guessed.
+trace says, for a decision the referee's episode records (once the episode is
+in; traces that came first for turns it does not record are deleted with its
+arrival), within the agent's byte budget for the step (``trace_budget_bytes``);
+what is missing is dropped and counted, never guessed.
 
 What is refused costs no write. An agent may publish anything on its own
 ``traces/{agent}``, as fast as it likes: if each refusal were a committed
@@ -35,6 +38,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -47,6 +51,13 @@ from backroom.bus.wire import EpisodeRecord, MatchSpec, Trace
 
 #: What ``add_traces`` returns for each trace it stored (the other keys are reasons it refused).
 STORED = "stored"
+
+#: Bytes of traces the store takes from one agent for the matches of one step (stored
+#: traces' JSON); past it, its traces are refused and counted (``trace_over_budget``).
+TRACE_BUDGET_BYTES = 256 * 1024**2
+
+#: Matches whose recorded decisions ``add_traces`` keeps at hand (each a small set).
+_DECISIONS_CACHED = 4096
 
 #: ``PRAGMA user_version`` of the schema below; a newer file is refused, not guessed at.
 SCHEMA_VERSION = 1
@@ -142,12 +153,20 @@ class Store:
     call is back.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, trace_budget_bytes: int = TRACE_BUDGET_BYTES) -> None:
         self.path = Path(path)
         # FULL: see the module docstring.
         self._db = wal.connect(self.path, "FULL")
         #: Counted since the last commit of the counters (see the module docstring).
         self._pending: dict[str, int] = {}
+        self.trace_budget_bytes = trace_budget_bytes
+        #: (step, agent) -> bytes of its traces this store took for the step's matches
+        #: (read from the file at the first trace of the pair: what a restart had taken).
+        self._taken: dict[tuple[int, str], int] = {}
+        #: step -> agent -> its traces refused for being past its budget (this process's).
+        self.over_budget: dict[int, Counter[str]] = {}
+        #: match -> the (turn, seat) its stored episode records; None: no episode yet.
+        self._decisions: dict[str, frozenset[tuple[int, int]]] = {}
         try:
             self._open()
         except BaseException:
@@ -278,19 +297,42 @@ class Store:
     # --- ingest (from the MQTT receive callback; each call commits before returning) ----------
 
     def add_episode(self, record: EpisodeRecord) -> bool:
-        """True if stored; an unrequested or repeated episode is refused and counted, the stored row kept."""
+        """True if stored; an unrequested or repeated episode is refused and counted, the stored row kept.
+
+        With it, the traces that came first for decisions it does not record
+        (turns that never happened, seats no decision was asked of) are
+        deleted in the same transaction and counted (``trace_no_decision``):
+        an agent cannot fill the store with them.
+        """
         if not self._requested(record.match):
             self.count("episode_unrequested")
             return False
+        decisions = frozenset((a.turn, a.seat) for a in record.actions)
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO episodes (match, record, received) VALUES (?, ?, ?)"
                 " ON CONFLICT (match) DO NOTHING",
                 (record.match, record.model_dump_json(), time.time()),
             )
+            stray = []
+            if cur.rowcount:
+                stray = [
+                    (turn, seat)
+                    for turn, seat in db.execute(
+                        "SELECT turn, seat FROM traces WHERE match = ?", (record.match,)
+                    )
+                    if (turn, seat) not in decisions
+                ]
+                db.executemany(
+                    "DELETE FROM traces WHERE match = ? AND turn = ? AND seat = ?",
+                    [(record.match, turn, seat) for turn, seat in stray],
+                )
         if cur.rowcount == 0:
             self.count("episode_duplicate")
             return False
+        self._remember(record.match, decisions)
+        if stray:
+            self.count("trace_no_decision", len(stray))
         return True
 
     def add_trace(self, topic_agent: str, trace: Trace) -> bool:
@@ -305,55 +347,49 @@ class Store:
         and a seat where that match's request seats the sender: the request
         is the trainer's own word on who plays where (the referee seats
         ``spec.seats`` as asked), so it is known before the episode, and an
-        agent that is not seated there is refused at once. First-come per
-        (match, turn, seat) is then safe: only the seated agent can come
-        first. Refusals are counted in memory; the stored ones share one
-        transaction (one fsync per message, however many traces it holds).
+        agent that is not seated there is refused at once. Once the episode
+        is in, only a (turn, seat) it records is taken (``trace_no_decision``);
+        and an agent's traces for one step's matches take at most
+        ``trace_budget_bytes`` (``trace_over_budget``, named per agent in
+        ``over_budget``): a seated agent may write valid traces without end.
+        First-come per (match, turn, seat) is then safe: only the seated
+        agent can come first. Refusals are counted in memory; the stored ones
+        share one transaction (one fsync per message, however many traces it holds).
         """
         counts: dict[str, int] = {}
-        rows: list[tuple[Any, ...]] = []
-        seats: dict[str, list[str] | None] = {}
+        rows: list[tuple[tuple[Any, ...], int, int]] = []  # (row, its step, its bytes)
+        known: dict[str, tuple[list[str], int] | None] = {}
         now = time.time()
         for trace in traces:
-            reason = None
-            if trace.agent != topic_agent:
-                reason = "trace_forged"
-            elif trace.match is None:
-                reason = "trace_unrequested"
-            elif trace.seat is None:
-                reason = "trace_no_seat"
-            else:
-                if trace.match not in seats:
-                    seats[trace.match] = self._seats(trace.match)
-                seated = seats[trace.match]
-                if seated is None:
-                    reason = "trace_unrequested"
-                elif not 0 <= trace.seat < len(seated) or seated[trace.seat] != topic_agent:
-                    reason = "trace_not_seated"
+            text = trace.model_dump_json()
+            size = len(text.encode())
+            reason, step = self._admit(topic_agent, trace, known, size)
             if reason is not None:
                 counts[reason] = counts.get(reason, 0) + 1
+                if reason == "trace_over_budget":
+                    self.over_budget.setdefault(step, Counter())[topic_agent] += 1
                 continue
-            rows.append(
-                (
-                    trace.match,
-                    trace.turn,
-                    trace.seat,
-                    topic_agent,
-                    trace.phase,
-                    trace.model_dump_json(),
-                    now,
-                )
-            )
-        stored = 0
+            row = (trace.match, trace.turn, trace.seat, topic_agent, trace.phase, text, now)
+            rows.append((row, step, size))
+        inserted: list[bool] = []
         if rows:
-            with self._tx() as db:
-                for row in rows:
-                    cur = db.execute(
-                        "INSERT INTO traces VALUES (?, ?, ?, ?, ?, ?, ?)"
-                        " ON CONFLICT (match, turn, seat) DO NOTHING",
-                        row,
-                    )
-                    stored += cur.rowcount
+            try:
+                with self._tx() as db:
+                    for row, _step, _size in rows:
+                        cur = db.execute(
+                            "INSERT INTO traces VALUES (?, ?, ?, ?, ?, ?, ?)"
+                            " ON CONFLICT (match, turn, seat) DO NOTHING",
+                            row,
+                        )
+                        inserted.append(cur.rowcount == 1)
+            except BaseException:
+                inserted = [False] * len(rows)
+                raise
+            finally:
+                for (_row, step, size), ok in zip(rows, inserted, strict=False):
+                    if not ok:  # a repeat, or not committed: not taken after all
+                        self._taken[(step, topic_agent)] -= size
+        stored = sum(inserted)
         if len(rows) > stored:
             counts["trace_duplicate"] = len(rows) - stored
         for reason, n in counts.items():
@@ -362,10 +398,80 @@ class Store:
             counts[STORED] = stored
         return counts
 
-    def _seats(self, match: str) -> list[str] | None:
-        """The agents a requested match seats, by seat; None if the trainer never requested it."""
-        row = self._db.execute("SELECT spec FROM requests WHERE match = ?", (match,)).fetchone()
-        return None if row is None else MatchSpec.model_validate_json(row[0]).seats
+    def _admit(
+        self,
+        agent: str,
+        trace: Trace,
+        known: dict[str, tuple[list[str], int] | None],
+        size: int,
+    ) -> tuple[str | None, int]:
+        """Why ``trace`` is refused (a counter's name) or None, and its match's step (-1: none).
+
+        An admitted trace's ``size`` is taken from its agent's budget for the step."""
+        if trace.agent != agent:
+            return "trace_forged", -1
+        if trace.match is None:
+            return "trace_unrequested", -1
+        if trace.seat is None:
+            return "trace_no_seat", -1
+        if trace.match not in known:
+            known[trace.match] = self._seats_and_step(trace.match)
+        found = known[trace.match]
+        if found is None:
+            return "trace_unrequested", -1
+        seats, step = found
+        if not 0 <= trace.seat < len(seats) or seats[trace.seat] != agent:
+            return "trace_not_seated", step
+        decisions = self._recorded(trace.match)
+        if decisions is not None and (trace.turn, trace.seat) not in decisions:
+            return "trace_no_decision", step
+        taken = self._taken_by(step, agent)
+        if taken + size > self.trace_budget_bytes:
+            return "trace_over_budget", step
+        self._taken[(step, agent)] = taken + size
+        return None, step
+
+    def _seats_and_step(self, match: str) -> tuple[list[str], int] | None:
+        """The agents a requested match seats, by seat, and its step; None if never requested."""
+        row = self._db.execute(
+            "SELECT spec, step FROM requests WHERE match = ?", (match,)
+        ).fetchone()
+        return None if row is None else (MatchSpec.model_validate_json(row[0]).seats, row[1])
+
+    def _recorded(self, match: str) -> frozenset[tuple[int, int]] | None:
+        """The (turn, seat) of the decisions ``match``'s stored episode records; None: no episode."""
+        if match in self._decisions:
+            return self._decisions[match]
+        row = self._db.execute("SELECT record FROM episodes WHERE match = ?", (match,)).fetchone()
+        if row is None:
+            return None
+        record = EpisodeRecord.model_validate_json(row[0])
+        decisions = frozenset((a.turn, a.seat) for a in record.actions)
+        self._remember(match, decisions)
+        return decisions
+
+    def _remember(self, match: str, decisions: frozenset[tuple[int, int]]) -> None:
+        if len(self._decisions) >= _DECISIONS_CACHED:
+            self._decisions.clear()  # a run's traces come for its recent matches
+        self._decisions[match] = decisions
+
+    def _taken_by(self, step: int, agent: str) -> int:
+        """Bytes of ``agent``'s traces taken for ``step``'s matches (the file's, at first ask)."""
+        key = (step, agent)
+        if key not in self._taken:
+            row = self._db.execute(
+                "SELECT coalesce(sum(length(CAST(t.trace AS BLOB))), 0) FROM traces t"
+                " JOIN requests r ON r.match = t.match WHERE r.step = ? AND t.agent = ?",
+                (step, agent),
+            ).fetchone()
+            self._taken[key] = int(row[0])
+        return self._taken[key]
+
+    def over_budget_text(self, step: int) -> str:
+        """``agent=n`` for each agent whose traces for ``step`` went past its budget
+        (train_log.csv's ``traces_over_budget``); empty when none did."""
+        over = self.over_budget.get(step, Counter())
+        return " ".join(f"{agent}={n}" for agent, n in sorted(over.items()))
 
     def _requested(self, match: str) -> bool:
         return (

@@ -39,7 +39,7 @@ async def flood_ones(
     async with Bus(login(url, creds_dir, agent)) as bus:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            await bus.publish(topics.outbox(agent), ONES)
+            await bus.publish(topics.outbox(agent, "referee"), ONES)
             sent += 1
             await asyncio.sleep(1.0 / per_s)
     return {"payloads": sent, "bytes": sent * len(ONES), "seconds": seconds}
@@ -54,7 +54,7 @@ async def flood_small(
     async with Bus(login(url, creds_dir, agent)) as bus:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            await bus.publish(topics.outbox(agent), b"{nope")
+            await bus.publish(topics.outbox(agent, "referee"), b"{nope")
             sent += 1
     return {"payloads": sent, "seconds": seconds}
 
@@ -110,7 +110,7 @@ async def flood_small_seated(
     async with seated_bus(url, creds_dir, agent) as bus:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            await bus.publish(topics.outbox(agent), b"{nope")
+            await bus.publish(topics.outbox(agent, "referee"), b"{nope")
             sent += 1
     return {"payloads": sent, "seconds": seconds}
 

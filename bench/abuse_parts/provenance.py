@@ -106,6 +106,7 @@ async def name_unannounced_adapter(
                 params={"rounds": 1},
                 turn_timeout_s=20,
                 adapter=ref,
+                referee=referee,
             )
             turn = Turn(
                 match=match,
@@ -128,7 +129,7 @@ async def name_unannounced_adapter(
             Bus(login(url, creds_dir, referee)) as ref_bus,
             Bus(login(url, creds_dir, trainer)) as tr_bus,
         ):
-            await ref_bus.subscribe(topics.outbox(agent), on_outbox)
+            await ref_bus.subscribe(topics.outbox(agent, referee), on_outbox)
             forged = await play("forged")
             cp = Checkpoint(**ref.model_dump())
             await tr_bus.publish(topics.model_version("pol", "v9"), cp, retain=True)

@@ -1,0 +1,115 @@
+"""One batch, its callers: a match request lost before any referee takes it is asked again.
+
+A member of the referees' shared group that takes requests and answers
+nothing (a referee that dies with them, unacknowledged) gets some of a
+batch's requests; the trainer and the league each send those again (the
+``MatchLedger``'s ``resend``), count them, and play every match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+from backroom.bus import topics
+from backroom.bus.broker import Broker
+from backroom.bus.client import Bus
+from backroom.bus.wire import AdapterRef, MatchRequest, parse_all
+from backroom.league.config import parse_league
+from backroom.league.play import run_league
+from backroom.referee.service import Referee
+from backroom.trainer.batch import play_batch
+from backroom.trainer.bus import TrainerBus
+from backroom.trainer.config import parse_train_config
+from backroom.trainer.rollouts import plan_step
+from backroom.trainer.store import Store
+
+from .conftest import agents, eventually, identity, load_factor, stack
+from .test_trainer import tiny_config_data
+
+
+@contextlib.asynccontextmanager
+async def swallowing(broker: Broker) -> AsyncIterator[list[str]]:
+    """Join the referees' group (read from its retained record) and take requests without a
+    word until the first one is in; yields the matches it took."""
+    swallowed: list[str] = []
+    groups: list[str] = []
+    leaving: list[asyncio.Task[None]] = []
+
+    def on_group(_topic: str, payload: bytes) -> None:
+        if payload:
+            groups.append(payload.decode())
+
+    async with Bus(identity(broker, "referee-sink", "referee")) as bus:
+
+        def on_request(_topic: str, payload: bytes) -> None:
+            swallowed.extend(m.match for m in parse_all(payload) if isinstance(m, MatchRequest))
+            if swallowed and not leaving:  # one is enough: leave the group again
+                shared = topics.control_matches_shared(min(groups))
+                leaving.append(asyncio.create_task(bus.unsubscribe(shared)))
+
+        await bus.subscribe(topics.REFEREE_GROUPS, on_group)
+        await eventually(lambda: bool(groups), 10 * load_factor())
+        await bus.subscribe(topics.control_matches_shared(min(groups)), on_request)
+        yield swallowed
+
+
+async def test_the_trainer_sends_again_a_request_a_referee_took_without_a_word(
+    broker: Broker, tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    config = parse_train_config(
+        tiny_config_data(
+            tiny_qwen_model, params={"rounds": 1}, hyper={"batch_size": 16, "group_size": 2}
+        )
+    )
+    ref = AdapterRef(policy="pol", version="v0", uri="/nowhere", sha256="0" * 64, size=0)
+    planned = [
+        replace(r, spec=r.spec.model_copy(update={"adapters": [None, None]}))
+        for r in plan_step(config, 0, ref, [])
+    ]
+    players = agents(("p0", "tit-for-tat"), ("p1", "tit-for-tat"))
+    async with stack(broker, tmp_path / "runs", players), swallowing(broker) as swallowed:
+        with Store(tmp_path / "store.sqlite") as store:
+            async with TrainerBus(identity(broker, "trainer-s", "trainer"), store, "ipd") as tb:
+                await eventually(lambda: any(tb.referees.values()), 10 * load_factor())
+                played = await asyncio.wait_for(
+                    play_batch(tb, store, planned, 600, 16), 30 * load_factor()
+                )
+            assert swallowed, "no request reached the silent member"
+            assert played.summary() == "16 of 16 matches"
+            assert played.faults.resubmitted >= len(swallowed)
+            assert store.missing_episodes(played.matches) == []
+
+
+async def test_the_league_sends_again_a_request_a_referee_took_without_a_word(
+    broker: Broker, tmp_path: Path
+) -> None:
+    data = {
+        "league": "sink",
+        "games": [{"game": "ipd", "params": {"rounds": 2}, "seeds": 4}],
+        "entrants": [
+            {"id": "tft", "kind": "tit-for-tat"},
+            {"id": "defector", "kind": "always", "options": {"action": "B"}},
+        ],
+        "agent_processes": "single",
+        # one request a message: released together they would go out as one (``batch``), to
+        # one member of the group
+        "concurrency": 1,
+    }
+    where = {"broker_url": f"mqtt://{broker.host}:{broker.port}"}
+    # a referee of the test's own makes the group first, so the silent member is in it
+    # before the league's requests go out
+    async with Referee(identity(broker, "referee", "referee"), runs_dir=tmp_path / "runs"):
+        async with swallowing(broker) as swallowed:
+            summary = await run_league(
+                parse_league(data),
+                tmp_path / "league",
+                credentials_dir=broker.credentials.dir,
+                **where,  # type: ignore[arg-type]
+            )
+    assert swallowed, "no request reached the silent member"
+    assert summary.played == 1 * 2 * 4 and summary.pending == 0
+    assert summary.faults.resubmitted >= len(swallowed)
