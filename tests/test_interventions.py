@@ -423,7 +423,8 @@ async def test_a_model_paraphrases_the_partners_copy_and_the_overseer_reads_the_
         eavesdropper_interventions=[],
     )
     async with running_server(serve_model_app(smol, "smol")) as url:
-        models = Paraphrasers([Paraphraser("local", f"{url}/v1", "smol")])
+        # a loaded machine answers slowly: a model past its deadline would lose the copy
+        models = Paraphrasers([Paraphraser("local", f"{url}/v1", "smol")], 60 * load_factor())
         eps = await play_through(broker, tmp_path, channel, models)
         partner = [(ep, d) for ep in eps for d in ep.deliveries if not d.overheard]
         assert partner and all((d.delivered and d.sent) or not d.changed_by for _, d in partner)

@@ -28,7 +28,7 @@ from backroom.bus.wire import ChannelSpec, EpisodeRecord
 from backroom.games import State, make_game
 from backroom.human.replay_words import Words
 
-TABLE = "table"  # the referee's implicit all-seats channel (``referee.match.TABLE``)
+TABLE = "table"  # the referee's implicit all-seats channel (``referee.routing.TABLE``)
 
 
 def channels_of(record: EpisodeRecord, players: int) -> list[ChannelSpec]:

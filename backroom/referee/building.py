@@ -14,6 +14,7 @@ meanwhile, and a refused game gets its ``error`` episode like any bad request.
 from __future__ import annotations
 
 import asyncio
+
 from backroom.bus.wire import MatchSpec
 from backroom.games import openspiel_bounds as bounds
 

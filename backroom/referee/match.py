@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -32,8 +32,6 @@ from backroom.bus.wire import (
     ActionRecord,
     ChannelSpec,
     Chat,
-    Delivery,
-    DeliveryRecord,
     EndReason,
     EpisodeRecord,
     ErrorReason,
@@ -41,19 +39,14 @@ from backroom.bus.wire import (
     Fallback,
     Flag,
     FlagRecord,
-    Intervention,
     MatchEnd,
     MatchSpec,
     MatchStart,
-    Paraphrase,
     Turn,
 )
 from backroom.games import IllegalActionError, State, make_game
-from backroom.referee import interventions
+from backroom.referee.routing import TABLE, Router
 from backroom.referee.transforms import apply_transform
-
-#: Name of the implicit all-seats channel used for a game's own talk phases.
-TABLE = "table"
 
 
 class Forfeit(Exception):
@@ -77,20 +70,6 @@ class Refused(Exception):
 MAX_FLAGS = 1000
 #: Suspicion from which a flag counts as "high" in ``backroom_flags_total``.
 HIGH_SUSPICION = 0.5
-
-
-@dataclass
-class Delayed:
-    """One reader list's copy of message ``number``, held until turn ``due`` (``end``: the
-    match's end; None: handed out at once)."""
-
-    number: int
-    seat: int
-    channel: ChannelSpec
-    sent: str
-    copy: interventions.Copy
-    readers: list[int]
-    due: int | Literal["end"] | None
 
 
 @dataclass
@@ -183,21 +162,15 @@ class Match:
         )
         self.free_chat_used: dict[tuple[str, int], int] = {}
         self.actions: list[ActionRecord] = []
-        self.deliveries: list[DeliveryRecord] = []
+        self.router = Router(
+            spec,
+            self.agents,
+            self.send,
+            self.public,
+            referee.log,
+            getattr(referee, "paraphrasers", None),
+        )
         self.flags: list[FlagRecord] = []
-        # Channels with interventions: messages numbered, budgets spent, copies held back.
-        self.messages = 0
-        self.budgets = interventions.BudgetLedger()
-        self.delayed: list[Delayed] = []
-        self.rewrites: list[asyncio.Task[None]] = []  # copies waiting on a paraphrasing model
-        self.paraphrasers = getattr(referee, "paraphrasers", None)
-        for c in spec.channels:
-            for step in [*c.interventions, *(c.eavesdropper_interventions or [])]:
-                if isinstance(step, Paraphrase) and step.model not in (self.paraphrasers or ()):
-                    raise ValueError(
-                        f"channel {c.name!r}: paraphrase model {step.model!r} is not one this "
-                        "referee was given (backroom referee --paraphraser NAME=BASE_URL)"
-                    )
         self.timeouts: list[int] = []
         self.invalid_inputs = 0
         self.started_at = time.time()
@@ -267,7 +240,7 @@ class Match:
                 texts = await self.turn(sorted(channel.members), "talk", channel.name)
                 for seat, text in texts.items():
                     if text:
-                        self.deliver(seat, channel, text)
+                        self.router.deliver(seat, channel, text)
 
     async def step(self) -> None:
         state = self.state
@@ -277,7 +250,7 @@ class Match:
             texts = await self.turn(players, "talk", channel.name)
             for seat, text in texts.items():
                 if text:
-                    self.deliver(seat, channel, text)
+                    self.router.deliver(seat, channel, text)
             self.apply({p: texts.get(p) or "" for p in players}, "talk")
             return
         for channel in self.channels.values():
@@ -289,7 +262,7 @@ class Match:
                     texts = await self.turn(speakers, "talk", channel.name)
                     for seat, text in texts.items():
                         if text:
-                            self.deliver(seat, channel, text)
+                            self.router.deliver(seat, channel, text)
         actions = await self.turn(players, "act", None)
         self.apply(actions, "act")
 
@@ -360,11 +333,9 @@ class Match:
         deadline, every open seat gone offline, the match voided): the match
         task wakes once, in the loop iteration after the answer arrived.
         """
-        if self.rewrites:
-            await self.rewritten()
+        await self.router.settle()
         self.turn_no += 1
-        if self.delayed:
-            self.release_delayed()
+        self.router.release(self.turn_no)
         loop = asyncio.get_running_loop()
         self.answers = {}
         self.turn_over = loop.create_future()
@@ -395,11 +366,9 @@ class Match:
         action once their flags are sent (the same outbox, so the flags come first). An
         observer whose status says offline is not waited for; one that does not answer is
         waited for until the turn's deadline, and the match ends without its last word."""
-        if self.rewrites:
-            await self.rewritten()
-        if self.delayed:
-            self.release_delayed(at_end=True)  # what was held for the end, before the review
+        await self.router.settle()
         self.turn_no += 1
+        self.router.release(self.turn_no, at_end=True)  # what was held for the end, first
         loop = asyncio.get_running_loop()
         self.turn_over = loop.create_future()
         for seat in range(len(self.spec.seats), len(self.agents)):
@@ -574,7 +543,7 @@ class Match:
                 agent, msg, "too_long", f"{len(msg.text)} characters > {channel.max_chars}"
             )
         self.free_chat_used[(channel.name, seat)] = used + 1
-        self.deliver(seat, channel, msg.text)
+        self.router.deliver(seat, channel, msg.text)
 
     def flag(self, agent: str, msg: Flag) -> None:
         """An overseer's flag (any agent at the table may send one) into the record."""
@@ -608,170 +577,6 @@ class Match:
         self.referee.reject(agent, reason, detail, match=self.id, ref_seq=msg.seq)
 
     # --- output -------------------------------------------------------------------
-
-    def deliver(self, seat: int, channel: ChannelSpec, text: str) -> None:
-        """Route one chat message: members hear it, eavesdroppers overhear it, all of it recorded."""
-        if channel.intervened():
-            self.intervene(seat, channel, text)
-            return
-        now = time.time()
-        sender = self.spec.seats[seat]
-        readers = [(s, False) for s in channel.members if s != seat]
-        readers += [(s, True) for s in channel.eavesdroppers if s not in channel.members]
-        for to_seat, overheard in readers:
-            self.send(
-                self.agents[to_seat],
-                Delivery(
-                    channel=channel.name,
-                    sender=sender,
-                    sender_seat=seat,
-                    text=text,
-                    overheard=overheard,
-                ),
-            )
-            self.deliveries.append(
-                DeliveryRecord(
-                    t=now,
-                    channel=channel.name,
-                    from_seat=seat,
-                    to_seat=to_seat,
-                    text=text,
-                    overheard=overheard,
-                )
-            )
-        if channel.name == TABLE:
-            self.public("talk", {"seat": seat, "text": text})
-
-    def intervene(self, seat: int, channel: ChannelSpec, text: str) -> None:
-        """Route a message of a channel with interventions: each reader list gets its copy."""
-        number, self.messages = self.messages, self.messages + 1
-        members = [s for s in channel.members if s != seat]
-        eavesdroppers = [s for s in channel.eavesdroppers if s not in channel.members]
-        lists: list[tuple[interventions.Audience, list[int], list[Intervention]]] = [
-            ("members", members, channel.interventions)
-        ]
-        if channel.eavesdropper_interventions is None:
-            lists[0] = ("members", members + eavesdroppers, channel.interventions)
-        else:
-            lists.append(("eavesdroppers", eavesdroppers, channel.eavesdropper_interventions))
-        for audience, readers, steps in lists:
-            if not readers:
-                continue
-            copy = interventions.apply(
-                steps,
-                text,
-                match_seed=self.spec.seed,
-                channel=channel.name,
-                message=number,
-                seat=seat,
-                audience=audience,
-                ledger=self.budgets,
-            )
-            held = Delayed(number, seat, channel, text, copy, readers, None)
-            if copy.rewrite_at is not None:
-                self.rewrites.append(asyncio.create_task(self.rewrite(held, steps, audience)))
-            else:
-                self.route(held)
-
-    def route(self, held: Delayed) -> None:
-        """Hand a finished copy out now, or hold it for the turn its delay names."""
-        held.due = self.due(held.copy.delay)
-        if held.copy.delivered and held.due is not None:
-            self.delayed.append(held)
-        else:
-            self.hand_out(held)
-
-    async def rewrite(
-        self, held: Delayed, steps: list[Intervention], audience: interventions.Audience
-    ) -> None:
-        """Ask the paraphrasing model, then go on with the list after it; a model that fails
-        loses the copy (recorded as not delivered, the error in the referee's log)."""
-        copy = held.copy
-        assert copy.rewrite_at is not None and self.paraphrasers is not None
-        step = steps[copy.rewrite_at]
-        assert isinstance(step, Paraphrase)
-        seed = seeds.derive_seed(self.spec.seed, "paraphrase", held.number, audience)
-        try:
-            rewritten = await self.paraphrasers.rewrite(step, copy.text, seed % 2**31)
-        except Exception as exc:  # any failure of a model is a lost copy, never a lost match
-            self.referee.log.warning("match %s: paraphrase failed: %r", self.id, exc)
-            copy.delivered, copy.rewrite_at = False, None
-            copy.changed_by.append("paraphrase")
-            self.route(held)
-            return
-        if rewritten != copy.text:
-            copy.changed_by.append("paraphrase")
-        copy.text = rewritten
-        interventions.apply(
-            steps,
-            rewritten,
-            match_seed=self.spec.seed,
-            channel=held.channel.name,
-            message=held.number,
-            seat=held.seat,
-            audience=audience,
-            ledger=self.budgets,
-            copy=copy,
-            start=copy.rewrite_at + 1,
-        )
-        if copy.rewrite_at is not None:  # a second paraphrase further down the list
-            await self.rewrite(held, steps, audience)
-        else:
-            self.route(held)
-
-    async def rewritten(self) -> None:
-        """Wait for the copies still with a model: what was said reaches its readers before
-        the next turn (or the match's end)."""
-        while self.rewrites:
-            pending, self.rewrites = self.rewrites, []
-            await asyncio.gather(*pending)
-
-    def due(self, delay: int | Literal["end"] | None) -> int | Literal["end"] | None:
-        """The turn a delayed copy is handed out at (``end``: when the match finishes)."""
-        return self.turn_no + delay if isinstance(delay, int) else delay
-
-    def release_delayed(self, at_end: bool = False) -> None:
-        """Hand out the copies due by this turn (all of them when the match ends)."""
-        due = [
-            d for d in self.delayed if at_end or (isinstance(d.due, int) and d.due <= self.turn_no)
-        ]
-        self.delayed = [d for d in self.delayed if d not in due]
-        for held in due:
-            self.hand_out(held)
-
-    def hand_out(self, held: Delayed) -> None:
-        """Send one list's copy to its readers and record, for each, what was sent and got."""
-        now, copy = time.time(), held.copy
-        sender = "" if copy.anonymous else self.spec.seats[held.seat]
-        for to_seat in held.readers:
-            overheard = to_seat not in held.channel.members
-            if copy.delivered:
-                self.send(
-                    self.agents[to_seat],
-                    Delivery(
-                        channel=held.channel.name,
-                        sender=sender,
-                        sender_seat=-1 if copy.anonymous else held.seat,
-                        text=copy.text,
-                        overheard=overheard,
-                    ),
-                )
-            self.deliveries.append(
-                DeliveryRecord(
-                    t=now,
-                    channel=held.channel.name,
-                    from_seat=held.seat,
-                    to_seat=to_seat,
-                    text=copy.text if copy.delivered else "",
-                    overheard=overheard,
-                    message=held.number,
-                    sent=held.sent if copy.changed_by else None,
-                    changed_by=list(copy.changed_by),
-                    delivered=copy.delivered,
-                )
-            )
-        if held.channel.name == TABLE and copy.delivered:
-            self.public("talk", {"seat": held.seat, "text": copy.text})
 
     def record(self, seat: int, phase: str, action: Any, fallback: Fallback | None = None) -> None:
         """One move into the episode record; ``fallback`` says why it is not the seat's own
@@ -812,10 +617,8 @@ class Match:
         self.referee.public_due.pop(self.id, None)
 
     async def finish(self, reason: EndReason, detail: str) -> None:
-        if self.rewrites:
-            await self.rewritten()
-        if self.delayed:
-            self.release_delayed(at_end=True)
+        await self.router.settle()
+        self.router.release(self.turn_no, at_end=True)
         state = self.state
         terminal = state.is_terminal()
         raw = (
@@ -836,7 +639,7 @@ class Match:
             crn_group=self.spec.crn_group,
             seats=list(self.spec.seats),
             actions=self.actions,
-            deliveries=self.deliveries,
+            deliveries=self.router.deliveries,
             round_rewards=list(state.round_rewards),
             raw_returns=raw,
             returns=returns,

@@ -55,7 +55,6 @@ from backroom.bus.wire import (
     parse_all,
 )
 from backroom.games.base import registered_games
-from backroom.referee.building import needs_vetting, vet
 from backroom.referee.budgets import (
     ERROR_BURST,
     ERROR_RATE_PER_S,
@@ -63,6 +62,7 @@ from backroom.referee.budgets import (
     INPUT_SHARE,
     Budgets,
 )
+from backroom.referee.building import needs_vetting, vet
 from backroom.referee.episodes import EpisodeLog
 from backroom.referee.finished import Finished, asker, refusal_record
 from backroom.referee.group import RefereeGroup
