@@ -73,3 +73,16 @@ async def test_league_page_shows_a_finished_league_and_follows_a_running_one(
             stop.set()
             if not task.done():
                 task.cancel()
+
+
+async def test_the_lobby_links_the_league_page(tmp_path: Path) -> None:
+    """A newcomer at `backroom web` finds the league standings from the lobby; the replay
+    link shows only where a replay is served."""
+    app = web_app(NO_BROKER, leagues=[tmp_path / "none"])
+    async with browsing(app) as (url, browser):
+        page = await browser.new_page()
+        await page.goto(url)
+        assert await page.locator("#replay-link").is_hidden()
+        await page.get_by_role("link", name="league standings").click()
+        await page.wait_for_url(f"{url}/league", timeout=30_000 * load_factor())
+        assert "league" in (await page.title()).lower()
