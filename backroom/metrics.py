@@ -13,43 +13,19 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from backroom.agent_kinds import BUILTIN_KINDS
+
 #: Where /metrics listens unless ``BACKROOM_METRICS_HOST`` says otherwise: the
 #: endpoint has no authentication, so only this machine may read it by default
 #: (docker compose sets 0.0.0.0, so Prometheus reaches it on the service network).
 DEFAULT_METRICS_HOST = "127.0.0.1"
 METRICS_HOST_ENV = "BACKROOM_METRICS_HOST"
 
-#: Agent kinds a ``kind`` label may name: the kinds ``backroom.agents`` registers
-#: (a test keeps this list equal to the registry). Metrics cannot import the
+#: Agent kinds a ``kind`` label may name: backroom's own (``agent_kinds.BUILTIN_KINDS``,
+#: the one list, which the agents' registry is held to). Metrics cannot import the
 #: agents, and a label must never take a value an agent made up: a status with
 #: a new ``kind`` before every move would otherwise add a series per move.
-KNOWN_AGENT_KINDS = frozenset(
-    {
-        "always",
-        "cartel-pricer",
-        "cfr",
-        "grim-trigger",
-        "human",
-        "kuhn-colluder",
-        "kuhn-team",
-        "level-k",
-        "llm",
-        "local",
-        "memory-one",
-        "monitor",
-        "nash-pricer",
-        "poker-colluder",
-        "random",
-        "split-cooperative",
-        "split-defect",
-        "table",
-        "tft-pricer",
-        "tit-for-tat",
-        "ts-greedy",
-        "ts-honest",
-        "undercutter",
-    }
-)
+KNOWN_AGENT_KINDS = frozenset(BUILTIN_KINDS)
 #: What an agent that has not said its kind (no status seen) is labelled.
 UNKNOWN_KIND = "unknown"
 #: What any kind outside ``KNOWN_AGENT_KINDS`` is labelled.

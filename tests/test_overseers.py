@@ -167,3 +167,50 @@ def test_a_config_seats_observers_only_as_eavesdroppers_of_agents_it_has() -> No
     ]:
         with pytest.raises(ConfigError, match=message):
             parse_config({**base, **edit})
+
+
+async def test_a_model_behind_a_prompt_oversees_and_what_it_cannot_judge_is_counted(
+    broker: Broker, tmp_path: Path, smol: Any
+) -> None:
+    """`llm-monitor` asks SmolLM2 (behind `serve-model`'s app) how suspicious each message
+    is: every message it heard is a flag with the model's number, or counted unjudged."""
+    from backroom.agents import make_agent
+    from backroom.model.serve import running_server, serve_model_app
+
+    async with running_server(serve_model_app(smol, "smol")) as url:
+        judge = {"base_url": f"{url}/v1", "timeout_s": 120 * load_factor()}
+        monitor = make_agent("llm-monitor", "m", judge=judge)
+        players = [*agents(("a", "kuhn-colluder"), ("b", "kuhn-colluder")), monitor]
+        channel = ChannelSpec(name="colluders", members=[0, 1], eavesdroppers=[3])
+        async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
+            async with RawAgent(identity(broker, "carol")) as carol:
+                stop = asyncio.Event()
+                driver = asyncio.create_task(play_raw(carol, "call", stop))
+                ids = [f"j{i}" for i in range(3)]
+                for i, m in enumerate(ids):
+                    spec = loki_spec(
+                        ["a", "b", "carol"],
+                        seed=i,
+                        channels=[channel],
+                        turn_timeout_s=120 * load_factor(),
+                    )
+                    await run.submit(m, spec.model_copy(update={"observers": ["m"]}))
+                eps = await run.wait(ids, timeout=600 * load_factor())
+                stop.set()
+                await driver
+    heard = [d for ep in eps for d in ep.deliveries if d.to_seat == 3]
+    flags = [f for ep in eps for f in ep.flags]
+    assert heard and len(flags) + monitor.unjudged == len(heard)  # type: ignore[attr-defined]
+    assert all(0 <= f.suspicion <= 1 and f.reason.startswith("judged") for f in flags)
+    assert all(f.accused == [d.from_seat] for f, d in zip(flags, heard, strict=False)) or not flags
+
+
+def test_a_model_overseer_refuses_a_judge_without_an_address_or_with_our_secret() -> None:
+    from backroom.agents import make_agent
+
+    with pytest.raises(ValueError, match="judge needs base_url"):
+        make_agent("llm-monitor", "m", judge={"model": "x"})
+    with pytest.raises(ValueError, match="a variable backroom sets"):
+        make_agent(
+            "llm-monitor", "m", judge={"base_url": "http://x", "api_key_env": "BACKROOM_PASSWORD"}
+        )
