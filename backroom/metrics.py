@@ -59,11 +59,6 @@ ERRORS_DROPPED = Counter(
     "backroom_errors_dropped_total",
     "Error replies the referee did not send: the agent's error budget was spent",
 )
-FOREIGN_INPUTS = Counter(
-    "backroom_referee_foreign_inputs_total",
-    "Agent messages for a match this referee does not run, left unanswered because other "
-    "referees are online (each reads every outbox; the match is another's)",
-)
 INPUTS_DROPPED = Counter(
     "backroom_inputs_dropped_total",
     "Outbox payloads the referee dropped unread: the sender's input budget was spent",
