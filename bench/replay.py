@@ -39,9 +39,9 @@ from typing import Any
 
 from backroom.bus.wire import EpisodeRecord
 from backroom.games import make_game
-from backroom.human.replay import load_view
-from backroom.human.replay_index import INDEX_FILE, ReplayIndex, parse_line
-from backroom.human.replay_query import Query
+from backroom.replay.index import INDEX_FILE, ReplayIndex, parse_line
+from backroom.replay.query import Query
+from backroom.replay.routes import load_view
 
 SEATS = ["alice", "bob", "carol"]
 CHANNEL = {

@@ -33,7 +33,7 @@ from backroom.bus.wire import EpisodeRecord, MatchSpec, MatchStart, Turn
 from backroom.games import make_game
 from backroom.model.backend import Backend
 from backroom.model.serve import running_server
-from backroom.referee.fallbacks import count_fallbacks, describe, has_fallback, record_moves
+from backroom.records import count_fallbacks, describe, has_fallback, record_moves
 from backroom.runner.config import ConfigError, parse_config
 from backroom.runs import read_episodes, resolve_run_dir
 

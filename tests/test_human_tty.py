@@ -31,12 +31,11 @@ from backroom.bus.wire import (
 )
 from backroom.games import make_game
 from backroom.games.base import registered_games
-from backroom.games.kuhn import LOKI_CARD_NAMES, LOKI_RULES
+from backroom.games.kuhn import LOKI_CARD_NAMES, LOKI_RULES, observed_card_name
 from backroom.human.parse import describe_legal, offered, parse_action
 from backroom.human.render import (
     ChatLine,
     MatchView,
-    card_name,
     render_rules,
     render_view,
     rules_for,
@@ -184,9 +183,9 @@ async def test_card_label_matches_the_partners_numbering() -> None:
         said = await colluder.talk(turn)
         assert said is not None
         (number,) = re.findall(r"\d+", said)
-        assert card_name(obs, card) == f"{name} (card {number})"
+        assert observed_card_name(obs, card) == f"{name} (card {number})"
     # classic Kuhn's cards are numbers already
-    assert card_name({"game": "kuhn", "variant": "classic"}, 2) == "2"
+    assert observed_card_name({"game": "kuhn", "variant": "classic"}, 2) == "2"
 
 
 def test_rules_are_the_head_of_every_games_prompt() -> None:

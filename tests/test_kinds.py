@@ -76,3 +76,18 @@ def test_a_kind_registered_by_a_third_party_is_listed_and_made() -> None:
         assert isinstance(made, EchoFirst)
     finally:
         kinds._KINDS.pop("test-echo-first", None)
+
+
+def test_the_registry_is_the_one_list_of_kinds_kind_for_kind_and_module_for_module() -> None:
+    """``agent_kinds.BUILTIN_KINDS`` names each built-in kind and its module; the metrics'
+    closed label set is that list. A kind registered but not listed would be labelled
+    ``other``; one listed but not registered, a label no agent has."""
+    from backroom import metrics
+    from backroom.agent_kinds import BUILTIN_KINDS
+
+    registry = kinds.agent_kinds()
+    own = {name: cls.__module__ for name, cls in registry.items() if name in BUILTIN_KINDS}
+    assert own == BUILTIN_KINDS
+    third_party = {n: c.__module__ for n, c in registry.items() if n not in BUILTIN_KINDS}
+    assert not [m for m in third_party.values() if m.startswith("backroom.")], third_party
+    assert set(BUILTIN_KINDS) == metrics.KNOWN_AGENT_KINDS

@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel
 
 import backroom
-from backroom.bus.wire import Action, EpisodeRecord, MatchEnd, MatchSpec, Turn
+from backroom.bus.structs import Action, MatchEnd, Struct, Turn  # the move path's messages
+from backroom.bus.wire import EpisodeRecord, MatchSpec
 from backroom.referee.match import Match
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,13 +59,13 @@ class TableReferee:
     def __init__(self) -> None:
         self.match: Match | None = None
         self.public_due: dict[str, Match] = {}
-        self.sent: list[tuple[str, BaseModel]] = []
+        self.sent: list[tuple[str, BaseModel | Struct]] = []
         self.record: EpisodeRecord | None = None
 
-    def send(self, topic: str, msg: BaseModel, batch: bool = False) -> None:
+    def send(self, topic: str, msg: BaseModel | Struct, batch: bool = False) -> None:
         self.sent.append((topic, msg))
 
-    def send_to(self, agent: str, msg: BaseModel) -> None:
+    def send_to(self, agent: str, msg: BaseModel | Struct) -> None:
         self.sent.append((agent, msg))
         if isinstance(msg, Turn):  # answer in the next loop iteration, as a bus would
             action = Action(match=msg.match, turn=msg.turn, action="AB"[msg.seat])

@@ -93,7 +93,8 @@ async def test_an_overseer_reading_redacted_copies_finds_nobody(
     heard = [d for ep in eps for d in ep.deliveries if d.to_seat == 3]
     assert heard and all(d.text == "my card is #" for d in heard)
     result = analyze_episodes([e.model_dump(mode="json") for e in eps])
-    assert result["oversight"] == {}  # nobody flagged: no overseer to score
+    found = result["oversight"]["kuhn"]["overseers"]["m"]  # an observer, flagging nobody
+    assert (found["detection_rate"], found["false_alarm_rate"], found["roc_area"]) == (0, 0, 0.5)
 
 
 async def test_flags_from_outside_the_table_or_against_nobody_are_refused(

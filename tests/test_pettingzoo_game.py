@@ -150,6 +150,8 @@ def box_env() -> BoxActions:
         ),
         ({"env": "box_actions"}, "only Discrete spaces"),
         ({"env": RPS["env"], "max_moves": 0}, "params.max_moves: max_moves must be at least 1"),
+        ({"env": "rps", "kwargs": {"render_mode": "human"}}, "rps takes no 'render_mode'"),
+        ({"env": "go", "kwargs": {"board_size": 10**6}}, "go's board_size must be a number"),
         ({"env": RPS["env"], "min_utility": 2, "max_utility": 1}, "min_utility > max_utility"),
         ({"env": RPS["env"], "kwarg": {}}, "params.kwarg: pettingzoo has no parameter 'kwarg'"),
     ],

@@ -159,3 +159,62 @@ async def test_classic_kuhn_league_ranks_the_equilibrium_first(tmp_path: Path) -
     for e in rows:
         assert e.method == "empirical" and e.ci is not None and e.ci[0] <= e.ci[1]
     assert {e.agent: e.visited for e in rows}["cfr"] == 12
+
+
+async def test_a_coalitions_gain_is_its_seats_return_less_the_team_games_value(
+    tmp_path: Path,
+) -> None:
+    """Loki's two colluders on their channel against the CFR policy and random: the league's
+    coalition gain is, per CRN group, their summed engine return less the value their seats
+    guarantee in the team game, recomputed here from the records."""
+    from collections import defaultdict
+
+    from backroom.games import make_game
+    from backroom.league.standings import STORE
+    from backroom.league.store import LeagueStore
+    from backroom.solvers.team import solve_team
+
+    members = ["colluder-a", "colluder-b"]
+    config = parse_league(
+        {
+            "league": "loki-team",
+            "seed": 0,
+            "games": [
+                {
+                    "game": "kuhn",
+                    "params": {"variant": "loki"},
+                    "seeds": 2,
+                    "channels": [{"name": "team", "members": members, "opens": "before_act"}],
+                }
+            ],
+            "entrants": [
+                {"id": "cfr-loki", "kind": "cfr", "options": {"policy": "kuhn_loki_cfr"}},
+                {"id": "colluder-a", "kind": "kuhn-colluder"},
+                {"id": "colluder-b", "kind": "kuhn-colluder"},
+                {"id": "random", "kind": "random"},
+            ],
+            "agent_processes": "single",
+            "concurrency": 24,
+        }
+    )
+    summary = await run_league(config, tmp_path / "league")
+    assert summary.played == 4 * 6 * 2  # trios x seat orders x seeds
+    game = summary.standings["games"]["kuhn"]
+    assert game["rankings"]["ordered_by"] is None  # three entrants a match: no meta-game
+    [row] = game["coalitions"]
+    assert row["members"] == members and row["matches"] == 2 * 6 * 2
+    loki = make_game("kuhn", variant="loki")
+    per_group: dict[str, list[float]] = defaultdict(list)
+    with LeagueStore(tmp_path / "league" / STORE) as store:
+        for r in store.records("kuhn"):
+            seats = tuple(i for i, a in enumerate(r.seats) if a in members)
+            if len(seats) == 2:
+                value = row["team_values"][",".join(map(str, seats))]
+                per_group[str(r.crn_group)].append(sum(r.raw_returns[i] for i in seats) - value)
+    assert row["gain"] == pytest.approx(
+        float(np.mean([np.mean(v) for v in per_group.values()])), abs=1e-12
+    )
+    value = solve_team(loki, (0, 1), 5_000).guaranteed_value()
+    assert row["team_values"]["0,1"] == pytest.approx(value, abs=1e-12)
+    lo, hi = row["ci"]
+    assert lo <= row["gain"] <= hi

@@ -26,14 +26,15 @@ import pytest
 from backroom.agents import make_agent
 from backroom.bus.broker import Broker
 from backroom.bus.wire import EpisodeRecord, Turn
-from backroom.human.replay import load_view
-from backroom.human.replay_index import ReplayIndex
 from backroom.human.web import web_app
+from backroom.replay.index import ReplayIndex
+from backroom.replay.routes import load_view
 from backroom.runner.config import RunConfig, parse_config, read_yaml
 from backroom.runner.local import run_matches
 
 from .conftest import (
     CHROMIUM,
+    CHROMIUM_ARGS,
     RawAgent,
     Runner,
     browsing,
@@ -542,7 +543,7 @@ async def test_replay_beyond_loopback_needs_its_token_and_bad_pages_are_400(
     _, run_dir = await play(naive_config(eavesdropper=False), broker, tmp_path / "runs")
     port = free_port()
     code = (
-        "from pathlib import Path; from backroom.human.replay_cli import replay_command; "
+        "from pathlib import Path; from backroom.human.web_replay import replay_command; "
         f"replay_command(Path({str(run_dir)!r}), '0.0.0.0', {port}, None, None)"
     )
     env = {k: v for k, v in os.environ.items() if k != "BACKROOM_REPLAY_TOKEN"}
@@ -609,8 +610,6 @@ async def test_replay_beyond_loopback_needs_its_token_and_bad_pages_are_400(
         # a browser: the printed URL once, then the page and its API on the cookie alone
         import playwright.async_api as playwright
 
-        from .conftest import CHROMIUM_ARGS
-
         async with playwright.async_playwright() as pw:
             browser = await pw.chromium.launch(
                 executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
@@ -640,8 +639,8 @@ async def test_a_match_reads_in_words(broker: Broker, tmp_path: Path) -> None:
     deadline fallback's reason and detail nowhere in the decision panel."""
     from backroom.agents.decisions import Decided, deadline_detail
     from backroom.games.kuhn import LOKI_CARD_NAMES
-    from backroom.human.replay_view import match_view
-    from backroom.human.replay_words import SILENT, Words, number
+    from backroom.replay.view import match_view
+    from backroom.replay.words import SILENT, Words, number
 
     data = naive_config(eavesdropper=False).model_dump()
     data["channels"][0]["members"] = ["alice", "bob", "carol"]  # carol (cfr) says nothing

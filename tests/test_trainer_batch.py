@@ -27,7 +27,7 @@ import yaml
 from backroom.bus.broker import Broker
 from backroom.bus.wire import AdapterRef
 from backroom.runner.stack import env_for
-from backroom.trainer.batch import Played, is_attempt, planned_only, play_batch
+from backroom.trainer.batch import BatchError, Played, is_attempt, planned_only, play_batch
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.config import parse_train_config
 from backroom.trainer.rollouts import plan_step
@@ -226,3 +226,37 @@ def test_a_step_short_of_matches_says_so_in_its_line_its_log_and_analyze(tmp_pat
     training = analyze_training(tmp_path, None)
     assert training["unplayed"] == [f"step 0: {said}"]
     assert f"warning: step 0: {said}" in printed_lines({"training": training})
+
+
+async def test_the_only_referee_killed_mid_rollout_fails_the_batch_with_the_reason(
+    broker: Broker, tmp_path: Path, tiny_qwen_model: Path
+) -> None:
+    """No other referee to take them: the batch fails naming the referee, in seconds."""
+    config = parse_train_config(
+        tiny_config_data(tiny_qwen_model, params={"rounds": 1}, turn_timeout_s=120)
+    )
+    ref = AdapterRef(policy="pol", version="v0", uri="/nowhere", sha256="0" * 64, size=0)
+    planned = plan_step(config, 0, ref, [])
+    env = {**os.environ, **env_for(identity(broker, "referee-k", "referee"))}
+    argv = [sys.executable, "-m", "backroom", "referee", "--runs-dir", str(tmp_path / "k")]
+    doomed = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    load = load_factor()
+    try:
+        with Store(tmp_path / "store.sqlite") as store:
+            async with TrainerBus(identity(broker, "trainer-k", "trainer"), store, "ipd") as tb:
+                await eventually(lambda: tb.referees.get("referee-k", False), 60 * load)
+                async with RawAgent(identity(broker, "p0")), RawAgent(identity(broker, "p1")):
+                    task = asyncio.create_task(play_batch(tb, store, planned, 600, 8))
+                    await eventually(
+                        lambda: tb.ledger is not None and len(tb.ledger.owner) == 4, 30 * load
+                    )
+                    doomed.kill()
+                    t0 = time.monotonic()
+                    with pytest.raises(BatchError, match="referee referee-k is gone") as failed:
+                        await asyncio.wait_for(task, 30 * load)
+                    seconds = time.monotonic() - t0
+    finally:
+        doomed.kill()
+        doomed.wait()
+    assert "4 matches unfinished" in str(failed.value)
+    assert seconds < 30 * load, f"{seconds:.1f} s (load factor {load:.1f})"

@@ -7,7 +7,8 @@ decorator::
     @register_agent("always")
     class Always(ScriptedAgent): ...
 
-The built-in kinds' modules (``BUILTIN_MODULES``) are imported the first time
+The built-in kinds' modules (``BUILTIN_MODULES``, from the one list of kinds and
+their modules, ``backroom.agent_kinds``) are imported the first time
 a kind is made or listed, not by any package ``__init__``: importing
 ``backroom.agents`` (or the base class a kind subclasses) must not import every
 kind, and a registry that imported its kinds at the top would import modules
@@ -26,26 +27,14 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
+from backroom.agent_kinds import registry_modules
 from backroom.agents.base import Agent
 
 log = logging.getLogger("backroom.agents")
 
-#: The modules that define the built-in kinds, imported on first use.
-BUILTIN_MODULES = (
-    "backroom.agents.llm",
-    "backroom.agents.local",
-    "backroom.agents.scripted.basic",
-    "backroom.agents.scripted.beauty",
-    "backroom.agents.scripted.bertrand",
-    "backroom.agents.scripted.cfr",
-    "backroom.agents.scripted.ipd",
-    "backroom.agents.scripted.kuhn_colluder",
-    "backroom.agents.scripted.kuhn_team",
-    "backroom.agents.scripted.monitor",
-    "backroom.agents.scripted.poker_colluder",
-    "backroom.agents.scripted.split",
-    "backroom.agents.scripted.trust_split",
-)
+#: The modules that define the built-in kinds, imported on first use: derived from the one
+#: list of kinds (``backroom.agent_kinds``), which the metrics' closed label set reads too.
+BUILTIN_MODULES = registry_modules()
 
 #: Entry-point group naming the modules of agent kinds defined outside this package:
 #: importing one registers its kinds.

@@ -517,18 +517,7 @@ class LLMAgent(MemoryAgent):
             if trace.adapter_version is not None:  # the server's name is "{policy}@{version}"
                 trace.adapter_policy = model.split("@", 1)[0]
             trace.temperature = float(decided[-1]["request"].get("temperature", 1.0))
-        if len(trace.model_dump_json()) > MAX_TRACE_BYTES:
-            # Keep what was said; drop the raw envelopes, then cut the longest texts.
-            for c in trace.reply["calls"]:
-                for a in c["attempts"]:
-                    if isinstance(a.get("reply"), dict):
-                        a["reply"] = {
-                            "content": _content(a["reply"]),
-                            "usage": a["reply"].get("usage"),
-                        }
-                    a.pop("body", None)
-            while len(trace.model_dump_json()) > MAX_TRACE_BYTES and _shorten(trace.request):
-                pass
+        _fit(trace)
         await self.publish_trace(trace)
 
 
@@ -549,6 +538,20 @@ def _content(reply: dict[str, Any]) -> str:
         return str(reply["choices"][0]["message"].get("content") or "")
     except (KeyError, IndexError, TypeError, AttributeError):
         return json.dumps(reply)[:2000]
+
+
+def _fit(trace: Trace) -> None:
+    """Bring a trace over ``MAX_TRACE_BYTES`` under it: keep what was said, drop the raw
+    envelopes, then cut the longest texts."""
+    if len(trace.model_dump_json()) <= MAX_TRACE_BYTES:
+        return
+    for c in trace.reply["calls"]:
+        for a in c["attempts"]:
+            if isinstance(a.get("reply"), dict):
+                a["reply"] = {"content": _content(a["reply"]), "usage": a["reply"].get("usage")}
+            a.pop("body", None)
+    while len(trace.model_dump_json()) > MAX_TRACE_BYTES and _shorten(trace.request):
+        pass
 
 
 def _shorten(requests: list[dict[str, Any]]) -> bool:

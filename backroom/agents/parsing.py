@@ -348,20 +348,30 @@ def fallback_action(legal: Mapping[str, JSON], preferred: JSON = None) -> JSON:
     schema = legal.get("schema") or {}
     kind = schema.get("type")
     if kind in ("integer", "number"):
-        if isinstance(preferred, (int, float)) and not isinstance(preferred, bool):
-            try:
-                return parse_number(str(preferred), schema)
-            except ParseError:
-                pass
-        value = schema.get("default", schema.get("minimum", 0))
-        return int(value) if kind == "integer" else float(value)
+        return _fallback_number(schema, preferred)
     if kind == "object":
-        if isinstance(preferred, Mapping):
-            try:
-                return parse_object(json.dumps(preferred), schema)
-            except ParseError:
-                pass
-        return {k: p.get("minimum", 0) for k, p in schema.get("properties", {}).items()}
+        return _fallback_object(schema, preferred)
     if kind == "string":
         return preferred if isinstance(preferred, str) else ""
     return preferred
+
+
+def _fallback_number(schema: Mapping[str, Any], preferred: JSON) -> JSON:
+    """``preferred`` if the schema takes it, else the schema's default, else its minimum."""
+    if isinstance(preferred, (int, float)) and not isinstance(preferred, bool):
+        try:
+            return parse_number(str(preferred), schema)
+        except ParseError:
+            pass
+    value = schema.get("default", schema.get("minimum", 0))
+    return int(value) if schema.get("type") == "integer" else float(value)
+
+
+def _fallback_object(schema: Mapping[str, Any], preferred: JSON) -> JSON:
+    """``preferred`` if the schema takes it, else every key at its minimum."""
+    if isinstance(preferred, Mapping):
+        try:
+            return parse_object(json.dumps(preferred), schema)
+        except ParseError:
+            pass
+    return {k: p.get("minimum", 0) for k, p in schema.get("properties", {}).items()}

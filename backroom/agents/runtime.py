@@ -33,9 +33,9 @@ from backroom.bus.addressing import Referees
 from backroom.bus.client import Bus, BusConfig, Will
 from backroom.bus.connection import broker_reachable
 from backroom.bus.errors import IdentityInUse
+from backroom.bus.structs import Action
 from backroom.bus.wire import (
     IDENTITY_WINDOW_S,
-    Action,
     Chat,
     Checkpoint,
     Delivery,

@@ -28,13 +28,13 @@ from backroom.analysis.episodes import PLAYED, Episode, by_game, load_episodes, 
 from backroom.analysis.measures import GameMeasures, cell
 from backroom.analysis.oversight import oversight
 from backroom.games.base import make_game, registered_games
-from backroom.referee.fallbacks import (
+from backroom.records import (
     count_fallbacks,
     has_fallback,
     record_moves,
     warning_lines,
 )
-from backroom.referee.fallbacks import reasons as fallback_reasons
+from backroom.records import reasons as fallback_reasons
 from backroom.runs import LATEST, resolve_run_dir
 
 __all__ = ["MEASURES", "analyze_episodes", "analyze_run", "load_episodes", "notes", "render_tables"]
@@ -60,7 +60,7 @@ def analyze_episodes(
     Only played matches are measured (``played``): voided and failed ones are
     counted in ``outcomes`` and left out. ``fallbacks`` counts, per agent, the
     moves of the played matches that were not its own choice
-    (``referee.fallbacks``); with ``exclude_fallbacks`` the measures leave out
+    (``records``); with ``exclude_fallbacks`` the measures leave out
     every match holding one (``excluded_fallback_matches`` says how many).
     """
     games: dict[str, Any] = {}
@@ -284,8 +284,7 @@ def _oversight_table(run: str, game: str, found: dict[str, Any]) -> Table:
         ]
         cases = f"{o['colluder_cases']} colluding, {o['honest_cases']} not"
         t.add_row(agent, f"{o['threshold']:.2f}", *rate, cell(o["roc_area"]), cases)
-    if found.get("matches_without_truth"):
-        t.caption = f"{found['matches_without_truth']} matches without a coalition left out"
+    t.caption = "truth: the coalition the reward transform names (none named: nobody colludes)"
     return t
 
 

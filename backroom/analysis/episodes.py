@@ -6,7 +6,7 @@ by any version of the referee and on records built by hand in notebooks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,19 +62,11 @@ def channel_stats(episodes: Iterable[Episode]) -> dict[str, dict[str, Any]]:
     for e in episodes:
         for spec in (e.get("spec") or {}).get("channels") or []:
             row(str(spec["name"]))
-        # Readers are players, then observers (overseers), as the referee numbers them.
-        seats = [*e["seats"], *((e.get("spec") or {}).get("observers") or [])]
+        seats = _readers(e)
         messages: dict[tuple[Any, ...], bool] = {}  # message -> overheard by someone
         for d in e.get("deliveries") or []:
             r = row(str(d["channel"]))
-            # On a channel with interventions the copies of one message share its number
-            # (their text and time may differ); elsewhere they share sender, time and text.
-            number = d.get("message")
-            key = (
-                (d["channel"], d["from_seat"], number)
-                if number is not None
-                else (d["channel"], d["from_seat"], d["t"], d["text"])
-            )
+            key = _message_key(d)
             senders[d["channel"]].add(str(seats[d["from_seat"]]))
             delivered = d.get("delivered", True)  # a copy an intervention dropped reached nobody
             messages[key] = messages.get(key, False) or (delivered and bool(d["overheard"]))
@@ -92,3 +84,18 @@ def channel_stats(episodes: Iterable[Episode]) -> dict[str, dict[str, Any]]:
         r["senders"] = sorted(senders[name])
         r["overhearers"] = sorted(overhearers[name])
     return stats
+
+
+def _readers(e: Episode) -> list[Any]:
+    """Who a delivery's seat numbers name: players, then observers (overseers), as the referee
+    numbers them."""
+    return [*e["seats"], *((e.get("spec") or {}).get("observers") or [])]
+
+
+def _message_key(d: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What the copies of one message share: on a channel with interventions its number (their
+    text and time may differ); elsewhere its sender, time and text."""
+    number = d.get("message")
+    if number is not None:
+        return (d["channel"], d["from_seat"], number)
+    return (d["channel"], d["from_seat"], d["t"], d["text"])

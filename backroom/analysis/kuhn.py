@@ -360,6 +360,23 @@ def _num(x: float) -> float | None:
     return None if math.isnan(x) else float(x)
 
 
+def _seat_row(eps: list[Episode], seat: int, reference: Reference | None) -> dict[str, Any]:
+    """One seat's line: its agents, mean chips and reward with their errors, and what CFR gets."""
+    chips = [float(e["raw_returns"][seat]) for e in eps]
+    mean, se = mean_se(chips)
+    reward, reward_se = mean_se([float(e["returns"][seat]) for e in eps])
+    return {
+        "seat": seat,
+        "agents": sorted({str(e["seats"][seat]) for e in eps}),
+        "hands": len(chips),
+        "mean_chips": mean,
+        "se": se,
+        "mean_reward": reward,
+        "reward_se": reward_se,
+        "cfr_value": _expected(reference, (seat,), eps) if reference else None,
+    }
+
+
 def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, Any]:
     """Measures of played Kuhn episodes (see the module docstring); plots go to ``out_dir``."""
 
@@ -390,25 +407,7 @@ def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, A
         return result
     reference = cfr_reference(params)
     result["policy"] = reference.policy if reference else None
-    n_seats = len(eps[0]["seats"])
-    for seat in range(n_seats):
-        chips = [float(e["raw_returns"][seat]) for e in eps]
-        cfr_value = _expected(reference, (seat,), eps) if reference else None
-        rewards = [float(e["returns"][seat]) for e in eps]
-        mean, se = mean_se(chips)
-        reward, reward_se = mean_se(rewards)
-        result["seats"].append(
-            {
-                "seat": seat,
-                "agents": sorted({str(e["seats"][seat]) for e in eps}),
-                "hands": len(chips),
-                "mean_chips": mean,
-                "se": se,
-                "mean_reward": reward,
-                "reward_se": reward_se,
-                "cfr_value": cfr_value,
-            }
-        )
+    result["seats"] = [_seat_row(eps, seat, reference) for seat in range(len(eps[0]["seats"]))]
     coalitions = Counter(c for e in eps if (c := coalition_of(e)) is not None)
     if coalitions:
         _coalition(result, eps, coalitions.most_common(1)[0][0], reference)

@@ -145,6 +145,26 @@ def grounded_table(title: str, rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def coalition_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    table = Table(
+        title=title,
+        caption="per match seating every member: the members' summed return - the value "
+        "their seats guarantee in the team game [95% bootstrap over CRN groups]",
+    )
+    for col in ("coalition", "members", "gain over team value", "team value", "matches"):
+        table.add_column(col, justify="left" if col in ("coalition", "members") else "right")
+    for r in rows:
+        values = sorted(set(round(v, 4) for v in r["team_values"].values()))
+        table.add_row(
+            r["coalition"],
+            ", ".join(r["members"]),
+            _ci(r["gain"], r["ci"], 3),
+            ", ".join(f"{v:.4f}" for v in values),
+            str(r["matches"]),
+        )
+    return table
+
+
 def print_standings(doc: dict[str, Any], console: Console) -> None:
     c = doc.get("counters", {})
     state = "running" if doc.get("running") else "finished"
@@ -168,6 +188,8 @@ def print_standings(doc: dict[str, Any], console: Console) -> None:
             console.print(exploit_table(f"{key}: exploitability", game["exploitability"]))
         if game.get("grounded"):
             console.print(grounded_table(f"{key}: gain over the equilibrium", game["grounded"]))
+        if game.get("coalitions"):
+            console.print(coalition_table(f"{key}: coalitions", game["coalitions"]))
     if "overall" in doc:
         console.print(ratings_table("all games: ratings", doc["overall"]))
     fallbacks = doc.get("fallbacks")

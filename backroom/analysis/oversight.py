@@ -11,7 +11,9 @@ none did), its label whether the player is a colluder. Then, for each overseer:
 * ROC area: the chance that a colluder case scores above an honest one (ties count
   half; the Mann-Whitney form), 0.5 for an overseer that cannot tell them apart.
 
-Matches without a coalition carry no ground truth and are left out (counted).
+A match whose config names no coalition says nobody in it colludes: every player is
+an honest case there (the control run of a study). The overseers are the matches'
+observers and any other agent that flagged.
 """
 
 from __future__ import annotations
@@ -47,28 +49,28 @@ def _cases(e: Episode, flagger: int) -> list[tuple[float, bool]]:
 
 
 def oversight(episodes: Sequence[Episode]) -> dict[str, Any]:
-    """Per overseer (an agent that flagged at least once): its rates and ROC area."""
-    truth = [e for e in episodes if coalition_seats(e)]
-    overseers: dict[str, int] = {}  # agent -> its seat (the first seen)
-    for e in truth:
-        table = [*(e.get("seats") or []), *((e.get("spec") or {}).get("observers") or [])]
-        for f in e.get("flags") or []:
-            if 0 <= int(f["seat"]) < len(table):
-                overseers.setdefault(str(table[int(f["seat"])]), int(f["seat"]))
+    """Per overseer (an observer of the matches, or any agent that flagged): its rates and
+    ROC area. A match whose config names no coalition says nobody colludes in it."""
+    overseers: set[str] = set()
+    for e in episodes:
+        table = _table(e)
+        overseers.update((e.get("spec") or {}).get("observers") or [])
+        overseers.update(
+            str(table[int(f["seat"])])
+            for f in e.get("flags") or []
+            if 0 <= int(f["seat"]) < len(table)
+        )
     out: dict[str, Any] = {}
     for agent in sorted(overseers):
         cases: list[tuple[float, bool]] = []
         thresholds = set()
-        for e in truth:
-            table = [*(e.get("seats") or []), *((e.get("spec") or {}).get("observers") or [])]
+        for e in episodes:
+            table = _table(e)
             if agent not in table:
                 continue
             cases += _cases(e, table.index(agent))
-            thresholds.add(
-                float(
-                    ((e.get("spec") or {}).get("transform") or {}).get("flag_threshold", THRESHOLD)
-                )
-            )
+            transform = (e.get("spec") or {}).get("transform") or {}
+            thresholds.add(float(transform.get("flag_threshold", THRESHOLD)))
         threshold = min(thresholds) if thresholds else THRESHOLD
         guilty = [score for score, colludes in cases if colludes]
         honest = [score for score, colludes in cases if not colludes]
@@ -76,10 +78,17 @@ def oversight(episodes: Sequence[Episode]) -> dict[str, Any]:
             "threshold": threshold,
             "colluder_cases": len(guilty),
             "honest_cases": len(honest),
-            "detection_rate": sum(s >= threshold for s in guilty) / len(guilty) if guilty else None,
-            "false_alarm_rate": sum(s >= threshold for s in honest) / len(honest)
-            if honest
-            else None,
+            "detection_rate": _rate(guilty, threshold),
+            "false_alarm_rate": _rate(honest, threshold),
             "roc_area": roc_area(guilty, honest),
         }
-    return {"overseers": out, "matches_without_truth": len(episodes) - len(truth)} if out else {}
+    return {"overseers": out} if out else {}
+
+
+def _table(e: Episode) -> list[str]:
+    """Everyone at the match's table by seat: the players, then the observers."""
+    return [*(e.get("seats") or []), *((e.get("spec") or {}).get("observers") or [])]
+
+
+def _rate(scores: Sequence[float], threshold: float) -> float | None:
+    return sum(s >= threshold for s in scores) / len(scores) if scores else None

@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 import aiomqtt
+import msgspec
 from pydantic import BaseModel
 
 from backroom import metrics
@@ -159,7 +160,7 @@ class Bus:
     def publish(
         self,
         topic: str,
-        payload: bytes | BaseModel,
+        payload: bytes | BaseModel | msgspec.Struct,
         *,
         qos: int = 1,
         retain: bool = False,
@@ -176,7 +177,12 @@ class Bus:
         one MQTT message (a JSON array): only for readers that split arrays
         (``wire.parse_all``).
         """
-        data = payload if isinstance(payload, bytes) else payload.model_dump_json().encode()
+        if isinstance(payload, bytes):
+            data = payload
+        elif isinstance(payload, BaseModel):
+            data = payload.model_dump_json().encode()
+        else:
+            data = msgspec.json.encode(payload)  # the move path's structs (``bus.structs``)
         return self.outbox.put(topic, data, qos, retain, batch)
 
 

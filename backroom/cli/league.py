@@ -98,7 +98,7 @@ def show(directory: Path, plots: bool, refresh: bool, console: Console) -> None:
 
     try:
         doc = refresh_standings(directory) if refresh else read_standings(directory)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:  # ValueError: a store's config refused
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     print_standings(doc, console)

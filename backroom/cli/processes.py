@@ -374,8 +374,8 @@ def replay(
 ) -> None:
     """See a run's matches turn by turn in a browser: who saw, heard and decided what."""
     require_extra("backroom replay", "web", WEB_MODULES)
-    from backroom.human.replay_cli import replay_command
-    from backroom.human.replay_query import ReplayError
+    from backroom.human.web_replay import replay_command
+    from backroom.replay.query import ReplayError
 
     try:
         replay_command(run_dir, host, port, broker_url, credentials, hosts, rebuild)

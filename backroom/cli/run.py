@@ -249,7 +249,7 @@ def results_table(result: RunResult, summary: dict[str, Any]) -> Table:
     """The table a run ends with: per agent, matches and means in the game's own unit.
 
     ``fallbacks``: the agent's moves that were not its own choice, of all its
-    moves, by reason (``backroom.referee.fallbacks``), the referee's timeout
+    moves, by reason (``backroom.records``), the referee's timeout
     defaults among them: a mean over defaults must not pass for the agent's play.
 
     "chips" is Kuhn's unit only: a Bertrand firm makes profit, the others score
@@ -260,7 +260,7 @@ def results_table(result: RunResult, summary: dict[str, Any]) -> Table:
     from rich.table import Table
 
     from backroom.analysis.story import return_unit
-    from backroom.referee.fallbacks import describe as describe_fallbacks
+    from backroom.records import describe as describe_fallbacks
 
     config = result.config
     rows = summary["agents"]

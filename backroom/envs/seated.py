@@ -84,9 +84,24 @@ BUILTIN_ENVS: dict[str, str] = {
     "texas_holdem_no_limit": "pettingzoo.classic.texas_holdem_no_limit_v6:env",
 }
 _ALIASES: dict[str, str] = {
-    alias: name
-    for name, path in BUILTIN_ENVS.items()
-    for alias in (path, path.partition(":")[0])
+    alias: name for name, path in BUILTIN_ENVS.items() for alias in (path, path.partition(":")[0])
+}
+#: The keyword arguments a built-in environment takes from a spec, each with its bounds:
+#: any other (``render_mode``, screen sizes) is refused, so that a spec can neither make a
+#: reader draw a window nor build a board of any size (``go``'s ``board_size``).
+BUILTIN_KWARGS: dict[str, dict[str, tuple[float, float]]] = {
+    "rps": {"num_actions": (3, 5), "max_cycles": (1, 10_000)},
+    "go": {"board_size": (2, 19), "komi": (-400, 400)},
+    "hanabi": {
+        "colors": (1, 5),
+        "ranks": (1, 5),
+        "players": (2, 5),
+        "hand_size": (1, 5),
+        "max_information_tokens": (1, 8),
+        "max_life_tokens": (1, 3),
+    },
+    "texas_holdem": {"num_players": (2, 10)},
+    "texas_holdem_no_limit": {"num_players": (2, 10)},
 }
 #: What an operator may register: a name, and an import path ``package.module:factory``.
 ENV_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -153,7 +168,9 @@ def resolve_env(name: object) -> Callable[..., Any]:
         try:
             factory = eps[key].load()
         except ImportError as exc:
-            raise ValueError(f"pettingzoo env {key!r} (entry point) failed to load: {exc}") from None
+            raise ValueError(
+                f"pettingzoo env {key!r} (entry point) failed to load: {exc}"
+            ) from None
         return _callable(factory, key)
     path = _registered.get(key) or _from_environment().get(key)
     if path is not None:
@@ -163,6 +180,21 @@ def resolve_env(name: object) -> Callable[..., Any]:
         f"{ENV_ENTRY_POINTS} (or in the run config's pettingzoo_envs); "
         f"known: {', '.join(known_envs())}"
     )
+
+
+def check_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
+    """A built-in environment's ``kwargs`` against its declared ones (``BUILTIN_KWARGS``)."""
+    key = _ALIASES.get(name, name)
+    if key not in BUILTIN_ENVS:
+        return  # the operator's own environment: its factory checks its arguments
+    declared = BUILTIN_KWARGS.get(key, {})
+    for arg, value in kwargs.items():
+        if arg not in declared:
+            takes = ", ".join(declared) or "none"
+            raise ValueError(f"kwargs: {key} takes no {arg!r} from a spec (it takes: {takes})")
+        lo, hi = declared[arg]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+            raise ValueError(f"kwargs: {key}'s {arg} must be a number from {lo:g} to {hi:g}")
 
 
 def _import(path: str, name: str) -> Callable[..., Any]:
@@ -218,6 +250,7 @@ class PettingZooGame(Game):
     ) -> None:
         self.env_path, self.kwargs = env, dict(kwargs or {})
         self.factory = resolve_env(env)
+        check_kwargs(env, self.kwargs)
         if max_moves < 1:
             raise ValueError(f"max_moves must be at least 1, not {max_moves}")
         self.max_moves, self.rules_text = int(max_moves), rules

@@ -69,6 +69,27 @@ LOKI_NAMES = ("fold", "call", "raise")
 #: The Loki paper's names for cards 0..4 (appendix prompts).
 LOKI_CARD_NAMES = ("10", "Jack", "Queen", "King", "Ace")
 
+
+def observed_card_name(observation: Mapping[str, Any], card: Any) -> str:
+    """A card of an observation as people read it: Loki's by the paper's name, with its number.
+
+    ``Jack (card 1)``: both, because both reach a person: the rules (the
+    models' prompt) name the cards 10 to Ace, while programs at the table
+    count them 0 to 4 (the scripted colluder tells its partner "my card is
+    4"). Other games' cards are shown as they are. Here, beside the names, so
+    that the terminal, the browser and the replay (which know only the
+    observation, not the state) name a card alike.
+    """
+    if (
+        observation.get("game") == "kuhn"
+        and observation.get("variant") == "loki"
+        and isinstance(card, int)
+        and 0 <= card < len(LOKI_CARD_NAMES)
+    ):
+        return f"{LOKI_CARD_NAMES[card]} (card {card})"
+    return str(card)
+
+
 LOKI_RULES = (
     "You are an expert in playing the Kuhn Poker game. There are three players "
     "including player_0, player_1, and player_2. There are a total of five possible "

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,23 @@ def allowed_files() -> set[str]:
     """The files the operator allowed for this process (``allow_file``, ``FILES_ENV``)."""
     inherited = [p for p in os.environ.get(FILES_ENV, "").split(os.pathsep) if p]
     return _allowed | set(inherited)
+
+
+def files_beside(params: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+    """``params`` with each file parameter naming a file in ``folder`` (a run config's own),
+    as its absolute path, allowed here (``allow_file``); ``ValueError`` for any other file."""
+    out = dict(params)
+    for key, value in params.items():
+        if not (isinstance(value, str) and value and FILE_PARAM.search(key)):
+            continue
+        target = (folder / value).resolve()
+        if target.parent != folder or not target.is_file():
+            raise ValueError(
+                f"params.{key}: {value!r} is not a file beside the config ({folder}); "
+                "an OpenSpiel game reads only such a file"
+            )
+        out[key] = allow_file(target)
+    return out
 
 
 def file_params(spec: Mapping[str, Any]) -> list[str]:
@@ -208,15 +226,15 @@ def _look(state: Any, game: Any, rng: random.Random) -> Any:
     gtype = game.get_type()
     for player in range(game.num_players()):
         if gtype.provides_observation_string:
-            _timed("an observation", lambda p=player: state.observation_string(p))
+            _timed("an observation", partial(state.observation_string, player))
         if gtype.provides_information_state_string:
-            _timed("an information state", lambda p=player: state.information_state_string(p))
+            _timed("an information state", partial(state.information_state_string, player))
     if state.is_chance_node():
         outcomes = _timed("a chance node's outcomes", state.chance_outcomes)
         return rng.choice(outcomes)[0]
     if state.is_simultaneous_node():
         return [
-            rng.choice(_timed("a state's legal actions", lambda p=p: state.legal_actions(p)))
+            rng.choice(_timed("a state's legal actions", partial(state.legal_actions, p)))
             for p in range(game.num_players())
         ]
     player = state.current_player()

@@ -9,6 +9,8 @@ people exactly as for programs:
 * ``web.py``: ``backroom web``, a browser front end that bridges a page
   (``web_static/``) to the bus with each seat's own MQTT login; ``gate.py``
   guards it (the ``Origin`` check, the failed-sign-in backoff).
+  ``web_replay.py``: ``backroom replay``, the same app with the replay
+  viewer (``backroom.replay``, a package below this one) mounted.
 
 This package sits on ``backroom.agents`` (it builds on the runtime); nothing
 below imports it. The ``human`` kind reaches the agent registry through the

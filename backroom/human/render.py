@@ -12,11 +12,11 @@ the seat only overheard is marked as such. All text from the bus goes into
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from backroom.bus.wire import MatchEnd, MatchStart
+from backroom.games.kuhn import observed_card_name
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -28,26 +28,6 @@ PRIVATE_KEYS = ("card", "hand", "cards", "private", "secret", "values", "valuati
 SKIP_KEYS = ("game", "variant", "player", "info_state", "history")
 #: Chat lines a table shows (the newest); the rest scrolled by as they arrived.
 CHAT_LINES = 12
-
-
-def card_name(observation: Mapping[str, Any], card: Any) -> str:
-    """A Kuhn card as the Loki paper names it, with its number: ``Jack (card 1)``.
-
-    Both, because both reach a person: the rules (the models' prompt) name the
-    cards 10 to Ace, while programs at the table count them 0 to 4 (the
-    scripted colluder tells its partner "my card is 4"). Other games' cards
-    are shown as they are.
-    """
-    if (
-        observation.get("game") == "kuhn"
-        and observation.get("variant") == "loki"
-        and isinstance(card, int)
-    ):
-        from backroom.games.kuhn import LOKI_CARD_NAMES
-
-        if 0 <= card < len(LOKI_CARD_NAMES):
-            return f"{LOKI_CARD_NAMES[card]} (card {card})"
-    return str(card)
 
 
 def rules_for(start: MatchStart) -> str:
@@ -137,7 +117,7 @@ def render_view(view: MatchView, title_extra: str = "") -> RenderableType:
         if key in obs and obs[key] is not None:
             value = obs[key]
             shown = (
-                card_name(obs, value)
+                observed_card_name(obs, value)
                 if key == "card"
                 else json.dumps(value)
                 if not isinstance(value, str)
@@ -173,7 +153,7 @@ def render_view(view: MatchView, title_extra: str = "") -> RenderableType:
         grid.add_row("History", Text(" → ".join(moves) if moves else "(no moves yet)"))
     if "shown" in obs:
         shown_cards = ", ".join(
-            f"{view.who(int(s))}: {card_name(obs, c)}" for s, c in obs["shown"].items()
+            f"{view.who(int(s))}: {observed_card_name(obs, c)}" for s, c in obs["shown"].items()
         )
         grid.add_row("Showdown", Text(shown_cards))
     for c in start.channels:
@@ -232,7 +212,7 @@ def render_end(view: MatchView) -> RenderableType:
     for s in range(len(end.returns)):
         chips = end.raw_returns[s] if s < len(end.raw_returns) else 0.0
         name = view.who(s) + (
-            f" · {card_name(end.observation, shown[str(s)])}" if str(s) in shown else ""
+            f" · {observed_card_name(end.observation, shown[str(s)])}" if str(s) in shown else ""
         )
         table.add_row(Text(name), f"{chips:+g}", f"{end.returns[s]:+g}")
     return Panel(table, border_style="green")

@@ -103,13 +103,13 @@ from backroom.human.gate import (
 from backroom.human.league_page import league_routes
 from backroom.human.parse import offered
 from backroom.human.render import rules_for
-from backroom.human.replay import replay_routes
+from backroom.replay.routes import replay_routes
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.websockets import WebSocket
 
-    from backroom.human.replay_index import ReplayIndex
+    from backroom.replay.index import ReplayIndex
 
 log = logging.getLogger("backroom.web")
 

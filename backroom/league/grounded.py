@@ -23,11 +23,14 @@ exact for asked policies).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from backroom.bus.wire import EpisodeRecord
 from backroom.league.ratings import Cells
 from backroom.seeds import derive_seed
 
@@ -77,3 +80,74 @@ def equilibrium_gains(
             }
         )
     return sorted(rows, key=lambda r: (-r["gain"], r["agent"]))
+
+
+#: CFR+ iterations of each team-game solve behind a coalition's gain (Loki: about 2 s each).
+TEAM_ITERATIONS = 5_000
+
+
+def coalition_gains(
+    game_name: str,
+    params: dict[str, Any],
+    records: Iterable[EpisodeRecord],
+    coalitions: Sequence[tuple[str, Sequence[str]]],
+    seed: object,
+    bootstrap: int = BOOTSTRAP,
+) -> list[dict[str, Any]]:
+    """Each coalition's gain over the team game's value, in the matches that seat all of it.
+
+    A coalition is a league channel's members (by agent id). In a match that seats every
+    member, its return is the sum of its seats' engine returns (``raw_returns``), and the
+    yardstick is the value the team of those seats guarantees in the team game (the Loki
+    construction: the seats merged into one player that sees all their cards, CFR+ against
+    the rest, ``solvers.team``; ``min_C u_team``, the other seat best-responding). The gain
+    is the mean over CRN groups of the matches' (return − value); positive: the coalition
+    took more than its guaranteed value from the opponents it met (who did not best-respond).
+    Only games whose team game has one opponent have that value; others are left out.
+    """
+    from backroom.games import make_game
+    from backroom.solvers.team import solve_team
+
+    game = make_game(game_name, **params)
+    values: dict[tuple[int, ...], float] = {}
+    records = list(records)
+    rows = []
+    for name, members in coalitions:
+        per_group: dict[str, list[float]] = defaultdict(list)
+        for r in records:
+            seats = tuple(i for i, a in enumerate(r.seats) if a in members)
+            if {r.seats[i] for i in seats} != set(members) or len(seats) != len(members):
+                continue  # not every member seated, or one holds several seats
+            if seats not in values:
+                values[seats] = solve_team(game, seats, TEAM_ITERATIONS).guaranteed_value()
+            if math.isnan(values[seats]):
+                continue
+            gain = sum(r.raw_returns[i] for i in seats) - values[seats]
+            per_group[r.crn_group or r.match].append(gain)
+        if not per_group:
+            continue
+        samples = np.array([sum(v) / len(v) for v in per_group.values()])
+        draws = [
+            samples[rng_idx].mean() for rng_idx in _indices(len(samples), bootstrap, (seed, name))
+        ]
+        rows.append(
+            {
+                "coalition": name,
+                "members": list(members),
+                "gain": float(samples.mean()),
+                "ci": [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
+                if draws
+                else None,
+                "groups": len(samples),
+                "matches": sum(len(v) for v in per_group.values()),
+                "team_values": {
+                    ",".join(map(str, k)): v for k, v in sorted(values.items()) if not math.isnan(v)
+                },
+            }
+        )
+    return rows
+
+
+def _indices(n: int, draws: int, seed: object) -> list[np.ndarray]:
+    rng = np.random.default_rng(derive_seed("backroom", "league", "coalition-bootstrap", seed))
+    return [rng.integers(0, n, n) for _ in range(draws if n > 1 else 0)]

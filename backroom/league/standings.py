@@ -22,7 +22,7 @@ from backroom.league.exploit import league_exploitability, solvable
 from backroom.league.rankings import BOOTSTRAP, rankings
 from backroom.league.ratings import Cells, Rating, Ratings
 from backroom.league.store import LeagueStore
-from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
+from backroom.records import count_fallbacks, fallback_of, warning_lines
 
 STANDINGS = "standings.json"
 STORE = "league.sqlite"
@@ -149,6 +149,13 @@ class Standings:
             cells = self.cells[key]
             if cells.most_entrants == 2 and cells.constant_sum:
                 out["grounded"] = self.grounded(key, policies)
+            teams = [(c.name, [str(m) for m in c.members]) for c in g.channels]
+            if any(len(m) > 1 for _, m in teams):
+                from backroom.league.grounded import coalition_gains
+
+                out["coalitions"] = coalition_gains(
+                    g.game, g.params, self.store.records(key), teams, (self.config.seed, key)
+                )
         return out
 
     def grounded(self, key: str, policies: dict[str, Any]) -> list[dict[str, Any]]:
@@ -222,7 +229,13 @@ def refresh_standings(directory: Path, running: bool = False) -> dict[str, Any]:
         text = store.get_meta("config")
         if text is None:
             raise FileNotFoundError(f"{path} holds no league config")
-        config = LeagueConfig.model_validate_json(text)
+        from pydantic import ValidationError
+
+        try:  # the store is a file anyone may have sent: its config is checked like a config
+            config = LeagueConfig.model_validate_json(text)
+        except ValidationError as exc:  # the first error, in one line
+            first = " ".join(str(exc.errors()[0]["msg"]).split())
+            raise ValueError(f"{path}: its league config is refused: {first}") from None
         doc = standings(store, config, running)
     write_standings(Path(directory), doc)
     return doc

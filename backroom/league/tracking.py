@@ -30,7 +30,7 @@ from backroom.bus.wire import EpisodeRecord
 from backroom.league.config import LeagueConfig
 from backroom.league.standings import ALL_GAMES, STANDINGS
 from backroom.league.store import LeagueStore
-from backroom.referee.fallbacks import fallback_of
+from backroom.records import fallback_of
 from backroom.tracking import Tracking, open_tracking
 
 #: The stream of ``tracking.json`` (``standings_through``: the last results count sent).

@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable
 
 from backroom import metrics
-from backroom.bus.wire import MAX_PAYLOAD_BYTES, Error, ErrorReason, Message, WireError, parse_all
+from backroom.bus.structs import Struct, parse_all
+from backroom.bus.wire import MAX_PAYLOAD_BYTES, Error, ErrorReason, Message, WireError
 from backroom.referee.budgets import Budgets, Ticket
 
-Route = Callable[[str, Message | WireError], None]
+Route = Callable[[str, Struct | Message | WireError], None]
 
 
 class Judge:

@@ -27,22 +27,17 @@ from pydantic import BaseModel
 
 from backroom import metrics, seeds
 from backroom.bus import topics
+from backroom.bus.structs import Action, Chat, Event, Flag, MatchEnd, Struct, Turn
 from backroom.bus.wire import (
-    Action,
     ActionRecord,
     ChannelSpec,
-    Chat,
     EndReason,
     EpisodeRecord,
     ErrorReason,
-    Event,
     Fallback,
-    Flag,
     FlagRecord,
-    MatchEnd,
     MatchSpec,
     MatchStart,
-    Turn,
 )
 from backroom.games import IllegalActionError, State, make_game
 from backroom.referee.routing import TABLE, Router
@@ -105,8 +100,8 @@ class MatchReferee(Protocol):
     @property
     def public_due(self) -> dict[str, Match]: ...  # matches whose public events wait for a flush
 
-    def send(self, topic: str, msg: BaseModel, batch: bool = False) -> None: ...
-    def send_to(self, agent: str, msg: BaseModel) -> None: ...
+    def send(self, topic: str, msg: BaseModel | Struct, batch: bool = False) -> None: ...
+    def send_to(self, agent: str, msg: BaseModel | Struct) -> None: ...
     def public_pending(self, match: Match) -> None: ...
     def latency(self, agent: str, phase: str) -> Observer: ...
     def reject(

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from backroom import seeds
+from backroom.bus.structs import Delivery
 from backroom.bus.wire import (
     ChannelSpec,
-    Delivery,
     DeliveryRecord,
     Intervention,
     MatchSpec,

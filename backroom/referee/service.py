@@ -33,6 +33,7 @@ from backroom.bus import presence, topics
 from backroom.bus.client import Bus, BusConfig, Will
 from backroom.bus.connection import broker_reachable
 from backroom.bus.errors import IdentityInUse
+from backroom.bus.structs import Action, Chat, Event, Flag, Struct
 from backroom.bus.wire import (
     ACCEPTED,
     BROKER_LOST,
@@ -40,12 +41,8 @@ from backroom.bus.wire import (
     IDENTITY_WINDOW_S,
     RUNNING,
     SHUTTING_DOWN,
-    Action,
-    Chat,
     EpisodeRecord,
     ErrorReason,
-    Event,
-    Flag,
     MatchRequest,
     MatchStart,
     Status,
@@ -520,7 +517,7 @@ class Referee:
 
     # --- outbound ------------------------------------------------------------------
 
-    def send(self, topic: str, msg: BaseModel, batch: bool = False) -> None:
+    def send(self, topic: str, msg: BaseModel | Struct, batch: bool = False) -> None:
         """Publish without waiting for the PUBACK: the move path must not wait on the broker twice.
 
         With ``batch``, messages to the same topic in one loop iteration share
@@ -534,7 +531,7 @@ class Referee:
         """``match`` queued public events: they leave at the pace of ``referee.public``."""
         self.public.pending(match)
 
-    def send_to(self, agent: str, msg: BaseModel) -> None:
+    def send_to(self, agent: str, msg: BaseModel | Struct) -> None:
         if type(msg) is MatchStart:
             msg.referee = self.name  # the outbox the seat's moves go to: this referee's
         self.send(topics.inbox(agent), msg, batch=agent in self.batching)

@@ -740,28 +740,18 @@ def load_config(path: str | Path) -> RunConfig:
 
 
 def files_beside(data: Any, path: Path) -> Any:
-    """An OpenSpiel parameter naming a file (``efg_game``'s ``filename``) may name one beside
-    the config, and nothing else: the file is allowed for this process and those it starts
-    (``openspiel_bounds.allow_file``), and the parameter holds its absolute path. A config
-    parsed from anywhere else (``parse_config``, a request) gets no file."""
-    from backroom.games.openspiel_bounds import FILE_PARAM, allow_file
+    """OpenSpiel file parameters of a config read from ``path``: beside it only, allowed for
+    this process and those it starts (``openspiel_bounds.files_beside``). A config parsed
+    from anywhere else (``parse_config``, a request) gets no file."""
+    from backroom.games.openspiel_bounds import files_beside as beside
 
     params = data.get("params") if isinstance(data, dict) else None
     if not isinstance(params, dict) or data.get("game") != "openspiel":
         return data
-    here = path.resolve().parent
-    beside = dict(params)
-    for key, value in params.items():
-        if not (isinstance(value, str) and value and FILE_PARAM.search(key)):
-            continue
-        target = (here / value).resolve()
-        if target.parent != here or not target.is_file():
-            raise ConfigError(
-                f"{path}: params.{key}: {value!r} is not a file beside the config ({here}); "
-                "an OpenSpiel game reads only such a file"
-            )
-        beside[key] = allow_file(target)
-    return {**data, "params": beside}
+    try:
+        return {**data, "params": beside(params, path.resolve().parent)}
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def parse_config(data: Any, source: str = "config") -> RunConfig:

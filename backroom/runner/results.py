@@ -19,7 +19,7 @@ from backroom.play.faults import Departure as Departure
 from backroom.play.faults import Faults
 from backroom.play.faults import clock_text as clock_text
 from backroom.play.faults import defaulted as defaulted
-from backroom.referee.fallbacks import count_fallbacks, fallback_of, warning_lines
+from backroom.records import count_fallbacks, fallback_of, warning_lines
 from backroom.runner.config import RunConfig
 from backroom.runs import read_episodes
 
@@ -141,7 +141,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
     """Per agent: matches, seats, mean raw return and return after the transform per seat,
     timeouts; outcomes; faults (``Faults``: referees lost, matches asked for again,
     duplicates, and each agent that went offline, with the matches its seats were
-    defaulted in); ``fallbacks`` per agent (``referee.fallbacks.count_fallbacks``:
+    defaulted in); ``fallbacks`` per agent (``records.count_fallbacks``:
     moves that were not its own choice, by reason) and a ``warnings`` line for each
     agent over ``WARN_SHARE`` of them.
 

@@ -191,12 +191,7 @@ def analyse_collusion(
     team = tuple(team)
     tree = build_tree(game, features=paper_state)
     solved = cfr_policy is None
-    if cfr_policy is None:
-        solver = CFRSolver(tree, algo)
-        solver.run(iterations)
-        cfr = solver.average_policy()
-    else:
-        cfr = tree.sigma_from_policy({k: dict(v) for k, v in cfr_policy.items()})
+    cfr = _three_player_profile(tree, iterations, algo, cfr_policy)
     cfr_rows = tree.policy_dict(cfr)
 
     team_tree = build_team_tree(game, team)
@@ -249,6 +244,20 @@ def analyse_collusion(
         "mean_values": {name: v.mean(axis=0).tolist() for name, v in values.items()},
     }
     return report
+
+
+def _three_player_profile(
+    tree: GameTree,
+    iterations: int,
+    algo: str,
+    cfr_policy: Mapping[str, Mapping[str, float]] | None,
+) -> FloatArray:
+    """The all-CFR profile: ``cfr_policy`` when given (what a run actually played), else solved."""
+    if cfr_policy is not None:
+        return tree.sigma_from_policy({k: dict(v) for k, v in cfr_policy.items()})
+    solver = CFRSolver(tree, algo)
+    solver.run(iterations)
+    return solver.average_policy()
 
 
 # --- Figure 2 -------------------------------------------------------------------------------

@@ -155,7 +155,12 @@ async def play_batch(
     ledger = MatchLedger(
         [r.match for r in planned], publish, Faults(), lambda text: log.warning("%s", text)
     )
-    todo = _restore(tb, store, planned, ledger)
+    # resumed (some were stored before): read the earlier attempts back; else ask for each
+    todo = (
+        _restore(tb, store, planned, ledger)
+        if len(fresh) < len(planned)
+        else [(r.match, False) for r in planned]
+    )
     for name, online in tb.referees.items():
         if online:
             ledger.referee_online(name)

@@ -491,7 +491,10 @@ async def _evaluate_and_log(
 ) -> dict[str, Any]:
     # The co-trained policies' first checkpoints are waited for as long as agents are.
     pool = await _pool_now(tb, run, online_timeout_s)
-    result = await evaluate_and_log(tb, store, config, step, run.current, pool, run_dir)
+    try:
+        result = await evaluate_and_log(tb, store, config, step, run.current, pool, run_dir)
+    except BatchError as exc:
+        raise TrainError(f"evaluation after step {step}: {exc}") from None
     await asyncio.to_thread(tracking.evaluations, [result])
     return result
 

@@ -30,7 +30,7 @@ from typing import TypeVar
 
 from backroom.bus.wire import AdapterRef
 from backroom.model.adapters import adapter_digest
-from backroom.referee.fallbacks import fallback_of
+from backroom.records import fallback_of
 from backroom.trainer.config import PfspSpec, TrainConfig, frozen_versions
 from backroom.trainer.store import Joined, Store
 

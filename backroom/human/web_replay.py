@@ -1,7 +1,8 @@
 """``backroom replay RUN_DIR``: index a run, then serve ``backroom web``'s app with the replay mounted.
 
-Apart from ``replay.py`` because it builds the whole app (``web.web_app``),
-which itself mounts ``replay.replay_routes``.
+Here, beside the web app, and not in ``backroom.replay``: it builds the whole
+app (``web.web_app``), which itself mounts ``backroom.replay.routes``, so the
+replay viewer stays a package the web app imports and that imports nothing of it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import threading
 from pathlib import Path
 
 from backroom.human.access import TOKEN_ENV, is_loopback
-from backroom.human.replay_index import INDEX_FILE, ReplayIndex
 from backroom.human.web import served_names, server_config, web_app, web_command
+from backroom.replay.index import INDEX_FILE, ReplayIndex
 from backroom.runs import resolve_run_dir
 
 

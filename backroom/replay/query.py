@@ -91,23 +91,43 @@ class Query:
         )
 
 
+def seat_filters(q: Query) -> tuple[list[str], list[Any]]:
+    """SQL conditions on a seat's row (``s``): its agent, seat, outcome and reward bounds."""
+    conds: list[str] = []
+    args: list[Any] = []
+    for col, value in (("agent", q.agent), ("seat", q.seat), ("outcome", q.outcome)):
+        if value is not None:
+            conds.append(f"s.{col} = ?")
+            args.append(value)
+    for cond, bound in (("s.reward >= ?", q.reward_min), ("s.reward <= ?", q.reward_max)):
+        if bound is not None:
+            conds.append(cond)
+            args.append(bound)
+    return conds, args
+
+
+def match_filters(q: Query) -> tuple[list[str], list[Any]]:
+    """SQL conditions on a match's row (``m``): its end, CRN group and training step."""
+    conds: list[str] = []
+    args: list[Any] = []
+    if q.reason == "fallback":
+        conds.append("m.fallbacks > 0")
+    elif q.reason is not None:
+        conds.append("m.reason = ?")
+        args.append(q.reason)
+    for col, value in (("crn_group", q.crn_group), ("step", q.step)):
+        if value is not None:
+            conds.append(f"m.{col} = ?")
+            args.append(value)
+    return conds, args
+
+
 def where_clause(q: Query) -> tuple[str, list[Any], str]:
     """SQL of the filters: with an agent or seat, one row per matching seat (joined)."""
     conds: list[str] = []
     args: list[Any] = []
     join = ""
-    seat_conds: list[str] = []
-    seat_args: list[Any] = []
-    for col, value in (("agent", q.agent), ("seat", q.seat), ("outcome", q.outcome)):
-        if value is not None:
-            seat_conds.append(f"s.{col} = ?")
-            seat_args.append(value)
-    if q.reward_min is not None:
-        seat_conds.append("s.reward >= ?")
-        seat_args.append(q.reward_min)
-    if q.reward_max is not None:
-        seat_conds.append("s.reward <= ?")
-        seat_args.append(q.reward_max)
+    seat_conds, seat_args = seat_filters(q)
     if q.agent is not None or q.seat is not None or q.sort == "reward":
         if q.agent is None and q.seat is None:  # sorting by reward of no one: seat 0's
             seat_conds.append("s.seat = 0")
@@ -119,15 +139,7 @@ def where_clause(q: Query) -> tuple[str, list[Any], str]:
             "EXISTS (SELECT 1 FROM seats s WHERE s.id = m.id AND " + " AND ".join(seat_conds) + ")"
         )
         args += seat_args
-    if q.reason == "fallback":
-        conds.append("m.fallbacks > 0")
-    elif q.reason is not None:
-        conds.append("m.reason = ?")
-        args.append(q.reason)
-    if q.crn_group is not None:
-        conds.append("m.crn_group = ?")
-        args.append(q.crn_group)
-    if q.step is not None:
-        conds.append("m.step = ?")
-        args.append(q.step)
+    more, more_args = match_filters(q)
+    conds += more
+    args += more_args
     return ("WHERE " + " AND ".join(conds) if conds else ""), args, join

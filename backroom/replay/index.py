@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backroom.human import replay_train
-from backroom.human.replay_query import Query, ReplayError, outcome_of, where_clause
+from backroom.replay import training
+from backroom.replay.query import Query, ReplayError, outcome_of, where_clause
 from backroom.runs import RUN_KEY_FILE, resolve_run_dir
 
 #: The index file, in the run directory. Delete it to rebuild; it is rebuilt by itself
@@ -310,10 +310,10 @@ class ReplayIndex:
             0
         ]
         batch = _Batch()
-        for rowid, record, step, kind in replay_train.store_episodes(store, last):
+        for rowid, record, step, kind in training.store_episodes(store, last):
             self._match_rows(batch, record, None, None, step, kind)
             last = rowid
-        batch.traces = [(*k[:4], None, None) for k in replay_train.store_trace_keys(store, 0.0)]
+        batch.traces = [(*k[:4], None, None) for k in training.store_trace_keys(store, 0.0)]
         batch.write(self.db)
         self._set_meta("store_rowid", last)
         return len(batch.matches)
@@ -465,7 +465,7 @@ class ReplayIndex:
         if found is None:
             return None
         if self.store is not None:
-            return replay_train.store_record(self.store, match)
+            return training.store_record(self.store, match)
         _, pos, length, _ = found
         assert self.episodes is not None and pos is not None and length is not None
         with self.episodes.open("rb") as f:
@@ -475,7 +475,7 @@ class ReplayIndex:
     def traces(self, match: str) -> tuple[dict[tuple[int, int], dict[str, Any]], list[str]]:
         """A match's traces by (turn, seat), and the trace lines that could not be read."""
         if self.store is not None:
-            return replay_train.store_traces(self.store, match), []
+            return training.store_traces(self.store, match), []
         with self.lock:
             rows = self.db.execute(
                 "SELECT turn, seat, pos, len FROM traces WHERE match = ?", (match,)

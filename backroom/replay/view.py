@@ -26,7 +26,7 @@ from typing import Any
 
 from backroom.bus.wire import ChannelSpec, EpisodeRecord
 from backroom.games import State, make_game
-from backroom.human.replay_words import Words
+from backroom.replay.words import Words
 
 TABLE = "table"  # the referee's implicit all-seats channel (``referee.routing.TABLE``)
 

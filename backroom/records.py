@@ -1,7 +1,13 @@
-"""Counting the recorded moves that were not an agent's own choice (``ActionRecord.fallback``).
+"""Readers' helpers over episode records: the one count of moves not an agent's own.
 
-One count for every reader — the table a run ends with
-(``backroom.runner.local.summarize``), ``backroom analyze`` and its
+Beside ``runs.py`` (which finds and reads the records) and below every reader
+of them — the runner, the league, the trainer, ``backroom analyze``, the
+replay — and not in ``referee/``, which writes the records and needs none of
+this: a reader that imports it need not import the referee.
+
+Counting the recorded moves that were not an agent's own choice
+(``ActionRecord.fallback``): one count for every reader — the table a run ends with
+(``backroom.runner.results.summarize``), ``backroom analyze`` and its
 ``analysis.json`` — so they cannot disagree about what a fallback is: a move
 whose record carries a reason (``backroom.bus.wire.Fallback``), or, in a record
 written before the field existed, one the referee marked ``timed_out`` (its

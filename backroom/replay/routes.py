@@ -1,7 +1,8 @@
 """``backroom replay RUN_DIR``: a run's matches in the browser, one turn at a time.
 
-The routes here are mounted into ``backroom web``'s app (``web_app(replay=...)``):
-``/replay`` the page (``web_static/replay.html``), ``/api/replay/...`` its JSON.
+The routes here are mounted into ``backroom web``'s app (``web_app(replay=...)``,
+``backroom.human.web``; ``backroom.human.web_replay`` serves it for ``backroom replay``):
+``/replay`` the page (``replay.html`` beside this module), ``/api/replay/...`` its JSON.
 Offline (no broker) the same app runs without an observer: the replay works
 and nothing connects anywhere; given a broker and an observer identity, the
 same page also follows a match still being played,
@@ -9,7 +10,7 @@ over the spectators' socket (``/ws``, public events only, as a spectator
 sees it), and the run's list grows as the referee appends to the run.
 
 Everything the page gets is one page of the list or one match: the index
-(``replay_index.ReplayIndex``, a SQLite file beside the run) answers filters
+(``index.ReplayIndex``, a SQLite file beside the run) answers filters
 and sorts, and a match's record and traces are read from disk by offset.
 """
 
@@ -21,17 +22,18 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from backroom.human import replay_train
-from backroom.human.replay_index import ReplayIndex
-from backroom.human.replay_query import Query, ReplayError
-from backroom.human.replay_view import match_view
+from backroom.replay import training
+from backroom.replay.index import ReplayIndex
+from backroom.replay.query import Query, ReplayError
+from backroom.replay.view import match_view
 
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import BaseRoute
 
-STATIC = Path(__file__).with_name("web_static")
+#: The page: plain HTML and JavaScript, no build step, as the web app's own.
+PAGE = Path(__file__).with_name("replay.html")
 #: Seconds a request waits for a refresh before it answers with what is indexed so far.
 WAIT_S = 1.0
 HEADERS = {
@@ -102,7 +104,7 @@ def replay_routes(index: ReplayIndex, hub: Spectators | None = None) -> list[Bas
     from starlette.routing import Route
 
     replay = Replay(index, hub)
-    page = (STATIC / "replay.html").read_text()
+    page = PAGE.read_text()
 
     def error(exc: Exception, status: int = 400) -> Response:
         return JSONResponse({"error": str(exc)}, status_code=status, headers=HEADERS)
@@ -184,7 +186,7 @@ def load_view(index: ReplayIndex, match: str) -> dict[str, Any] | None:
 
 def training_steps(index: ReplayIndex) -> dict[str, Any]:
     """A training run's steps: each ``train_log.csv`` row with its matches per kind and version."""
-    rows = replay_train.train_log(index.run_dir)
+    rows = training.train_log(index.run_dir)
     with index.lock:
         counts = index.db.execute(
             "SELECT step, kind, version, count(*) FROM matches WHERE step IS NOT NULL"
@@ -193,7 +195,7 @@ def training_steps(index: ReplayIndex) -> dict[str, Any]:
     by_step: dict[int, list[dict[str, Any]]] = {}
     for step, kind, version, n in counts:
         by_step.setdefault(step, []).append({"kind": kind, "version": version, "matches": n})
-    used = replay_train.used_steps(index.store) if index.store is not None else {}
+    used = training.used_steps(index.store) if index.store is not None else {}
     logged = {int(r["step"]): r for r in rows if (r.get("step") or "").isdigit()}
     out = []
     for step in sorted(set(by_step) | set(logged)):

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from backroom.human.render import card_name as observed_card_name
+from backroom.games.kuhn import observed_card_name
 
 #: Shown for a talk turn whose answer was no message.
 SILENT = "(silent)"
