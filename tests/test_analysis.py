@@ -350,3 +350,42 @@ def test_a_game_without_measures_of_its_own_gets_seats_agents_and_its_coalition(
     assert "r1 / openspiel leduc_poker: mean raw return per seat" in text.replace("\n", " ")
     title_line = next(line for line in text.splitlines() if "openspiel" in line)
     assert "openspiel leduc_poker" in title_line  # not broken inside the game's name
+
+
+def test_analyze_grounded_scores_a_solvable_run_and_says_so_for_another(tmp_path: Path) -> None:
+    """`backroom analyze --grounded`: the league's solver-grounded scores for a run of a game
+    the solvers hold (always-bet's exploitability is 1/3, as OpenSpiel has it), and one line
+    for a game they do not."""
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {**__import__("os").environ, "COLUMNS": "200"}
+        return subprocess.run(
+            [sys.executable, "-m", "backroom", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+
+    (tmp_path / "k.yaml").write_text(
+        "run: k\ngame: kuhn\nparams: {variant: classic, players: 2}\nmatches: 60\nrotate_seats: true\n"
+        "agents:\n  - {id: rnd, kind: random}\n  - {id: bet, kind: always, options: {action: bet}}\n"
+    )
+    (tmp_path / "i.yaml").write_text(
+        "run: i\ngame: ipd\nmatches: 2\nagents:\n  - {id: a, kind: random}\n  - {id: b, kind: random}\n"
+    )
+    for config in ("k.yaml", "i.yaml"):
+        assert cli("run", config, "--runs-dir", "runs").returncode == 0
+    out = cli("analyze", "runs/k", "--grounded")
+    assert out.returncode == 0, out.stdout + out.stderr
+    saved = json.loads(next((tmp_path / "runs" / "k").glob("2*/analysis.json")).read_text())
+    rows = {e["agent"]: e for e in saved["grounded"]["kuhn"]["exploitability"]}
+    assert rows["bet"]["shown"] == pytest.approx(1 / 3)  # deterministic: its counts are its policy
+    assert rows["bet"]["visited"] >= rows["bet"]["states"] / 2
+    assert {g["agent"] for g in saved["grounded"]["kuhn"]["gains"]} == {"rnd", "bet"}
+    assert "gain over the equilibrium against the field met" in out.stdout
+    other = cli("analyze", "runs/i", "--grounded")
+    assert other.returncode == 0 and "no solver-grounded scores" in other.stdout

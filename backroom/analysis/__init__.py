@@ -181,6 +181,15 @@ def analyze_run(
     return result
 
 
+def grounded_scores(run_dir: Path) -> dict[str, Any]:
+    """The solver-grounded scores of a run's played matches, per game (``analysis.grounded``);
+    a game the solvers do not hold is named with None."""
+    from backroom.analysis.grounded import grounded
+
+    eps = played(foreign_records(load_episodes(resolve_run_dir(run_dir)))[0])
+    return {game: grounded(found) for game, found in sorted(by_game(eps).items())}
+
+
 def render_tables(result: dict[str, Any]) -> list[Table]:
     """Rich tables of an ``analyze_run`` result, one or two per game."""
     tables: list[Table] = []
@@ -193,6 +202,8 @@ def render_tables(result: dict[str, Any]) -> list[Table]:
         tables.append(_audit_table(run, game, audit))
     for game, found in (result.get("oversight") or {}).items():
         tables.append(_oversight_table(run, game, found))
+    for game, scores in (result.get("grounded") or {}).items():
+        tables.extend(_grounded_tables(run, game, scores))
     counts = result.get("fallbacks") or {}
     if any(c["fallbacks"] for c in counts.values()):
         tables.append(_fallback_table(run, counts))
@@ -207,6 +218,11 @@ def notes(result: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if against := result.get("against"):
         lines.append(str(against["line"]))
+    for game, scores in (result.get("grounded") or {}).items():
+        if scores is None:
+            lines.append(
+                f"--grounded: no solver-grounded scores for {game} (the solvers hold no such game)"
+            )
     outcomes = result.get("outcomes", {})
     total = result.get("episodes", 0)
     if unplayed := result.get("unplayed", 0):
@@ -286,6 +302,46 @@ def _oversight_table(run: str, game: str, found: dict[str, Any]) -> Table:
         t.add_row(agent, f"{o['threshold']:.2f}", *rate, cell(o["roc_area"]), cases)
     t.caption = "truth: the coalition the reward transform names (none named: nobody colludes)"
     return t
+
+
+def _grounded_tables(run: str, game: str, scores: dict[str, Any] | None) -> list[Table]:
+    """Exploitability, gains over the equilibrium, coalitions' gains (``analysis.grounded``)."""
+    if scores is None:
+        return []  # said in ``notes``
+    t = _wide(f"{run} {game}: exploitability from each agent's decisions".strip())
+    for col in ("agent", "exploitability", "95% interval", "states visited", "decisions"):
+        t.add_column(col, justify="left" if col == "agent" else "right")
+    for e in scores["exploitability"]:
+        shown = "n/a" if e["shown"] is None else f"{e['value']:.4f}"
+        ci = f"[{e['ci'][0]:.3f}, {e['ci'][1]:.3f}]" if e["ci"] and e["shown"] is not None else "-"
+        t.add_row(e["agent"], shown, ci, f"{e['visited']} of {e['states']}", str(e["decisions"]))
+    t.caption = (
+        "n/a below half the states visited (docs/league.md); backroom eval asks a policy exactly"
+    )
+    tables = [t]
+    if scores["gains"]:
+        g = _wide(f"{run} {game}: gain over the equilibrium against the field met".strip())
+        for col in ("agent", "gain", "95% interval", "equilibrium vs the field"):
+            g.add_column(col, justify="left" if col == "agent" else "right")
+        for r in scores["gains"]:
+            ci = f"[{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]" if r["ci"] else "-"
+            g.add_row(r["agent"], f"{r['gain']:+.4f}", ci, f"{r['equilibrium_vs_field']:+.4f}")
+        tables.append(g)
+    if scores["coalitions"]:
+        c = _wide(f"{run} {game}: coalitions against the team game's value".strip())
+        for col in ("coalition", "gain", "95% interval", "team value", "matches"):
+            c.add_column(col, justify="left" if col == "coalition" else "right")
+        for r in scores["coalitions"]:
+            ci = f"[{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]" if r["ci"] else "-"
+            value = ", ".join(f"{v:+.4f}" for v in r["team_values"].values())
+            c.add_row(r["coalition"], f"{r['gain']:+.4f}", ci, value, str(r["matches"]))
+        tables.append(c)
+    return tables
+
+
+def _wide(title: str) -> Table:
+    """A table at least as wide as its title: rich would wrap a long title into the columns."""
+    return Table(title=title, min_width=len(title) + 4)
 
 
 def _training_table(run: str, r: dict[str, Any]) -> Table:

@@ -124,26 +124,29 @@ def _setting(ep: Episode) -> str:
     return f"{p.get('rule', 'amplified')}, {talk}"
 
 
+def _setting_measures(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One setting's runs summed up: cooperation where they talked, spread, winners."""
+    rsds = [r["rsd"] for r in runs if r["rsd"] is not None]
+    with_talk = [r for r in runs if r["messages"]]
+    return {
+        "runs": len(runs),
+        "cooperation_rate": (
+            sum(r["cooperative"] for r in with_talk) / len(with_talk) if with_talk else None
+        ),
+        "mean_rsd": statistics.fmean(rsds) if rsds else None,
+        "winners_per_run": [r["winners"] for r in runs],
+        "mean_winners": statistics.fmean(r["winners"] for r in runs) if runs else None,
+        "unanimous_runs": sum(r["unanimous"] for r in runs),
+        "choice_points": choice_points(runs),
+        "per_run": runs,
+    }
+
+
 def analyze(episodes: list[Episode], out_dir: Path | None = None) -> dict[str, Any]:
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for ep in episodes:
         groups[_setting(ep)].extend(runs_of(ep))
-    settings: dict[str, Any] = {}
-    for name, runs in groups.items():
-        rsds = [r["rsd"] for r in runs if r["rsd"] is not None]
-        with_talk = [r for r in runs if r["messages"]]
-        settings[name] = {
-            "runs": len(runs),
-            "cooperation_rate": (
-                sum(r["cooperative"] for r in with_talk) / len(with_talk) if with_talk else None
-            ),
-            "mean_rsd": statistics.fmean(rsds) if rsds else None,
-            "winners_per_run": [r["winners"] for r in runs],
-            "mean_winners": statistics.fmean(r["winners"] for r in runs) if runs else None,
-            "unanimous_runs": sum(r["unanimous"] for r in runs),
-            "choice_points": choice_points(runs),
-            "per_run": runs,
-        }
+    settings = {name: _setting_measures(runs) for name, runs in groups.items()}
     result: dict[str, Any] = {
         "game": "beauty_contest",
         "episodes": len(episodes),

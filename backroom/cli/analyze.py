@@ -49,6 +49,15 @@ def analyze(
         Path | None,
         typer.Option(help="write the HTML report here instead (implies --html)"),
     ] = None,
+    grounded: Annotated[
+        bool,
+        typer.Option(
+            "--grounded",
+            help="also the solver-grounded scores, for a game the solvers hold: each agent's "
+            "exploitability from its decisions, its gain over the equilibrium, a coalition's "
+            "gain over the team game's value (seconds: a best response per bootstrap draw)",
+        ),
+    ] = False,
     against: Annotated[
         Path | None,
         typer.Option(
@@ -73,6 +82,10 @@ def analyze(
     result = analyze_run(chosen, out_dir, exclude_fallbacks)
     if against is not None:
         result["against"] = _against(chosen, _chosen_run(against))
+    if grounded:
+        from backroom.analysis import grounded_scores
+
+        result["grounded"] = grounded_scores(chosen)
     print_result(console, result)
     target = (chosen if chosen.is_dir() else chosen.parent) / "analysis.json"
     target.write_text(json.dumps(result, indent=1, default=str))
@@ -91,6 +104,7 @@ def analyze(
         command += ["--out-dir", str(out_dir)] if out_dir else []
         command += ["--exclude-fallbacks"] if exclude_fallbacks else []
         command += ["--against", str(against)] if against else []
+        command += ["--grounded"] if grounded else []
         command += ["--html-to", str(html_to)] if html_to else ["--html"]
         try:
             page = write_report(
