@@ -308,35 +308,61 @@ def _grounded_tables(run: str, game: str, scores: dict[str, Any] | None) -> list
     """Exploitability, gains over the equilibrium, coalitions' gains (``analysis.grounded``)."""
     if scores is None:
         return []  # said in ``notes``
+    tables = [_exploit_table(run, game, scores["exploitability"])]
+    if scores["gains"]:
+        tables.append(_gains_table(run, game, scores["gains"]))
+    if scores["coalitions"]:
+        tables.append(_coalitions_table(run, game, scores["coalitions"]))
+    return tables
+
+
+def _interval(ci: list[float] | None, sign: str = "") -> str:
+    return f"[{ci[0]:{sign}.3f}, {ci[1]:{sign}.3f}]" if ci else "-"
+
+
+def _exploit_table(run: str, game: str, rows: list[dict[str, Any]]) -> Table:
     t = _wide(f"{run} {game}: exploitability from each agent's decisions".strip())
     for col in ("agent", "exploitability", "95% interval", "states visited", "decisions"):
         t.add_column(col, justify="left" if col == "agent" else "right")
-    for e in scores["exploitability"]:
-        shown = "n/a" if e["shown"] is None else f"{e['value']:.4f}"
-        ci = f"[{e['ci'][0]:.3f}, {e['ci'][1]:.3f}]" if e["ci"] and e["shown"] is not None else "-"
-        t.add_row(e["agent"], shown, ci, f"{e['visited']} of {e['states']}", str(e["decisions"]))
+    for e in rows:
+        shown = e["shown"] is not None
+        t.add_row(
+            e["agent"],
+            f"{e['value']:.4f}" if shown else "n/a",
+            _interval(e["ci"]) if shown else "-",
+            f"{e['visited']} of {e['states']}",
+            str(e["decisions"]),
+        )
     t.caption = (
         "n/a below half the states visited (docs/league.md); backroom eval asks a policy exactly"
     )
-    tables = [t]
-    if scores["gains"]:
-        g = _wide(f"{run} {game}: gain over the equilibrium against the field met".strip())
-        for col in ("agent", "gain", "95% interval", "equilibrium vs the field"):
-            g.add_column(col, justify="left" if col == "agent" else "right")
-        for r in scores["gains"]:
-            ci = f"[{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]" if r["ci"] else "-"
-            g.add_row(r["agent"], f"{r['gain']:+.4f}", ci, f"{r['equilibrium_vs_field']:+.4f}")
-        tables.append(g)
-    if scores["coalitions"]:
-        c = _wide(f"{run} {game}: coalitions against the team game's value".strip())
-        for col in ("coalition", "gain", "95% interval", "team value", "matches"):
-            c.add_column(col, justify="left" if col == "coalition" else "right")
-        for r in scores["coalitions"]:
-            ci = f"[{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]" if r["ci"] else "-"
-            value = ", ".join(f"{v:+.4f}" for v in r["team_values"].values())
-            c.add_row(r["coalition"], f"{r['gain']:+.4f}", ci, value, str(r["matches"]))
-        tables.append(c)
-    return tables
+    return t
+
+
+def _gains_table(run: str, game: str, rows: list[dict[str, Any]]) -> Table:
+    t = _wide(f"{run} {game}: gain over the equilibrium against the field met".strip())
+    for col in ("agent", "gain", "95% interval", "equilibrium vs the field"):
+        t.add_column(col, justify="left" if col == "agent" else "right")
+    for r in rows:
+        t.add_row(
+            r["agent"],
+            f"{r['gain']:+.4f}",
+            _interval(r["ci"], "+"),
+            f"{r['equilibrium_vs_field']:+.4f}",
+        )
+    return t
+
+
+def _coalitions_table(run: str, game: str, rows: list[dict[str, Any]]) -> Table:
+    t = _wide(f"{run} {game}: coalitions against the team game's value".strip())
+    for col in ("coalition", "gain", "95% interval", "team value", "matches"):
+        t.add_column(col, justify="left" if col == "coalition" else "right")
+    for r in rows:
+        value = ", ".join(f"{v:+.4f}" for v in r["team_values"].values())
+        t.add_row(
+            r["coalition"], f"{r['gain']:+.4f}", _interval(r["ci"], "+"), value, str(r["matches"])
+        )
+    return t
 
 
 def _wide(title: str) -> Table:

@@ -97,22 +97,28 @@ def analyze(
         console.print(f"plot: {plot}")
     console.print(f"numbers: {target}")
     if html or html_to:
-        from backroom import __version__
-        from backroom.analysis.report import REPORT_NAME, write_report
-
         command = ["backroom", "analyze", str(run_dir)]
         command += ["--out-dir", str(out_dir)] if out_dir else []
         command += ["--exclude-fallbacks"] if exclude_fallbacks else []
         command += ["--against", str(against)] if against else []
         command += ["--grounded"] if grounded else []
         command += ["--html-to", str(html_to)] if html_to else ["--html"]
-        try:
-            page = write_report(
-                result, html_to or target.parent / REPORT_NAME, header, command, __version__
-            )
-        except OSError as exc:
-            fail(f"could not write the HTML report: {exc}")
-        console.print(f"report: {page}", markup=False, highlight=False, soft_wrap=True)
+        _report(result, html_to, target.parent, header, command)
+
+
+def _report(
+    result: dict[str, object], html_to: Path | None, run: Path, header: str, command: list[str]
+) -> None:
+    """The self-contained HTML report: at ``html_to``, else beside the run's analysis.json."""
+    from backroom import __version__
+    from backroom.analysis.report import REPORT_NAME, write_report
+
+    path = html_to or run / REPORT_NAME
+    try:
+        page = write_report(result, path, header, command, __version__)
+    except OSError as exc:
+        fail(f"could not write the HTML report: {exc}")
+    console.print(f"report: {page}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _against(chosen: Path, other: Path) -> dict[str, object]:

@@ -120,7 +120,6 @@ def play(
     console: Console,
 ) -> None:
     from backroom import metrics
-    from backroom.analysis.league import print_standings
     from backroom.bus.broker import BrokerError
     from backroom.bus.client import run
     from backroom.bus.errors import BusError
@@ -128,7 +127,6 @@ def play(
     from backroom.league.handoff import with_handed_entrants
     from backroom.league.play import LeagueError, run_league
     from backroom.runner.config import ConfigError
-    from backroom.tracking import tracking_summary
 
     try:
         config = load_league(path)
@@ -172,17 +170,7 @@ def play(
             stop=stop,
             plots=_plots_for(config.tracking is not None),
         )
-        print_standings(summary.standings, console)
-        console.print(
-            f"{summary.played} matches counted this session ({summary.matches_per_second:.1f}/s "
-            f"of play), {summary.pending} pending; `backroom league show {directory}` for plots"
-        )
-        if config.tracking is not None and (line := tracking_summary(directory, WARNINGS)):
-            console.print(line, soft_wrap=True, markup=False, highlight=False)
-        if summary.skipped:
-            notice(
-                f"optional entrants not online (their matches wait): {', '.join(summary.skipped)}"
-            )
+        _say_summary(summary, directory, config.tracking is not None, notice)
         if hold and not stop.is_set():
             console.print("holding: the rating gauges stay served until Ctrl-C or SIGTERM")
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -193,3 +181,21 @@ def play(
     except (LeagueError, BrokerError, BusError) as exc:  # as `backroom run` says them
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
+
+
+def _say_summary(
+    summary: Any, directory: Path, tracked: bool, notice: Callable[[str], None]
+) -> None:
+    """The standings, what this session counted, the tracker's line, who never came online."""
+    from backroom.analysis.league import print_standings
+    from backroom.tracking import tracking_summary
+
+    print_standings(summary.standings, console)
+    console.print(
+        f"{summary.played} matches counted this session ({summary.matches_per_second:.1f}/s "
+        f"of play), {summary.pending} pending; `backroom league show {directory}` for plots"
+    )
+    if tracked and (line := tracking_summary(directory, WARNINGS)):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+    if summary.skipped:
+        notice(f"optional entrants not online (their matches wait): {', '.join(summary.skipped)}")
