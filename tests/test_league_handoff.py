@@ -373,3 +373,40 @@ async def test_checkpoints_go_to_a_league_and_come_back_as_ratings(
     for r in progress["entrants"]["ipd"]:
         assert r["matches"] > 0 and r["sigma"] > 0
     assert (league / "entrants.d" / "hand.v3.yaml").exists()  # and v3 is handed over in turn
+
+
+SWAPPER = """
+import ctypes, os, sys
+rejected, link = (p.encode() for p in sys.argv[1:3])
+renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+while True:  # RENAME_EXCHANGE: the real folder and a link to elsewhere swap places atomically
+    renameat2(-100, rejected, -100, link, 2)
+"""
+
+
+def test_a_folder_swapped_for_a_link_while_refusing_takes_nothing_out(tmp_path: Path) -> None:
+    """Whoever writes ``entrants.d`` may swap ``rejected/`` for a link between the check and
+    the move, in a loop of its own process: a refused file, and its reason, land in the
+    league's own folder or stay where they are, never where the link points."""
+    import subprocess
+    import sys
+
+    from backroom.league.handoff import REJECTED_DIR, set_aside
+
+    handed = tmp_path / "league" / "entrants.d"
+    rejected, link, elsewhere = handed / REJECTED_DIR, handed / "link", tmp_path / "elsewhere"
+    rejected.mkdir(parents=True)
+    elsewhere.mkdir()
+    link.symlink_to(elsewhere)
+    files = [handed / f"x{i}.yaml" for i in range(2000)]
+    for f in files:
+        f.write_text("format: 1\n")
+    args = [sys.executable, "-c", SWAPPER, str(rejected), str(link)]
+    attacker = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    try:
+        for f in files:
+            set_aside(f, "refused")
+    finally:
+        attacker.kill()
+        attacker.wait()
+    assert sorted(p.name for p in elsewhere.iterdir())[:5] == []

@@ -743,3 +743,30 @@ async def test_sockets_without_a_token_are_capped_and_the_refusals_counted() -> 
         finally:
             for ws in held:
                 await ws.close()
+
+
+async def test_a_token_that_is_not_ascii_is_wrong_not_a_server_error() -> None:
+    """``hmac.compare_digest`` raises on a non-ASCII ``str``: a query, bearer or cookie
+    token of any bytes is a wrong token (403), never a 500 with a traceback."""
+    import httpx
+
+    from backroom.human.access import cookie_name
+    from backroom.human.web import web_app
+
+    app = web_app("mqtt://127.0.0.1:1", access_token="s3cret")
+    async with serving(app) as url, httpx.AsyncClient() as client:
+        port = int(url.rsplit(":", 1)[1])
+        asked = [
+            await client.get(f"{url}/healthz?token=%C3%A9"),
+            await client.get(
+                f"{url}/healthz", headers={"Authorization": b"Bearer \xc3\xa9t\xc3\xa9"}
+            ),
+            await client.get(
+                f"{url}/healthz", headers={"Cookie": f"{cookie_name(port)}=".encode() + b"\xc3\xa9"}
+            ),
+        ]
+        assert [r.status_code for r in asked] == [403, 403, 401], [
+            r.text for r in asked
+        ]  # SimpleCookie drops it
+        good = await client.get(f"{url}/healthz", headers={"Authorization": "Bearer s3cret"})
+        assert good.status_code == 200

@@ -186,7 +186,11 @@ def check_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
     """A built-in environment's ``kwargs`` against its declared ones (``BUILTIN_KWARGS``)."""
     key = _ALIASES.get(name, name)
     if key not in BUILTIN_ENVS:
-        return  # the operator's own environment: its factory checks its arguments
+        # The operator's own environment: its factory checks its arguments, but no spec may
+        # make a reader draw (a window opened in the referee, ``backroom analyze``, ...).
+        if "render_mode" in kwargs:
+            raise ValueError(f"kwargs: {name} takes no 'render_mode' from a spec")
+        return
     declared = BUILTIN_KWARGS.get(key, {})
     for arg, value in kwargs.items():
         if arg not in declared:

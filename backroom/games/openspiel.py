@@ -35,6 +35,8 @@ first in a child process under a time and size bound.
 from __future__ import annotations
 
 import difflib
+import functools
+import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
@@ -171,6 +173,14 @@ def checked(params: Mapping[str, Any]) -> tuple[str, dict[str, Any], dict[str, A
     return name, dict(game_types()[name].parameter_specification), _check_params(name, rest)
 
 
+@functools.lru_cache(maxsize=32)
+def load(name: str, params_json: str) -> Any:
+    """``pyspiel.load_game``, once per game and parameters in this process: a game is
+    immutable (states are made from it), and building one may take up to ``MAX_BUILD_S``
+    of C++ that holds the GIL, which a referee must not pay for every match."""
+    return _pyspiel().load_game(name, json.loads(params_json))
+
+
 @register
 class OpenSpielGame(Game):
     """The ``openspiel`` config name: ``name`` picks the OpenSpiel game, the rest are its parameters."""
@@ -183,7 +193,7 @@ class OpenSpielGame(Game):
         # Files, size and build time, before any C++ runs here (openspiel_bounds.py).
         vet(self.os_name, game_types()[self.os_name].parameter_specification, self.os_params)
         try:
-            self.os_game = _pyspiel().load_game(self.os_name, self.os_params)
+            self.os_game = load(self.os_name, json.dumps(self.os_params, sort_keys=True))
         except Exception as exc:  # pyspiel raises a bare RuntimeError/SpielError
             raise ValueError(f"OpenSpiel refused {self.os_name} {self.os_params}: {exc}") from None
         self.os_type = self.os_game.get_type()

@@ -42,8 +42,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-#: A game that does not build (with a first state) in this long is refused.
-MAX_BUILD_S = 10.0
+#: A game that does not build (with a first state) in this long is refused. Short: a game
+#: the probe passes is then built in the process that asked (the referee, a browser's
+#: server, an agent), in C++ that holds the GIL, so a longer build would stall that
+#: process's every match (a referee stalled for long loses its broker connection). Each
+#: process builds a game once (``openspiel.load``'s cache).
+MAX_BUILD_S = 2.0
 #: A state's legal actions, or one observation of it, taking longer than this: refused.
 MAX_STEP_S = 1.0
 #: Distinct actions of a game, or legal actions of a state, at most (a turn lists them all).
@@ -134,7 +138,8 @@ def precheck(name: str, spec: Mapping[str, Any], params: Mapping[str, Any]) -> N
             )
 
 
-def _key(name: str, params: Mapping[str, Any]) -> str:
+def verdict_key(name: str, params: Mapping[str, Any]) -> str:
+    """What a verdict is kept under: the game and its typed parameters."""
     return json.dumps([name, params], sort_keys=True, default=str)
 
 
@@ -148,7 +153,7 @@ def probe_command(
     """
     if all(spec.get(k) == v for k, v in params.items()):
         return None
-    key = _key(name, params)
+    key = verdict_key(name, params)
     if key in _verdicts:
         if (why := _verdicts[key]) is not None:
             raise ValueError(why)
@@ -178,7 +183,7 @@ def judge(
             why = f"OpenSpiel refused {name} {dict(params)}: {lines[-1][:300]}"
     if len(_verdicts) >= _MAX_VERDICTS:
         _verdicts.pop(next(iter(_verdicts)))
-    _verdicts[_key(name, params)] = why
+    _verdicts[verdict_key(name, params)] = why
     if why is not None:
         raise ValueError(why)
 
@@ -248,11 +253,14 @@ def probe(name: str, params: Mapping[str, Any]) -> str | None:
     import pyspiel
 
     try:
+        start = time.perf_counter()
         game = pyspiel.load_game(name, dict(params))
         actions = game.num_distinct_actions()
         if actions > MAX_ACTIONS:
             return f"{actions:,} distinct actions, over the bound of {MAX_ACTIONS:,} (MAX_ACTIONS)"
         state = game.new_initial_state()
+        if (took := time.perf_counter() - start) > MAX_BUILD_S:
+            return f"it builds in {took:.1f} s, over the bound of {MAX_BUILD_S:g} s (MAX_BUILD_S)"
         rng = random.Random(0)
         for _ in range(PROBE_MOVES + 1):
             if state.is_terminal():

@@ -78,7 +78,7 @@ class AccessGate:
             return
         presented, from_query = self._presented(scope)
         if self.token is not None:
-            if presented is None or not hmac.compare_digest(presented, self.token):
+            if presented is None or not _same(presented, self.token):
                 await self._refuse(scope, receive, send, wrong=presented is not None)
                 return
             if from_query and scope["type"] == "http":
@@ -143,6 +143,12 @@ class AccessGate:
             cookie_name(_port(scope)), self.token, httponly=True, samesite="strict", path="/"
         )
         await response(scope, receive, send)
+
+
+def _same(presented: str, token: str) -> bool:
+    """Constant-time comparison of bytes: ``compare_digest`` raises on a ``str`` that is not
+    ASCII, and a request's token is whatever its sender typed (``?token=%C3%A9``: a 500)."""
+    return hmac.compare_digest(presented.encode("utf-8", "surrogateescape"), token.encode())
 
 
 def _port(scope: Scope) -> int | None:

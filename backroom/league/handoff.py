@@ -23,6 +23,7 @@ league goes on with the others.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -160,18 +161,34 @@ def adapter_folder(record: HandedCheckpoint, directory: Path, roots: list[Path])
 
 
 def set_aside(path: Path, why: str) -> None:
-    """Move a refused file to ``rejected/`` with its reason (kept where it is if that fails)."""
+    """Move a refused file to ``rejected/`` with its reason (kept where it is if that fails).
+
+    Whoever writes ``entrants.d`` may swap ``rejected/`` for a link at any moment, so the
+    folder is opened once (``O_NOFOLLOW``: a link is refused) and the move and the reason
+    go through that open folder, never through its name again.
+    """
     rejected = path.parent / REJECTED_DIR
     try:
-        rejected.mkdir(mode=0o700, exist_ok=True)
-        if rejected.is_symlink() or not rejected.is_dir():
-            raise OSError(f"{rejected} is not a folder of the league's")
-        os.replace(path, rejected / path.name)  # a link there is replaced, not followed
-        reason = rejected / f"{path.name}.reason"
-        reason.unlink(missing_ok=True)  # nor is one planted here written through
-        fd = os.open(reason, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(why + "\n")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(rejected, 0o700)
+        try:
+            into = os.open(rejected, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            raise OSError(f"{rejected} is not a folder of the league's") from None
+        try:
+            source = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:  # a link there is replaced, not followed
+                os.replace(path.name, path.name, src_dir_fd=source, dst_dir_fd=into)
+            finally:
+                os.close(source)
+            reason = f"{path.name}.reason"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(reason, dir_fd=into)  # nor is one planted here written through
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            with os.fdopen(os.open(reason, flags, 0o600, dir_fd=into), "w") as f:
+                f.write(why + "\n")
+        finally:
+            os.close(into)
     except OSError as exc:
         log.warning("%s stays where it is (%s); it is refused again next time", path, exc)
 

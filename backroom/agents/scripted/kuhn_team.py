@@ -69,8 +69,12 @@ class KuhnTeamAgent(TableAgent):
 
     async def on_match_start(self, start: MatchStart) -> None:
         await super().on_match_start(start)
-        cards = int(getattr(make_game(start.game, **start.params), "num_cards", 0))
-        self.memory(start.match)["cards"] = cards
+        try:
+            game = make_game(start.game, **start.params)
+        except ValueError as exc:  # a game no registry here builds: said in one line
+            log.warning("%s: match %s names a game it cannot build: %s", self.id, start.match, exc)
+            return
+        self.memory(start.match)["cards"] = int(getattr(game, "num_cards", 0))
 
     async def talk(self, turn: Turn) -> str | None:
         """Tell the partners my card, on a channel that reaches them."""
