@@ -47,7 +47,7 @@ dedupe, ``dedupe_episodes``, as ``backroom run`` does) and the runner's
   faults being handled, not failures;
 - the longest wait for a referee: from the match's first request (the time
   the runner built its ``MatchRequest``, recorded by wrapping that
-  constructor in ``backroom.runner.local``: nothing else says when a match
+  constructor in ``backroom.play.batch``: nothing else says when a match
   was asked for) to the ``started_at`` of its kept episode, reruns included.
   Both are ``time.time()`` on this one machine.
 
@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import backroom.play.batch as batch
 import backroom.runner.local as local
 from backroom.bus import topics
 from backroom.bus.wire import EpisodeRecord, MatchRequest
@@ -350,8 +351,8 @@ async def soak(  # noqa: C901, PLR0915 (one run under faults: start, play beside
     t0 = time.monotonic()
     deadline = limit_s if limit_s is not None else duration + 300.0
     episodes: list[EpisodeRecord] | None = None
-    saved = local.MatchRequest
-    local.MatchRequest = timed_request  # type: ignore[assignment,misc]
+    saved = batch.MatchRequest
+    batch.MatchRequest = timed_request  # type: ignore[assignment,misc]
     try:
         stack.start_broker(None, None, identities(config))
         waiting = local.start_processes(stack, config, runs_dir)
@@ -381,7 +382,7 @@ async def soak(  # noqa: C901, PLR0915 (one run under faults: start, play beside
         if report.error:
             await asyncio.to_thread(_diagnose, stack, say)
     finally:
-        local.MatchRequest = saved  # type: ignore[misc]
+        batch.MatchRequest = saved  # type: ignore[misc]
         if ticker is not None:
             ticker.cancel()
         if chaos_task is not None:

@@ -305,6 +305,24 @@ def test_an_episode_written_before_the_field_still_loads() -> None:
     assert counts["t"]["by_reason"] == {"timeout": 1} and counts["d"]["fallbacks"] == 0
 
 
+def test_the_replay_counts_fallbacks_as_every_reader_does() -> None:
+    """The replay's list (``with fallbacks``) counts the moves ``backroom.records`` counts, an
+    old record's ``timed_out`` default included: it used to see only the ``fallback`` field."""
+    from backroom.replay.index import summary_row
+
+    game = make_game("ipd", rounds=2)
+    old = episode(game, agents(("t", "tit-for-tat"), ("d", "random")))
+    for a in old["actions"]:
+        del a["fallback"]
+    old["actions"][0]["timed_out"] = True
+    new = episode(game, agents(("t", "tit-for-tat"), ("d", "random")))
+    new["actions"][1]["fallback"] = "deadline"
+    for record in (old, new):
+        row, _ = summary_row(record)
+        counted = sum(1 for _, reason in record_moves(record) if reason is not None)
+        assert counted == 1 and row[12] == counted, row  # row[12]: the list's fallbacks column
+
+
 def test_analyze_says_how_many_matches_were_voided_and_left_out() -> None:
     game = make_game("ipd", rounds=2)
     ok = episode(game, agents(("t", "tit-for-tat"), ("d", "random")))

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.client import Bus
-from backroom.bus.wire import AdapterRef, MatchRequest, parse_all
+from backroom.bus.wire import AdapterRef, EpisodeRecord, MatchRequest, MatchSpec, parse_all
 from backroom.league.config import parse_league
 from backroom.league.play import run_league
+from backroom.play.batch import play
+from backroom.play.faults import Faults
+from backroom.play.plan import Collect, MatchPlan, PlayOptions, Presence, Waits
 from backroom.referee.service import Referee
 from backroom.trainer.batch import play_batch
 from backroom.trainer.bus import TrainerBus
@@ -113,3 +116,48 @@ async def test_the_league_sends_again_a_request_a_referee_took_without_a_word(
     assert swallowed, "no request reached the silent member"
     assert summary.played == 1 * 2 * 4 and summary.pending == 0
     assert summary.faults.resubmitted >= len(swallowed)
+
+
+class _Kept(Collect):
+    """A caller's own sink: what it was handed, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[EpisodeRecord] = []
+        self.slot_of: Mapping[str, str] = {}
+
+    def attempts(self, slot_of: Mapping[str, str]) -> None:
+        self.slot_of = slot_of
+
+    def episode(self, record: EpisodeRecord) -> None:
+        self.kept.append(record)
+
+
+async def test_play_puts_a_plan_through_a_callers_own_sink_with_the_fault_rules(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """``play(plan, bus, sink, options)`` with neither a run config nor a run directory: every
+    planned match comes back once, to the sink and in plan order, the request a silent
+    referee took is sent again and counted in the caller's ``Faults``."""
+    specs = [
+        (f"sink-plan.{i}", MatchSpec(game="ipd", params={"rounds": 2}, seats=["p0", "p1"], seed=i))
+        for i in range(8)
+    ]
+    plan = MatchPlan.of("ipd", specs, agents=["p0", "p1"])
+    faults, sink = Faults(), _Kept()
+    options = PlayOptions(
+        concurrency=1,  # one request a message, so the group shares them out
+        presence=Presence(wait_for=("p0", "p1")),
+        waits=Waits(ack_s=0.5),
+        faults=faults,
+    )
+    players = agents(("p0", "tit-for-tat"), ("p1", "tit-for-tat"))
+    async with stack(broker, tmp_path / "runs", players), swallowing(broker) as swallowed:
+        episodes = await asyncio.wait_for(
+            play(plan, identity(broker, "runner-p", "runner"), sink, options), 30 * load_factor()
+        )
+    assert swallowed, "no request reached the silent member"
+    assert [sink.slot_of[e.match] for e in episodes] == plan.ids
+    assert sorted(sink.slot_of[e.match] for e in sink.kept) == sorted(plan.ids)
+    assert faults.resubmitted >= len(swallowed)
+    assert options.clock.ended > options.clock.started > 0

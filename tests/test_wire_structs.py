@@ -101,6 +101,20 @@ async def test_recorded_traffic_reads_and_writes_the_same(broker: Broker, tmp_pa
     }
 
 
+@pytest.mark.parametrize("kind", sorted(structs.STRUCTS))
+def test_each_struct_has_its_models_fields(kind: str) -> None:
+    """A field added to a model and not to its struct (or the other way) fails here first."""
+    struct = structs.STRUCTS[kind]
+    model = structs.MODELS[struct]
+    assert list(struct.__struct_fields__) == [f for f in model.model_fields if f != "type"]
+    assert model.model_fields["type"].default == kind == struct(**_required(model)).type
+
+
+def _required(model: type[Any]) -> dict[str, Any]:
+    """Any value for each required field (the struct's __init__ checks nothing)."""
+    return {n: None for n, f in model.model_fields.items() if f.is_required()}
+
+
 def test_a_struct_writes_what_its_model_writes() -> None:
     """The referee's and the agents' own messages, built as structs, against the models'
     bytes: the same object, ``type`` moved first, nothing else."""
@@ -163,6 +177,10 @@ REFUSED = [
     b"[" + ACTION + b',{"type":"nope"}]',
     b"[[" + ACTION + b"]]",
     b" " * 70_000,
+    rb'{"type":"chat","channel":"c","text":"\udc00x"}',  # a lone surrogate
+    b'{"type":"action","turn":1,"action":"\xff"}',  # not UTF-8
+    ACTION + b" x",
+    b"\xef\xbb\xbf" + ACTION,
 ]
 TAKEN = [
     ACTION,

@@ -61,8 +61,6 @@ def step_ticks(ax: Axes) -> None:
 
 def analyze_training(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     rows, evals = read_training(run_dir)
-    steps = [r["step"] for r in rows]
-    seats = sorted(k for k in (rows[0] if rows else {}) if k.startswith("reward_seat"))
     result: dict[str, Any] = {
         "steps": len(rows),
         "last": rows[-1] if rows else None,
@@ -74,6 +72,16 @@ def analyze_training(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     }
     if not rows or out_dir is None:
         return result
+    result["plots"] += [_rollouts_plot(run_dir, rows, out_dir), _optimiser_plot(rows, out_dir)]
+    if evals:
+        result["plots"].append(_evaluation_plot(run_dir, evals, out_dir))
+    return result
+
+
+def _rollouts_plot(run_dir: Path, rows: list[dict[str, Any]], out_dir: Path) -> str:
+    """Each seat's mean return by step, and the cooperation rate where the log has one."""
+    steps = [r["step"] for r in rows]
+    seats = sorted(k for k in rows[0] if k.startswith("reward_seat"))
     fig = figure()
     ax = fig.add_subplot()
     for key in seats:
@@ -100,8 +108,12 @@ def analyze_training(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
     else:
         ax.legend(loc="best")
     ax.set_title(f"{run_dir.name}: rollouts by step")
-    result["plots"].append(save(fig, out_dir, "training_rollouts"))
+    return save(fig, out_dir, "training_rollouts")
 
+
+def _optimiser_plot(rows: list[dict[str, Any]], out_dir: Path) -> str:
+    """The update's own numbers by step: loss, KL, entropy, gradient norm, clamping, speed."""
+    steps = [r["step"] for r in rows]
     fig = figure(8, 5)
     for i, key in enumerate(
         ("loss", "kl", "entropy", "grad_norm", "tis_clamped", "tokens_per_second")
@@ -114,19 +126,20 @@ def analyze_training(run_dir: Path, out_dir: Path | None) -> dict[str, Any]:
         ax.set_title(key)
         ax.set_xlabel("step")
         step_ticks(ax)
-    result["plots"].append(save(fig, out_dir, "training_optimiser"))
+    return save(fig, out_dir, "training_optimiser")
 
-    if evals:
-        fig = figure()
-        ax = fig.add_subplot()
-        opponents = sorted({o for e in evals for o in e["against"]})
-        for opp in opponents:
-            pts = [(e["step"], e["against"][opp]["learner"]) for e in evals if opp in e["against"]]
-            ax.plot(*zip(*pts, strict=True), marker="o", label=f"learner vs {opp}")
-        ax.set_xlabel("training step")
-        step_ticks(ax)
-        ax.set_ylabel("learner's mean return per match")
-        ax.legend(loc="best")
-        ax.set_title(f"{run_dir.name}: evaluation against fixed opponents")
-        result["plots"].append(save(fig, out_dir, "training_evaluation"))
-    return result
+
+def _evaluation_plot(run_dir: Path, evals: list[dict[str, Any]], out_dir: Path) -> str:
+    """The learner's mean return against each fixed opponent, at each evaluation."""
+    fig = figure()
+    ax = fig.add_subplot()
+    opponents = sorted({o for e in evals for o in e["against"]})
+    for opp in opponents:
+        pts = [(e["step"], e["against"][opp]["learner"]) for e in evals if opp in e["against"]]
+        ax.plot(*zip(*pts, strict=True), marker="o", label=f"learner vs {opp}")
+    ax.set_xlabel("training step")
+    step_ticks(ax)
+    ax.set_ylabel("learner's mean return per match")
+    ax.legend(loc="best")
+    ax.set_title(f"{run_dir.name}: evaluation against fixed opponents")
+    return save(fig, out_dir, "training_evaluation")

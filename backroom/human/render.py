@@ -12,6 +12,7 @@ the seat only overheard is marked as such. All text from the bus goes into
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from backroom.games.kuhn import observed_card_name
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
+    from rich.table import Table
     from rich.text import Text
 
 #: Observation keys that are one's own private holding (shown first, highlighted).
@@ -113,44 +115,12 @@ def render_view(view: MatchView, title_extra: str = "") -> RenderableType:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
-    for key in PRIVATE_KEYS:
-        if key in obs and obs[key] is not None:
-            value = obs[key]
-            shown = (
-                observed_card_name(obs, value)
-                if key == "card"
-                else json.dumps(value)
-                if not isinstance(value, str)
-                else value
-            )
-            grid.add_row(
-                Text(f"Your {key}:", style="bold yellow"), Text(shown, style="bold yellow")
-            )
+    _private_rows(grid, obs)
     grid.add_row("Seats", Text(" · ".join(view.who(s) for s in range(len(start.seats)))))
-    if obs.get("game") == "kuhn":
-        contrib = obs.get("contributions", [])
-        folded = [view.who(s) for s, f in enumerate(obs.get("folded", [])) if f]
-        grid.add_row(
-            "Table",
-            Text(
-                f"pot {obs.get('pot')} · to call {obs.get('to_call')} · in: {'/'.join(str(c) for c in contrib)}"
-                + (f" · folded: {', '.join(folded)}" if folded else "")
-            ),
-        )
-    else:
-        for key, value in obs.items():
-            if key in SKIP_KEYS or key in PRIVATE_KEYS:
-                continue
-            grid.add_row(Text(key), Text(value if isinstance(value, str) else json.dumps(value)))
+    _table_rows(grid, view, obs)
     history = obs.get("history")
     if isinstance(history, list):
-        moves = []
-        for h in history:
-            if isinstance(h, dict) and "player" in h:
-                moves.append(f"{view.who(int(h['player']))} {h.get('action')}")
-            else:
-                moves.append(json.dumps(h))
-        grid.add_row("History", Text(" → ".join(moves) if moves else "(no moves yet)"))
+        grid.add_row("History", Text(_history_line(view, history)))
     if "shown" in obs:
         shown_cards = ", ".join(
             f"{view.who(int(s))}: {observed_card_name(obs, c)}" for s, c in obs["shown"].items()
@@ -168,6 +138,53 @@ def render_view(view: MatchView, title_extra: str = "") -> RenderableType:
         title += f" ({obs['variant']})"
     title += f" · you are {view.who(view.seat)}"
     return Panel(Group(*parts), title=title + title_extra, title_align="left", box=box.ROUNDED)
+
+
+def _private_rows(grid: Table, obs: Mapping[str, Any]) -> None:
+    """The seat's own holding, first and highlighted: its card by name, anything else as sent."""
+    from rich.text import Text
+
+    for key in PRIVATE_KEYS:
+        value = obs.get(key)
+        if value is None:
+            continue
+        if key == "card":
+            shown = observed_card_name(obs, value)
+        else:
+            shown = value if isinstance(value, str) else json.dumps(value)
+        grid.add_row(Text(f"Your {key}:", style="bold yellow"), Text(shown, style="bold yellow"))
+
+
+def _table_rows(grid: Table, view: MatchView, obs: Mapping[str, Any]) -> None:
+    """What lies on the table: Kuhn's pot, bets and folds in one line; other games' fields."""
+    from rich.text import Text
+
+    if obs.get("game") != "kuhn":
+        for key, value in obs.items():
+            if key in SKIP_KEYS or key in PRIVATE_KEYS:
+                continue
+            grid.add_row(Text(key), Text(value if isinstance(value, str) else json.dumps(value)))
+        return
+    contrib = obs.get("contributions", [])
+    folded = [view.who(s) for s, f in enumerate(obs.get("folded", [])) if f]
+    grid.add_row(
+        "Table",
+        Text(
+            f"pot {obs.get('pot')} · to call {obs.get('to_call')} · in: {'/'.join(str(c) for c in contrib)}"
+            + (f" · folded: {', '.join(folded)}" if folded else "")
+        ),
+    )
+
+
+def _history_line(view: MatchView, history: list[Any]) -> str:
+    """The moves so far, who did what: ``alice bet → bob call``."""
+    moves = [
+        f"{view.who(int(h['player']))} {h.get('action')}"
+        if isinstance(h, dict) and "player" in h
+        else json.dumps(h)
+        for h in history
+    ]
+    return " → ".join(moves) if moves else "(no moves yet)"
 
 
 def render_rules(start: MatchStart) -> RenderableType:

@@ -2,14 +2,15 @@
 
 The league is a run like any other: one ``Stack`` (a broker when no URL is
 given, K referees, one process per agent, or agents already on the bus),
-and its matches go out through ``runner.local.run_matches``, whose window,
-resubmission and fault handling it shares. A round robin plays every pending
-match of a game in one ``run_matches`` call; an adaptive schedule plays a
-round of CRN groups per call and re-rates between rounds.
+and its matches go out through ``play.batch.play``, whose window,
+resubmission and fault handling it shares with ``backroom run`` and the
+trainer. A round robin plays every pending match of a game in one batch; an
+adaptive schedule plays a round of CRN groups per batch and re-rates between
+rounds.
 
-Episodes come back to ``on_episode``, which maps each to its scheduled
-match by its CRN group and seat order (``schedule.slot_of``) and hands it to
-the store, which keeps the first result of each match. Every ``FLUSH_S`` the
+Each batch's sink (``LeagueSink``) keeps the run's traces as ``backroom run``
+does and hands each episode, by the planned match it answers, to the store,
+which keeps the first result of each scheduled match. Every ``FLUSH_S`` the
 store commits, and every ``STANDINGS_S`` ``standings.json`` is rewritten
 (ratings updated with the new results only), so ``show``, the web page and the
 gauges follow the league while it plays.
@@ -21,33 +22,35 @@ import asyncio
 import secrets
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import PrivateAttr
 
 from backroom import metrics
 from backroom.bus.client import BusConfig
 from backroom.bus.wire import IDENTITY_WINDOW_S, EpisodeRecord, MatchSpec
-from backroom.league.config import LeagueConfig, LeagueGame
+from backroom.league.config import LeagueConfig
 from backroom.league.ratings import Ratings
 from backroom.league.schedule import (
     Slot,
     adaptive_pick,
+    group_pairing,
     match_spec,
     players_of,
     round_robin,
-    slot_of,
 )
 from backroom.league.standings import CONFIG, STORE, Standings, write_standings
 from backroom.league.store import FLUSH_S, LeagueStore, Result
 from backroom.league.tracking import LeagueTracking, Plots, open_league_tracking
+from backroom.play.batch import play
+from backroom.play.plan import MatchPlan, PlayOptions, Presence, Waits
 from backroom.runner.config import RunConfig
-from backroom.runner.local import already_online, connect_stack, run_matches
-from backroom.runner.results import Faults, PlayClock, RunError
+from backroom.runner.local import already_online, connect_stack
+from backroom.runner.results import Faults, RunError
+from backroom.runner.sink import RunSink
 from backroom.runner.stack import Stack, start_processes
 from backroom.runs import bind_run_dir, new_run_dir
 from backroom.tracking import TrackingError, require_client
@@ -63,26 +66,18 @@ class LeagueError(RuntimeError):
     pass
 
 
-class _Batch(RunConfig):
-    """A run config whose matches are the league's, not its own schedule's.
+def stack_config(config: LeagueConfig) -> RunConfig:
+    """The processes a league starts, as the runner's ``Stack`` reads them from a run config
+    (its agents, referees and agent processes): none of its matches, which go out as plans.
 
-    Built with ``model_construct`` from an already validated league: the
-    runner reads the agents, the game (its episode topic), the run name, the
-    window and ``match_specs``, which yields the given specs.
+    Not validated again: a run config seats as many agents as its game has seats,
+    a league any number (the league's own config was validated).
     """
-
-    _specs: list[tuple[str, MatchSpec]] = PrivateAttr(default_factory=list)
-
-    def match_specs(self) -> Iterator[tuple[str, MatchSpec]]:
-        yield from self._specs
-
-
-def batch_config(config: LeagueConfig, game: LeagueGame, specs: list[MatchSpec]) -> RunConfig:
-    batch = _Batch.model_construct(
+    game = config.games[0]
+    return RunConfig.model_construct(
         run=config.league,
         game=game.game,
         params=game.params,
-        matches=max(1, len(specs)),
         concurrency=config.concurrency,
         turn_timeout_s=config.turn_timeout_s,
         on_timeout=config.on_timeout,
@@ -90,8 +85,43 @@ def batch_config(config: LeagueConfig, game: LeagueGame, specs: list[MatchSpec])
         agent_processes=config.agent_processes,
         referees=config.referees,
     )
-    batch._specs = [(f"{i:06d}", s) for i, s in enumerate(specs)]
-    return batch
+
+
+@dataclass(frozen=True)
+class Table:
+    """Where and how this session's batches are played: the login, whom to wait for, the
+    run directory's stamp and key, its traces file, the stop."""
+
+    bus: BusConfig
+    presence: Presence
+    waits: Waits
+    run_stamp: str
+    run_key: str
+    traces: Path
+    stop: asyncio.Event | None
+
+
+@dataclass(frozen=True)
+class _Pace:
+    """What a batch's heartbeat measures against (``runner.heartbeat.Pace``)."""
+
+    matches: int
+    concurrency: int
+    turn_timeout_s: float
+
+
+class LeagueSink(RunSink):
+    """A batch's sink: its traces as a run's, each episode to the league's store under the
+    key of the scheduled match it answers (``keys``: planned match id -> slot key)."""
+
+    def __init__(self, league: League, keys: dict[str, str]) -> None:
+        super().__init__(league.notice)
+        self.league, self.keys = league, keys
+
+    def episode(self, record: EpisodeRecord) -> None:
+        match = self.slot_of.get(record.match, record.match)
+        if (key := self.keys.get(match)) is not None:
+            self.league.count(key, record)
 
 
 @dataclass
@@ -159,8 +189,7 @@ class Tally:
             self.ratings.add(r)
             if r.group not in self.groups:
                 self.groups.add(r.group)
-                game, pairing, _k = r.group.split("|")
-                key = (game, tuple(pairing.split(",")))
+                key = group_pairing(r.group)
                 self.played[key] = self.played.get(key, 0) + 1
 
     def sigma(self) -> dict[str, float]:
@@ -204,10 +233,8 @@ class League:
             for s in slots
         ]
 
-    def on_episode(self, record: EpisodeRecord, _n: int) -> None:
-        key = slot_of(record.crn_group, record.seats)
-        if key is None:
-            return
+    def count(self, key: str, record: EpisodeRecord) -> None:
+        """Keep ``record`` as the result of the scheduled match ``key`` (the first one only)."""
         if self.store.add(key, record):
             self.summary.played += 1
             if self.tracking is not None:
@@ -238,35 +265,44 @@ class League:
             self.tracking.standings(doc)
         return doc
 
-    async def play(
-        self,
-        slots: list[Slot],
-        bus_config: BusConfig,
-        waiting: list[str],
-        stack: Stack | None,
-        run: dict[str, Any],
-    ) -> None:
-        """Play ``slots`` (any games), one ``run_matches`` call per game."""
+    async def play(self, slots: list[Slot], table: Table) -> None:
+        """Play ``slots`` (any games), one batch per game."""
         rows = self.spec_rows(slots)
         self.store.schedule(rows)
         for key, game in self.games.items():
-            specs = [spec for _key, g, _grp, spec in rows if g == key]
-            if not specs:
+            batch = [(slot_key, spec) for slot_key, g, _grp, spec in rows if g == key]
+            if not batch:
                 continue
-            clock = PlayClock()
-            await run_matches(
-                batch_config(self.config, game, specs),
-                bus_config,
-                waiting,
-                stack,
-                self.on_episode,
-                faults=self.summary.faults,
-                clock=clock,
-                **run,
+            nonce = f"{int(time.time() * 1000) % 10**10:010d}"
+            ids = [f"{self.config.league}.{nonce}.{i:06d}" for i in range(len(batch))]
+            stamp = {"run_stamp": table.run_stamp}
+            plan = MatchPlan.of(
+                game.game,
+                [
+                    (m, spec.model_copy(update=stamp))
+                    for m, (_k, spec) in zip(ids, batch, strict=True)
+                ],
+                agents=self.agents,
+                on_timeout=self.config.on_timeout,
+                run_key=table.run_key,
             )
+            sink = LeagueSink(self, {m: k for m, (k, _spec) in zip(ids, batch, strict=True)})
+            pace = _Pace(len(batch), self.config.concurrency, self.config.turn_timeout_s)
+            options = PlayOptions(
+                concurrency=self.config.concurrency,
+                waits=table.waits,
+                presence=table.presence,
+                stop=table.stop,
+                faults=self.summary.faults,
+                watchers=[sink.heartbeat(pace)],
+            )
+            # the decisions of model entrants (prompt, tokens, adapter version), as a run's
+            with sink.keep_traces(table.traces, plan):
+                await play(plan, table.bus, sink, options)
+            clock = options.clock
             if clock.ended > clock.started > 0:  # first request out to last episode in
                 self.summary.seconds += clock.ended - clock.started
-            if run.get("stop") is not None and run["stop"].is_set():
+            if table.stop is not None and table.stop.is_set():
                 return
 
     def pending_round_robin(self, agents: list[str]) -> list[Slot]:
@@ -301,9 +337,9 @@ class League:
         for key in self.store.scheduled_keys():
             if key in done:
                 continue
-            game, pairing, k, order = key.split("|")
-            if set(pairing.split(",")) <= ok and game in self.games:
-                out.append(Slot(game, tuple(pairing.split(",")), int(k), tuple(order.split(","))))
+            slot = Slot.from_key(key)
+            if set(slot.pairing) <= ok and slot.game in self.games:
+                out.append(slot)
         return out
 
 
@@ -360,7 +396,7 @@ async def _session(
     stop: asyncio.Event | None,
 ) -> None:
     config = league.config
-    whole = batch_config(config, config.games[0], [])
+    whole = stack_config(config)
     run_dir = new_run_dir(league.directory / "runs", config.league)
     run_key = secrets.token_hex(16)
     bind_run_dir(run_dir, run_key)
@@ -383,18 +419,21 @@ async def _session(
         else:
             waiting = list(agents)
         waiting = [w for w in waiting if w not in league.summary.skipped]
-        run = {
-            "ready_timeout_s": ready_timeout_s,
-            "on_notice": league.notice,
-            "external": [*config.external()] if spawn else waiting,
-            "run_stamp": run_dir.name,
-            # the decisions of model entrants (prompt, tokens, adapter version), as a run's
-            "traces_path": run_dir / "traces.jsonl",
-            "stop": stop,
-            "claim_window_s": 0.0 if names.own else IDENTITY_WINDOW_S,
-            "run_key": run_key,
-        }
-        await _rounds(league, agents, bus_config, waiting, stack, run, stop)
+        table = Table(
+            bus_config,
+            Presence(
+                tuple(waiting),
+                tuple(config.external()) if spawn else tuple(waiting),
+                stack,
+                claim_window_s=0.0 if names.own else IDENTITY_WINDOW_S,
+            ),
+            Waits(ready_s=ready_timeout_s),
+            run_dir.name,
+            run_key,
+            run_dir / "traces.jsonl",
+            stop,
+        )
+        await _rounds(league, agents, table)
         league.summary.pending = len(league.pending_scheduled(league.agents))
     except RunError as exc:
         raise LeagueError(str(exc)) from None
@@ -402,15 +441,7 @@ async def _session(
         stack.stop()
 
 
-async def _rounds(
-    league: League,
-    agents: list[str],
-    bus_config: BusConfig,
-    waiting: list[str],
-    stack: Stack,
-    run: dict[str, Any],
-    stop: asyncio.Event | None,
-) -> None:
+async def _rounds(league: League, agents: list[str], table: Table) -> None:
     if league.config.schedule.kind == "round_robin":
         slots = league.pending_round_robin(agents)
         # The absent optional entrants' matches are scheduled too (pending); `play` adds the rest.
@@ -420,11 +451,11 @@ async def _rounds(
         league.publish(running=True)
         total = len(known | {s.key for s in every})
         league.notice(f"{len(slots)} matches to play ({total} scheduled)")
-        await league.play(slots, bus_config, waiting, stack, run)
+        await league.play(slots, table)
         return
-    while not (stop is not None and stop.is_set()):
+    while not (table.stop is not None and table.stop.is_set()):
         slots = league.next_adaptive(agents)
         if not slots:
             return
         league.publish(running=True)
-        await league.play(slots, bus_config, waiting, stack, run)
+        await league.play(slots, table)

@@ -42,6 +42,18 @@ class Slot:
     def key(self) -> str:
         return f"{self.group}|{','.join(self.order)}"
 
+    @classmethod
+    def from_key(cls, key: str) -> Slot:
+        """The slot a stored key names (``key`` read back)."""
+        game, pairing, index, order = key.split("|")
+        return cls(game, tuple(pairing.split(",")), int(index), tuple(order.split(",")))
+
+
+def group_pairing(group: str) -> tuple[str, tuple[str, ...]]:
+    """A CRN group's game and pairing (``Slot.group`` read back)."""
+    game, pairing, _index = group.split("|")
+    return game, tuple(pairing.split(","))
+
 
 def crn_seed(league_seed: int, game: str, index: int) -> int:
     """The seed of every match at seed index ``index`` of ``game`` (every seat order plays it)."""
@@ -163,14 +175,3 @@ def match_spec(config: LeagueConfig, game: LeagueGame, slot: Slot, players: int)
         crn_index=0,
         run=config.league,
     )
-
-
-def slot_of(record_group: str | None, seats: Sequence[str]) -> str | None:
-    """The match key of an episode: its CRN group and its seat order (None: not a league's)."""
-    if record_group is None or record_group.count("|") != 2:
-        return None
-    pairing = record_group.split("|")[1].split(",")
-    order = list(dict.fromkeys(seats))  # seat i holds order[i % group]
-    if sorted(order) != sorted(pairing):
-        return None
-    return f"{record_group}|{','.join(order)}"

@@ -96,3 +96,15 @@ def defaulted(episodes: Iterable[EpisodeRecord], departure: Departure) -> int:
         if any(ep.seats[seat] == departure.agent for seat in ep.timeouts):
             count += 1
     return count
+
+
+class RunError(RuntimeError):
+    """A batch that cannot go on; the message says why, and what to do."""
+
+
+@dataclass
+class PlayClock:
+    """When a batch's first request went out and its last episode came in (``perf_counter``)."""
+
+    started: float = 0.0
+    ended: float = 0.0

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backroom.records import fallback_of
 from backroom.replay import training
 from backroom.replay.query import Query, ReplayError, outcome_of, where_clause
 from backroom.runs import RUN_KEY_FILE, resolve_run_dir
@@ -86,7 +87,14 @@ def summary_row(record: dict[str, Any]) -> tuple[list[Any], list[tuple[int, str,
     returns = [float(r) for r in record.get("returns") or []]
     actions = record.get("actions") or []
     turns = len({a.get("turn") for a in actions if isinstance(a, dict)})
-    fallbacks = sum(1 for a in actions if isinstance(a, dict) and a.get("fallback"))
+    # the one count of moves not an agent's own (``backroom.records``): a record from before
+    # ``fallback`` existed marks its timeout defaults ``timed_out``
+    fallbacks = sum(
+        1
+        for a in actions
+        if isinstance(a, dict)
+        and fallback_of(a.get("fallback"), bool(a.get("timed_out"))) is not None
+    )
     row = [
         str(record.get("match", "")),
         record.get("game"),

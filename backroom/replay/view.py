@@ -83,34 +83,24 @@ def decision(trace: dict[str, Any]) -> dict[str, Any]:
     request, reply = trace.get("request"), trace.get("reply")
     requests = request if isinstance(request, list) else [request]
     prompts = [r["messages"] for r in requests if isinstance(r, dict) and "messages" in r]
-    candidates: list[dict[str, Any]] = []
-    texts = request.get("candidates") if isinstance(request, dict) else None
-    totals = trace.get("candidate_logprobs") or []
-    probs = reply.get("probs") if isinstance(reply, dict) else None
-    for i, total in enumerate(totals):
-        candidates.append(
-            {
-                "text": texts[i] if isinstance(texts, list) and i < len(texts) else f"#{i}",
-                "logprob": total,
-                "prob": probs[i] if isinstance(probs, list) and i < len(probs) else None,
-                "chosen": i == trace.get("chosen"),
-            }
-        )
-    completion = reply.get("text") if isinstance(reply, dict) else None
-    said = reply.get("message") if isinstance(reply, dict) else None
+    # one request (a local model's) or a list (an API model's); a reply is a dict: either
+    # may be something else in a trace of an older schema, read then as saying nothing
+    asked: dict[str, Any] = request if isinstance(request, dict) else {}
+    answered: dict[str, Any] = reply if isinstance(reply, dict) else {}
+    completion = answered.get("text")
     return {
         "agent": trace.get("agent"),
         "adapter_version": trace.get("adapter_version"),
         "temperature": trace.get("temperature"),
         "prompt": prompts[-1] if prompts else None,
-        "planning": request.get("planning") if isinstance(request, dict) else None,
-        "repair": request.get("repair") if isinstance(request, dict) else None,
-        "completion": completion if completion is not None else said,
-        "outcome": reply.get("outcome") if isinstance(reply, dict) else None,
+        "planning": asked.get("planning"),
+        "repair": asked.get("repair"),
+        "completion": completion if completion is not None else answered.get("message"),
+        "outcome": answered.get("outcome"),
         # a fallback's reason and what went wrong, in words (docs/agents.md, traces)
-        "reason": (reply.get("reason") or None) if isinstance(reply, dict) else None,
-        "detail": (reply.get("detail") or None) if isinstance(reply, dict) else None,
-        "candidates": candidates,
+        "reason": answered.get("reason") or None,
+        "detail": answered.get("detail") or None,
+        "candidates": _candidates(trace, asked.get("candidates"), answered.get("probs")),
         "tokens": [
             {"id": t, "logprob": lp}
             for t, lp in zip(
@@ -121,6 +111,21 @@ def decision(trace: dict[str, Any]) -> dict[str, Any]:
         "request": request,
         "reply": reply,
     }
+
+
+def _candidates(trace: dict[str, Any], texts: Any, probs: Any) -> list[dict[str, Any]]:
+    """Each legal choice the model was asked to score: its text, summed log-prob, probability."""
+    texts = texts if isinstance(texts, list) else []
+    probs = probs if isinstance(probs, list) else []
+    return [
+        {
+            "text": texts[i] if i < len(texts) else f"#{i}",
+            "logprob": total,
+            "prob": probs[i] if i < len(probs) else None,
+            "chosen": i == trace.get("chosen"),
+        }
+        for i, total in enumerate(trace.get("candidate_logprobs") or [])
+    ]
 
 
 def _messages(record: EpisodeRecord) -> list[dict[str, Any]]:

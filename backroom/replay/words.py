@@ -111,27 +111,36 @@ class Words:
                 continue
             if key == "info_state" and observation.get("game") == "kuhn":
                 continue  # the card and the history again, in the solver's shorthand
-            if key == "card":
-                text = self.card(observation, value)
-            elif key == "shown" and isinstance(value, Mapping):
-                text = ", ".join(
+            text = self.field(observation, key, value)
+            if text is not None:
+                out.append([label(key), text])
+        return out
+
+    def field(self, observation: Mapping[str, Any], key: str, value: Any) -> str | None:
+        """One field's text, by what the key holds; None for one that says nothing (no one folded)."""
+        if key == "card":
+            return self.card(observation, value)
+        if isinstance(value, Mapping):
+            if key == "shown":
+                return ", ".join(
                     f"{self.seat(s)} {self.card(observation, c)}" for s, c in value.items()
                 )
-            elif key in SEAT_KEYS and isinstance(value, int):
-                text = self.seat(value)
-            elif key == "folded" and isinstance(value, list):
-                folded = [self.seat(s) for s, f in enumerate(value) if f is True]
-                if not folded:
-                    continue
-                text = ", ".join(folded)
-            elif key in ("history", "conversation", "messages") and isinstance(value, list):
-                text = self.history(observation, value)
-            elif key == "returns" and isinstance(value, list):
-                text = " / ".join(f"{self.seat(s)} {signed(v)}" for s, v in enumerate(value))
-            else:
-                text = self.value(value)
-            out.append([label(key), text])
-        return out
+            return self.value(value)
+        if isinstance(value, list):
+            return self.list_field(observation, key, value)
+        if key in SEAT_KEYS and isinstance(value, int):
+            return self.seat(value)
+        return self.value(value)
+
+    def list_field(self, observation: Mapping[str, Any], key: str, value: list[Any]) -> str | None:
+        """A list field's text: who folded, the history, the returns; any other list as values."""
+        if key == "folded":
+            return ", ".join(self.seat(s) for s, f in enumerate(value) if f is True) or None
+        if key in ("history", "conversation", "messages"):
+            return self.history(observation, value)
+        if key == "returns":
+            return " / ".join(f"{self.seat(s)} {signed(v)}" for s, v in enumerate(value))
+        return self.value(value)
 
     def move(self, phase: str, action: Any, name: str | None) -> str:
         """One seat's answer: the move's name, the message, or ``(silent)``."""

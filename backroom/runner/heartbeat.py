@@ -25,11 +25,10 @@ import asyncio
 import time
 from collections.abc import Callable, Collection
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from backroom.bus.wire import EpisodeRecord
-    from backroom.runner.config import RunConfig
 
 #: Seconds between two heartbeat lines.
 HEARTBEAT_S = 30.0
@@ -37,12 +36,25 @@ HEARTBEAT_S = 30.0
 MEASURED_PER_MATCH = 1
 
 
+class Pace(Protocol):
+    """What the lines measure against: a run's config, or a league's batch."""
+
+    @property
+    def matches(self) -> int: ...
+
+    @property
+    def concurrency(self) -> int: ...
+
+    @property
+    def turn_timeout_s(self) -> float: ...
+
+
 class Heartbeat:
     """The lines of a run in play; ``beat`` is called every ``every_s``, ``check`` more often."""
 
     def __init__(
         self,
-        config: RunConfig,
+        config: Pace,
         notice: Callable[[str], None],
         decisions_live: Callable[[], int],
         episodes: Callable[[], Collection[EpisodeRecord]],

@@ -6,11 +6,14 @@ same processes a user would start by hand on many machines — then submits
 match requests with at most ``concurrency`` in flight and gathers one
 episode per match.
 
-What a run does when referees die, revive or answer late is the
-``MatchLedger``'s (``runner.dispatch``, docs/operations.md "Faults");
-``runner.wiring`` connects it to the broker; the result and its summary are
-``runner.results``'. When no referee is left the run fails with the dead
-referee's log, rather than wait.
+The matches are played by ``play.batch.play`` (the one operation behind
+``backroom run``, the league and, through the same ledger, the trainer:
+docs/architecture.md, "One batch, three callers"): the run's plan
+(``run_plan``), its options, and its run directory as the sink
+(``runner.sink.RunSink``). What a run does when referees die, revive or
+answer late is the ``MatchLedger``'s (``play.ledger``, docs/operations.md
+"Faults"); the result and its summary are ``runner.results``'. When no
+referee is left the run fails with the dead referee's log, rather than wait.
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ from pathlib import Path
 from backroom.bus import presence, topics
 from backroom.bus.client import Bus, BusConfig
 from backroom.bus.errors import LoginRefused
-from backroom.bus.wire import IDENTITY_WINDOW_S, EpisodeRecord, MatchRequest, MatchSpec
+from backroom.bus.wire import IDENTITY_WINDOW_S, EpisodeRecord, MatchRequest
+from backroom.play.batch import play
+from backroom.play.plan import MatchPlan, PlayOptions, Presence, Waits
+from backroom.play.wiring import SLOW_START_S
 from backroom.runner.config import EXTERNAL, RunConfig
 from backroom.runner.dispatch import (
     AGAIN_TRIES,
     EPISODE_WAIT_S,
     REFEREE_GRACE_S,
     RERUNS,
-    MatchLedger,
 )
 from backroom.runner.results import (
     Departure,
@@ -41,9 +46,9 @@ from backroom.runner.results import (
     RunError,
     RunResult,
     dedupe_episodes,
-    finished_on_disk,
     summarize,
 )
+from backroom.runner.sink import RunSink
 from backroom.runner.stack import (
     MODEL_KINDS,
     RunNames,
@@ -57,11 +62,7 @@ from backroom.runner.stack import (
 from backroom.runner.traces import (
     TRACE_WAIT_S,
     TRACES_MAX_BYTES,
-    TraceLog,
-    overflow_lines,
-    seats_by_attempt,
 )
-from backroom.runner.wiring import SLOW_START_S, Wiring
 from backroom.runs import bind_run_dir, new_run_dir
 
 # Re-exported: the CLI, the tests, the benches and other runners built on this one import
@@ -117,135 +118,72 @@ async def run_matches(
     run_key: str | None = None,
     trace_wait_s: float = TRACE_WAIT_S,
 ) -> list[EpisodeRecord]:
-    """Submit the run's matches (``concurrency`` in flight) and return one episode per match.
+    """A run config's matches through ``play.batch.play``: one episode per match.
 
-    With ``traces_path``, every trace a trainable agent publishes for one of
-    these matches is appended there as JSON lines (``runner.traces.TraceLog``),
-    each decision once, up to ``traces_max_bytes`` for the run, shared out
-    equally among its seated agents (``on_notice`` hears when an agent reaches
-    its share, and after the run every agent past it: ``faults.traces_over_share``);
-    the file is closed however the run ends. After
-    the last episode the run waits, up to ``trace_wait_s``, for the traces of
-    decisions it has not seen yet, and counts those that never came
-    (``faults.traces_missing``). With
-    ``run_stamp``, every request names it, so referees write
-    ``runs/<run>/<run_stamp>/``: this run's own directory, never an earlier
-    run's file.
-
-    ``on_notice`` hears, while the run waits, whom it waits for: at once for
-    ``external`` (identities whose process someone else starts; default: the
-    config's ``external`` agents), and after ``SLOW_START_S`` for any process
-    still missing, so a wait for a process nobody starts is never silent.
-    Besides ``wait_for``, the run waits for one referee (any status of kind
-    ``referee`` that a roster record proves) to be online. An agent's
-    ``online`` counts only while renewed (``presence.Roster``).
-
-    While the run plays, a submitting task fills the window and this one
-    watches the referees, so a submit waiting on a full window never keeps a
-    dead referee from being noticed. What happens to matches whose referee
-    dies, revives or answers late is the ``MatchLedger``'s (its methods say
-    each rule; ``referee_grace_s`` and ``episode_wait_s`` are its waits).
-    With no referee left, the run fails: at once when the run's own referees
-    all died, after ``ready_timeout_s`` when others may come back.
-    ``on_notice`` hears of each referee lost and each agent gone offline;
-    ``faults`` gets the counts. Once ``stop`` is set (Ctrl-C), the run
-    returns the matches finished by then and ``faults.interrupted`` says that
-    it stopped short.
-
-    ``claim_window_s`` > 0: the runner's identity may be another process's (a
-    fixed ``runner``, shared by two runs on one broker). The runner stays
-    ready that long after connecting to be thrown off by a process still
-    logged in under it (which reconnects at once), and then fails with a
-    ``RunError`` saying so, rather than throw it off again and again (both
-    runs hung). As the agents do (``AgentRunner._claim``).
+    For callers that hold a ``RunConfig`` (the tests, the benches, other
+    runners built on this one); each argument lands in the plan, the options
+    or the run's sink (``run_plan``, ``run_options``, ``runner.sink.RunSink``),
+    whose docstrings say what it does. With ``traces_path``, every trace a
+    trainable agent publishes for one of these matches is appended there
+    (``runner.traces.TraceLog``), each decision once, up to
+    ``traces_max_bytes`` for the run, shared out equally among its seated
+    agents; the file is closed however the run ends. ``external`` defaults
+    to the config's ``external`` agents.
     """
-    faults = faults if faults is not None else Faults()
-    notice = on_notice or (lambda _msg: None)
-    matches = _matches(config, run_stamp)
-    me = bus_config.username or "runner"
-
-    def request(i: int) -> MatchRequest:
-        # Built when it is first sent, not before: bench/chaos_soak.py times a match from
-        # its request's construction (``local.MatchRequest``).
-        match, spec = matches[i]
-        return MatchRequest(
-            match=match, spec=spec, reply_to=me, reply_batches=True, run_key=run_key
-        )
-
-    play = Wiring(
+    plan = run_plan(config, run_stamp, run_key)
+    sink = RunSink(on_notice or (lambda _msg: None), on_episode)
+    options = run_options(
         config,
-        bus_config,
-        wait_for,
-        stack,
-        [match for match, _ in matches],
-        faults,
-        notice,
-        ready_timeout_s=ready_timeout_s,
-        referee_grace_s=referee_grace_s,
-        episode_wait_s=episode_wait_s,
+        sink,
+        Presence(tuple(wait_for), _external(config, external), stack, claim_window_s),
+        Waits(ready_timeout_s, ack_timeout_s, referee_grace_s, episode_wait_s, trace_wait_s),
+        stop,
     )
-    ledger = play.ledger
-    play.on_episode, play.clock, play.claim_window_s = on_episode, clock, claim_window_s
-    if external is None:
-        external = [a.id for a in config.agents if a.kind == EXTERNAL]
-    async with contextlib.AsyncExitStack() as exits:
+    if faults is not None:
+        options.faults = faults
+    if clock is not None:
+        options.clock = clock
+    with contextlib.ExitStack() as exits:
         if traces_path is not None:
-            seats = {match: spec.seats for match, spec in matches}
-            seats_of = seats_by_attempt(ledger.slot_of, seats)
-            seated = {agent for spec_seats in seats.values() for agent in spec_seats}
-            play.traces = exits.enter_context(
-                TraceLog(traces_path, seats_of, traces_max_bytes, notice, agents=seated)
-            )
-        play.bus = await exits.enter_async_context(
-            Bus(
-                bus_config,
-                role="runner",
-                on_connect=[play.reconnected],
-                on_disconnect=[play.thrown_off],
-            )
-        )
-        await play.claim(claim_window_s)
-        if await play.wait_ready(external, stop):
-            await play.narrow()
-            await play.play(request, len(matches), ack_timeout_s, stop)
-        faults.interrupted = stop is not None and stop.is_set() and ledger.unfinished > 0
-        # a league's rounds without traces need not wait, nor a run stopped or failed
-        if play.traces is not None and not (faults.interrupted or ledger.failure):
-            await _last_traces(play.traces, ledger, faults, notice, trace_wait_s)
-        if play.traces is not None:
-            over = play.traces.overflow(ledger.episodes.values())
-            faults.traces_over_share = {a: list(n) for a, n in over.items()}
-            for line in overflow_lines(over):
-                notice(line)
-    return ledger.result()
+            exits.enter_context(sink.keep_traces(traces_path, plan, traces_max_bytes))
+        return await play(plan, bus_config, sink, options)
 
 
-async def _last_traces(
-    traces: TraceLog,
-    ledger: MatchLedger,
-    faults: Faults,
-    notice: Callable[[str], None],
-    wait_s: float,
-) -> None:
-    """Wait for the last decisions' traces, which may trail their episode (another reader,
-    another path); count and say those that never came."""
-    if missing := await traces.wait_for(list(ledger.episodes.values()), wait_s):
-        faults.traces_missing = len(missing)
-        agents = sorted({agent for _match, agent, _seat, _turn in missing})
-        notice(
-            f"{len(missing)} decisions have no trace in traces.jsonl "
-            f"{wait_s:g} s after the last episode (agents: {', '.join(agents)})"
-        )
+def _external(config: RunConfig, external: list[str] | None) -> tuple[str, ...]:
+    """Whose process someone else starts (None: the config's ``external`` agents)."""
+    if external is None:
+        return tuple(a.id for a in config.agents if a.kind == EXTERNAL)
+    return tuple(external)
 
 
-def _matches(config: RunConfig, run_stamp: str | None) -> list[tuple[str, MatchSpec]]:
-    """The run's matches under ids of this run's own (``<run>.<nonce>.<n>``), stamped with its directory."""
+def run_options(
+    config: RunConfig, sink: RunSink, presence: Presence, waits: Waits, stop: asyncio.Event | None
+) -> PlayOptions:
+    """How a run config's batch is played: its window, and its heartbeat to ``sink``."""
+    return PlayOptions(
+        concurrency=config.concurrency,
+        waits=waits,
+        presence=presence,
+        stop=stop,
+        watchers=[sink.heartbeat(config)],
+    )
+
+
+def run_plan(config: RunConfig, run_stamp: str | None, run_key: str | None = None) -> MatchPlan:
+    """The run's matches under ids of this run's own (``<run>.<nonce>.<n>``), stamped with its
+    directory (``run_stamp``) and key (``run_key``)."""
     nonce = f"{int(time.time() * 1000) % 10**10:010d}"
     stamp = {} if run_stamp is None else {"run_stamp": run_stamp}
-    return [
-        (f"{config.run}.{nonce}.{suffix}", spec.model_copy(update=stamp))
-        for suffix, spec in config.match_specs()
-    ]
+    return MatchPlan.of(
+        config.game,
+        [
+            (f"{config.run}.{nonce}.{suffix}", spec.model_copy(update=stamp))
+            for suffix, spec in config.match_specs()
+        ],
+        agents=[a.id for a in config.agents],
+        on_timeout=config.on_timeout,
+        run_key=run_key,
+    )
 
 
 async def already_online(bus_config: BusConfig, names: Iterable[str]) -> list[str]:
@@ -305,7 +243,6 @@ async def run_local(
     bind_run_dir(run_dir, run_key)
     stack = Stack(run_dir)
     external: list[str] | None = None  # None: the config's `external` agents
-    faults = Faults()
     try:
         bus_config = await connect_stack(stack, config, broker_url, credentials_dir, spawn)
         names = stack.names
@@ -316,35 +253,26 @@ async def run_local(
             waiting = [a.id for a in config.agents]  # and a referee, any (run_matches)
             external = waiting
         t0 = time.perf_counter()
-        clock = PlayClock()
-        episodes = await run_matches(
-            config,
-            bus_config,
-            waiting,
-            stack,
-            on_episode,
-            ready_timeout_s=ready_timeout_s,
-            traces_path=run_dir / "traces.jsonl",
-            clock=clock,
-            on_notice=on_notice,
-            external=external,
-            run_stamp=run_dir.name,
-            faults=faults,
-            stop=stop,
-            # A fixed name (compose's `runner`) may be another run's: claim it first.
-            claim_window_s=0.0 if names.own else IDENTITY_WINDOW_S,
-            run_key=run_key,
-        )
+        plan = run_plan(config, run_dir.name, run_key)
+        sink = RunSink(on_notice or (lambda _msg: None), on_episode)
+        # A fixed name (compose's `runner`) may be another run's: claim it first.
+        claim_s = 0.0 if names.own else IDENTITY_WINDOW_S
+        presence = Presence(tuple(waiting), _external(config, external), stack, claim_s)
+        options = run_options(config, sink, presence, Waits(ready_s=ready_timeout_s), stop)
+        with sink.keep_traces(run_dir / "traces.jsonl", plan):
+            episodes = await play(plan, bus_config, sink, options)
         seconds = time.perf_counter() - t0
         stack.stop()  # the referees write what they still have before the file is checked
-        if faults.interrupted:  # matches that ended before the Ctrl-C, their episode on its way
-            late = finished_on_disk(run_dir / "episodes.jsonl", episodes, faults.reruns)
-            episodes, faults.read_back = [*episodes, *late], len(late)
-        faults.duplicates_on_disk = dedupe_episodes(
-            run_dir / "episodes.jsonl", episodes, faults.reruns
-        )
+        episodes = sink.reconcile(run_dir / "episodes.jsonl", episodes, options.faults)
+        clock = options.clock
         return RunResult(
-            config, episodes, seconds, run_dir, stack.url, clock.ended - clock.started, faults
+            config,
+            episodes,
+            seconds,
+            run_dir,
+            stack.url,
+            clock.ended - clock.started,
+            options.faults,
         )
     except BaseException as exc:
         if stack.created and stack.credentials is not None:

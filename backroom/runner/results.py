@@ -17,15 +17,13 @@ from typing import Any
 from backroom.bus.wire import SHUTTING_DOWN, EpisodeRecord
 from backroom.play.faults import Departure as Departure
 from backroom.play.faults import Faults
+from backroom.play.faults import PlayClock as PlayClock
+from backroom.play.faults import RunError as RunError
 from backroom.play.faults import clock_text as clock_text
 from backroom.play.faults import defaulted as defaulted
 from backroom.records import count_fallbacks, fallback_of, warning_lines
 from backroom.runner.config import RunConfig
 from backroom.runs import read_episodes
-
-
-class RunError(RuntimeError):
-    """A run that cannot go on; the message says why, and what to do."""
 
 
 @dataclass(repr=False)
@@ -52,14 +50,6 @@ class RunResult:
             f"RunResult(run={self.config.run!r}, episodes={len(self.episodes)}, "
             f"seconds={self.seconds:.1f}, run_dir={str(self.run_dir)!r})"
         )
-
-
-@dataclass
-class PlayClock:
-    """When a run's first request went out and its last episode came in (``perf_counter``)."""
-
-    started: float = 0.0
-    ended: float = 0.0
 
 
 def finished_on_disk(
