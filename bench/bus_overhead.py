@@ -63,6 +63,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 
@@ -439,12 +440,19 @@ def timed_run(config: RunConfig, runs: Path) -> tuple[float, float, list[tuple[s
         if n == config.matches and len(snaps) == 1:
             snaps.append((time.perf_counter(), children_cpu()))
 
-    saved = local.PlayClock
-    local.PlayClock = Clock  # type: ignore[misc]
+    saved = local.run_options
+
+    def clocked(*args: Any, **kwargs: Any) -> Any:
+        """The run's play options with this clock: it stamps the first request going out."""
+        options = saved(*args, **kwargs)
+        options.clock = Clock()
+        return options
+
+    local.run_options = clocked
     try:
         result = asyncio.run(run_local(config, runs_dir=runs, on_episode=on_episode))
     finally:
-        local.PlayClock = saved  # type: ignore[misc]
+        local.run_options = saved
     assert all(e.reason == "normal" for e in result.episodes)
     if len(snaps) != 2:
         return result.matches_per_second, 0.0, []

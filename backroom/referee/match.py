@@ -341,14 +341,7 @@ class Match:
         for seat in seats:
             if self.spec.seats[seat] in self.referee.offline:
                 self.seat_offline(self.spec.seats[seat])
-        if not self.pending:
-            self.end_turn()
-        deadline = loop.call_later(self.spec.turn_timeout_s, self.end_turn)
-        try:
-            await self.turn_over
-        finally:
-            deadline.cancel()
-            self.pending.clear()
+        await self.until_answered()
         if self.voided:
             raise Voided(self.voided)
         return {
@@ -380,9 +373,15 @@ class Match:
                 deadline_s=self.spec.turn_timeout_s,
             )
             self.send(agent, review)
+        await self.until_answered()
+
+    async def until_answered(self) -> None:
+        """Wait for the open turn to end: its last answer, its deadline, or nothing to wait
+        for; then it is closed (late answers are refused as late)."""
         if not self.pending:
-            return
-        deadline = loop.call_later(self.spec.turn_timeout_s, self.end_turn)
+            self.end_turn()
+        assert self.turn_over is not None
+        deadline = asyncio.get_running_loop().call_later(self.spec.turn_timeout_s, self.end_turn)
         try:
             await self.turn_over
         finally:
