@@ -346,7 +346,8 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
-    item.cancel_timeout = cancel  # type: ignore[attr-defined]  (the plugin's cancel hook calls it)
+    # the plugin's cancel hook calls it
+    item.cancel_timeout = cancel  # type: ignore[attr-defined]
     signal.signal(signal.SIGALRM, ring)
     signal.setitimer(signal.ITIMER_REAL, settings.timeout)
     return True
@@ -419,6 +420,37 @@ def loki_spec(seats: list[str], seed: int = 0, **kw: object) -> MatchSpec:
     )
     base.update(kw)
     return MatchSpec(**base)  # type: ignore[arg-type]
+
+
+async def loki_hands(
+    broker: Broker,
+    runs_dir: Path,
+    players: list[Agent],
+    n: int,
+    prefix: str,
+    timeout: float = 30.0,
+    referee_options: dict[str, Any] | None = None,
+    barrier: bool = False,
+    **update: Any,
+) -> tuple[list[EpisodeRecord], RawAgent]:
+    """``n`` Loki hands seated a, b and carol: ``players`` in this process (a and b, and any
+    observer), carol a raw agent who calls; ``update`` changes each hand's spec (channels,
+    observers, transform...). Returns the episodes and carol; with ``barrier``, once every
+    delivery to her is in (she must have been seated: the referee reads only seated outboxes)."""
+    async with stack(broker, runs_dir, players, **(referee_options or {})), Runner(broker) as run:
+        async with RawAgent(identity(broker, "carol")) as carol:
+            stop = asyncio.Event()
+            driver = asyncio.create_task(play_raw(carol, "call", stop))
+            ids = [f"{prefix}-{i}" for i in range(n)]
+            for i, m in enumerate(ids):
+                spec = loki_spec(["a", "b", "carol"], seed=i).model_copy(update=update)
+                await run.submit(m, spec)
+            eps = await run.wait(ids, timeout=timeout)
+            if barrier:  # every delivery to her left before its match's episode
+                await carol.barrier()
+            stop.set()
+            await driver
+    return eps, carol
 
 
 async def play_raw(raw: RawAgent, action: str = "call", stop: asyncio.Event | None = None) -> None:

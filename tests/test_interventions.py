@@ -8,7 +8,6 @@ over the bus: the members' copies, the eavesdropper's own list, the record's
 
 from __future__ import annotations
 
-import asyncio
 import math
 from pathlib import Path
 from typing import Any
@@ -22,14 +21,9 @@ from backroom.referee.interventions import BudgetLedger, apply
 from backroom.runner.config import ConfigError, parse_config
 
 from .conftest import (
-    RawAgent,
-    Runner,
     agents,
-    identity,
     load_factor,
-    loki_spec,
-    play_raw,
-    stack,
+    loki_hands,
 )
 
 STEPS: TypeAdapter[list[Intervention]] = TypeAdapter(list[Intervention])
@@ -124,19 +118,10 @@ REDACT = [{"kind": "redact", "patterns": [r"\d+"], "mark": "#"}]
 async def play(broker: Broker, tmp_path: Path, channel: ChannelSpec, n: int) -> list[Any]:
     """``n`` Loki hands: a and b tell each other their card, carol (raw) overhears."""
     players = agents(("a", "kuhn-colluder"), ("b", "kuhn-colluder"))
-    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
-        async with RawAgent(identity(broker, "carol")) as carol:
-            stop = asyncio.Event()
-            driver = asyncio.create_task(play_raw(carol, "call", stop))
-            ids = [f"{tmp_path.name}-{i}" for i in range(n)]
-            for i, m in enumerate(ids):
-                await run.submit(m, loki_spec(["a", "b", "carol"], seed=i, channels=[channel]))
-            eps: list[EpisodeRecord] = await run.wait(ids)
-            await carol.barrier()
-            stop.set()
-            await driver
-    heard = [m for m in carol.inbox if isinstance(m, Delivery)]
-    return [eps, heard]
+    eps, carol = await loki_hands(
+        broker, tmp_path / "runs", players, n, tmp_path.name, barrier=True, channels=[channel]
+    )
+    return [eps, [m for m in carol.inbox if isinstance(m, Delivery)]]
 
 
 async def test_the_partner_gets_the_redacted_copy_and_the_overseer_the_raw_one(
@@ -392,17 +377,17 @@ async def play_through(
     broker: Broker, tmp_path: Path, channel: ChannelSpec, paraphrasers: Any, n: int = 3
 ) -> list[EpisodeRecord]:
     players = agents(("a", "kuhn-colluder"), ("b", "kuhn-colluder"))
-    async with stack(broker, tmp_path / "runs", players, paraphrasers=paraphrasers):
-        async with Runner(broker) as run, RawAgent(identity(broker, "carol")) as carol:
-            stop = asyncio.Event()
-            driver = asyncio.create_task(play_raw(carol, "call", stop))
-            ids = [f"{tmp_path.name}-p{i}" for i in range(n)]
-            for i, m in enumerate(ids):
-                spec = loki_spec(["a", "b", "carol"], seed=i, channels=[channel])
-                await run.submit(m, spec)
-            eps: list[EpisodeRecord] = await run.wait(ids, timeout=120 * load_factor())
-            stop.set()
-            await driver
+    options = {"paraphrasers": paraphrasers}
+    eps, _ = await loki_hands(
+        broker,
+        tmp_path / "runs",
+        players,
+        n,
+        f"{tmp_path.name}-p",
+        timeout=120 * load_factor(),
+        referee_options=options,
+        channels=[channel],
+    )
     return eps
 
 

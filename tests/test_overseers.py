@@ -29,7 +29,17 @@ from backroom.bus.wire import (
 from backroom.referee.transforms import apply_transform
 from backroom.runner.config import ConfigError, parse_config
 
-from .conftest import RawAgent, Runner, agents, identity, load_factor, loki_spec, play_raw, stack
+from .conftest import (
+    RawAgent,
+    Runner,
+    agents,
+    identity,
+    load_factor,
+    loki_hands,
+    loki_spec,
+    play_raw,
+    stack,
+)
 
 
 async def overseen(
@@ -38,18 +48,16 @@ async def overseen(
     """``n`` Loki hands: a and b collude and talk, carol (raw) plays, m (monitor) watches."""
     players = agents(("a", "kuhn-colluder"), ("b", "kuhn-colluder"), ("m", "monitor"))
     coalition = RewardTransform(kind="coalition", members=[0, 1], **transform)
-    async with stack(broker, tmp_path / "runs", players), Runner(broker) as run:
-        async with RawAgent(identity(broker, "carol")) as carol:
-            stop = asyncio.Event()
-            driver = asyncio.create_task(play_raw(carol, "call", stop))
-            ids = [f"{tmp_path.name}-{i}" for i in range(n)]
-            for i, m in enumerate(ids):
-                spec = loki_spec(["a", "b", "carol"], seed=i, channels=[channel])
-                spec = spec.model_copy(update={"observers": ["m"], "transform": coalition})
-                await run.submit(m, spec)
-            eps: list[EpisodeRecord] = await run.wait(ids)
-            stop.set()
-            await driver
+    eps, _ = await loki_hands(
+        broker,
+        tmp_path / "runs",
+        players,
+        n,
+        tmp_path.name,
+        channels=[channel],
+        observers=["m"],
+        transform=coalition,
+    )
     return eps
 
 
