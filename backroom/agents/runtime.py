@@ -30,9 +30,8 @@ from backroom.agents.base import Agent
 from backroom.agents.eager import start_eagerly
 from backroom.bus import presence, topics
 from backroom.bus.addressing import Referees
+from backroom.bus.claim import IdentityClaim
 from backroom.bus.client import Bus, BusConfig, Will
-from backroom.bus.connection import broker_reachable
-from backroom.bus.errors import IdentityInUse
 from backroom.bus.structs import Action
 from backroom.bus.wire import (
     IDENTITY_WINDOW_S,
@@ -82,13 +81,11 @@ class AgentRunner:
         self._closed = asyncio.Event()
         self.status_refresh_s = float(status_refresh_s)
         self._renewing: asyncio.Task[None] | None = None
-        # The identity check at start (``__aenter__``).
+        # The identity check at start (``open``, ``bus.claim``).
         self._starting = False
-        self._claiming = False  # connected, and reading its first status back
-        self._mine = b""
+        self.identity: IdentityClaim | None = None  # made with the bus, in ``open``
+        self._mine = b""  # the first "online", read back to tell what came before it
         self._echo = asyncio.Event()
-        self._earlier = False
-        self._taken = asyncio.Event()
         self._decisions = {
             phase: metrics.AGENT_DECISIONS.labels(kind=agent.kind, phase=phase)
             for phase in ("talk", "act", "review")
@@ -105,18 +102,18 @@ class AgentRunner:
         So the first ``online`` is announced and read back: a status of this
         identity that arrives before it is an earlier process's (retained),
         and then this agent stays ready for ``IDENTITY_WINDOW_S`` to be thrown
-        off in turn. A process still logged in under the name reconnects at
-        once, and this one stops without reconnecting, instead of taking the
-        name back again and again; the other loses its connection once. A name
-        never used on this broker costs no wait.
+        off in turn (``bus.claim``). A name never used on this broker costs no
+        wait.
         """
         await self.agent.setup()
         offline = Status(state="offline", kind=self.agent.kind)
+        # The window read now, not at import: tests lengthen it.
+        claim = self.identity = IdentityClaim(self.config, "agent", window_s=IDENTITY_WINDOW_S)
         self.bus = Bus(
             self.config,
             will=Will(topics.status(self.agent.id), dump(offline)),
             on_connect=[self._announce],
-            on_disconnect=[self._on_disconnect],
+            on_disconnect=[claim.thrown_off],
             role="agent",
         )
         # Subscribe before connecting: the bus subscribes first and announces
@@ -132,10 +129,10 @@ class AgentRunner:
         self._starting = True
         try:
             await self.bus.open()
-            self._claiming = True
-            await self._claim()
+            async with claim.on(self.bus):
+                await self._read_back(claim)
         except BaseException:
-            if self._mine and not self._taken.is_set():
+            if self._mine and not claim.taken.is_set():
                 # Stopped while claiming (a name used before waits IDENTITY_WINDOW_S, online
                 # and playing): say offline, or the clean disconnect below drops the will and
                 # the retained "online" outlives the process (the next run refused the name).
@@ -145,53 +142,35 @@ class AgentRunner:
             await self.agent.close()
             raise
         finally:
-            self._starting = self._claiming = False
+            self._starting = False
         self._renewing = asyncio.get_running_loop().create_task(
             presence.keep_announcing(self._announce, self.status_refresh_s)
         )
         return self
 
-    async def _claim(self) -> None:
-        """Announce the first ``online`` and read it back; see ``__aenter__``."""
+    @property
+    def _claiming(self) -> bool:
+        """Connected, and claiming its identity (reading its first status back, or holding)."""
+        return self.identity is not None and self.identity.claiming
+
+    async def _read_back(self, claim: IdentityClaim) -> None:
+        """Announce the first ``online`` and read it back; a status before it holds the window."""
         assert self.bus is not None
         self._mine = dump(self._online())
         self.bus.publish(topics.status(self.agent.id), self._mine, retain=True)
-        echo = asyncio.ensure_future(self._echo.wait())
-        taken = asyncio.ensure_future(self._taken.wait())
-        try:
-            await asyncio.wait({echo, taken}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
-            if self._earlier and not self._taken.is_set():
-                await asyncio.wait({taken}, timeout=IDENTITY_WINDOW_S)
-        finally:
-            echo.cancel()
-            taken.cancel()
-        if not self._taken.is_set():
-            if self.bus.reconnects:  # the broker went away meanwhile: announce again
-                self.bus.publish(topics.status(self.agent.id), self._online(), retain=True)
-            return
-        raise IdentityInUse(
-            f"agent identity {self.agent.id!r} is in use: another process logged in as "
-            f"{self.agent.id!r} took the connection back while this agent was starting. "
-            "Stop that process, or start this agent under an id of its own "
-            "(`backroom credentials add ID`)."
-        )
+        with contextlib.suppress(TimeoutError):
+            await claim.unless_taken(asyncio.wait_for(self._echo.wait(), 10))
+        await claim.hold()
+        if self.bus.reconnects:  # the broker went away meanwhile: announce again
+            self.bus.publish(topics.status(self.agent.id), self._online(), retain=True)
 
     def _on_own_status(self, _topic: str, payload: bytes) -> None:
         if not self._starting or self._echo.is_set():
             return
         if payload == self._mine:
             self._echo.set()
-        else:
-            self._earlier = True  # retained: a process before this one used the name
-
-    async def _on_disconnect(self) -> None:
-        if self._claiming and await broker_reachable(self.config):
-            # Thrown off while starting, the broker up: a process still logged in under
-            # this identity took the connection back. Stay off rather than throw it off
-            # again. (With the broker gone, the bus reconnects as ever.)
-            self._taken.set()
-            if self.bus is not None:
-                await self.bus.close()
+        elif self.identity is not None:
+            self.identity.used_before = True  # retained: a process before this one used it
 
     async def _send(self, msg: Action | Chat | Flag) -> None:
         # Not awaited, batched: answers decided in one loop iteration (to many
