@@ -22,6 +22,8 @@ from backroom.league.config import parse_league
 from backroom.league.play import run_league
 from backroom.play.batch import play
 from backroom.play.faults import Faults
+from backroom.play.ledger import MatchLedger
+from backroom.play.loop import Batch, Earlier
 from backroom.play.plan import Collect, MatchPlan, PlayOptions, Presence, Waits
 from backroom.referee.service import Referee
 from backroom.trainer.batch import play_batch
@@ -161,3 +163,89 @@ async def test_play_puts_a_plan_through_a_callers_own_sink_with_the_fault_rules(
     assert sorted(sink.slot_of[e.match] for e in sink.kept) == sorted(plan.ids)
     assert faults.resubmitted >= len(swallowed)
     assert options.clock.ended > options.clock.started > 0
+
+
+class _Recorded:
+    """A session that keeps what the batch sends (``loop.Session``), always connected."""
+
+    me = "trainer-x"
+
+    def __init__(self) -> None:
+        self.sent: list[MatchRequest] = []
+
+    def send(self, request: MatchRequest) -> None:
+        self.sent.append(request)
+
+    def connected(self) -> bool:
+        return True
+
+
+class _NoneDead:
+    def dead(self) -> list[tuple[str, str]]:
+        return []
+
+    def none_left(self, gap_s: float, ledger: MatchLedger) -> None:
+        return None
+
+
+def _episode(
+    match: str, spec: MatchSpec, reason: str = "normal", detail: str = ""
+) -> EpisodeRecord:
+    return EpisodeRecord.model_validate(
+        {
+            "match": match,
+            "run": "run",
+            "referee": "ref-a",
+            "spec": spec,
+            "game": spec.game,
+            "params": {},
+            "seed": spec.seed,
+            "crn_group": None,
+            "seats": spec.seats,
+            "actions": [],
+            "deliveries": [],
+            "round_rewards": [],
+            "raw_returns": [0.0, 0.0],
+            "returns": [0.0, 0.0],
+            "reason": reason,
+            "detail": detail,
+            "started_at": 0.0,
+            "ended_at": 0.0,
+        }
+    )
+
+
+async def test_a_batch_on_a_callers_session_starts_where_its_earlier_attempts_left_it() -> None:
+    """A resumed batch (``Earlier``) on a session the caller holds, told what arrives by hand:
+    a match kept before is not asked for, one a stop voided is asked under a new id, one asked
+    before with no episode yet under its last id, a new one under its own; ``concurrency``
+    of them at a time, the next once a kept episode frees a place. The kept episodes reach
+    the sink in the callback that brings them."""
+    specs = [
+        (f"step.{i}", MatchSpec(game="ipd", params={"rounds": 1}, seats=["p0", "p1"], seed=i))
+        for i in range(4)
+    ]
+    plan = MatchPlan.of("ipd", specs)
+    spec = dict(specs)
+    earlier = {
+        "step.0": Earlier(("step.0",), kept=_episode("step.0", spec["step.0"])),
+        "step.1": Earlier(("step.1", "step.1.r1"), stopped=True),
+        "step.2": Earlier(("step.2",)),
+    }
+    session, sink = _Recorded(), _Kept()
+    options = PlayOptions(concurrency=2)
+    batch = Batch(plan, session, sink, options, _NoneDead(), earlier)
+    batch.referee("ref-a", True)
+    playing = asyncio.create_task(batch.play())
+    await eventually(lambda: len(session.sent) == 2, 5)
+    assert [r.match for r in session.sent] == ["step.1.r2", "step.2"]
+    assert all(r.reply_to == "trainer-x" for r in session.sent)
+    assert batch.ledger.faults.rerequest_reasons == {"voided by a stop": 1}
+    assert batch.episode(_episode("step.1.r1", spec["step.1"])) is True  # an earlier attempt counts
+    await eventually(lambda: len(session.sent) == 3, 5)
+    assert session.sent[-1].match == "step.3"
+    for match in ("step.2", "step.3"):
+        assert batch.episode(_episode(match, spec[match])) is True
+    await asyncio.wait_for(playing, 5)
+    assert sorted(e.match for e in sink.kept) == ["step.1.r1", "step.2", "step.3"]
+    assert sorted(batch.ledger.episodes) == plan.ids

@@ -1,17 +1,17 @@
 """``play(plan, bus, sink, options)``: the one operation that plays a batch of matches.
 
 ``backroom run`` (its run directory as the sink, ``runner.local``) and the
-league (its store as the sink, ``league.play``) both play through it; what is
-done when requests are lost or referees die is the ``MatchLedger``'s, the
-same for both (docs/architecture.md, "One batch, three callers").
+league (its store as the sink, ``league.play``) both play through it, on a
+connection it opens (``play.wiring.Wiring``). The trainer plays the same loop
+on its own persistent session (``play.loop.Batch``, ``trainer.batch``). What
+is done when requests are lost or referees die is the ``MatchLedger``'s, the
+same for all (docs/architecture.md, "One batch, three callers").
 """
 
 from __future__ import annotations
 
-import contextlib
-
-from backroom.bus.client import Bus, BusConfig
-from backroom.bus.wire import EpisodeRecord, MatchRequest
+from backroom.bus.client import BusConfig
+from backroom.bus.wire import EpisodeRecord
 from backroom.play.plan import MatchPlan, PlayOptions, Sink
 from backroom.play.wiring import Wiring
 
@@ -35,33 +35,13 @@ async def play(
     or failed, the sink ``settle``s with the bus still open, waiting up to
     ``waits.trace_s`` for traces trailing their episodes (``None``: not at all).
     """
-    me = bus.username or "runner"
-    specs = {m.match: m.spec for m in plan.matches}
-    ids = plan.ids
-
-    def request(i: int) -> MatchRequest:
-        # Built when it is first sent, not before: bench/chaos_soak.py times a match from
-        # its request's construction.
-        return MatchRequest(
-            match=ids[i], spec=specs[ids[i]], reply_to=me, reply_batches=True, run_key=plan.run_key
-        )
-
     wiring = Wiring(plan, bus, sink, options)
     ledger, faults, stop = wiring.ledger, options.faults, options.stop
-    sink.attempts(ledger.slot_of)
-    async with contextlib.AsyncExitStack() as exits:
-        wiring.bus = await exits.enter_async_context(
-            Bus(
-                bus,
-                role="runner",
-                on_connect=[wiring.reconnected],
-                on_disconnect=[wiring.thrown_off],
-            )
-        )
-        await wiring.claim(options.presence.claim_window_s)
+    async with wiring.bus:
+        await wiring.claim()
         if await wiring.wait_ready(list(options.presence.external), stop):
             await wiring.narrow()
-            await wiring.play(request, len(ids), options.waits.ack_s, stop)
+            await wiring.play()
         faults.interrupted = stop is not None and stop.is_set() and ledger.unfinished > 0
         # a batch stopped or failed need not wait for what trails its episodes
         complete = not (faults.interrupted or ledger.failure)

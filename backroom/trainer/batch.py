@@ -1,12 +1,15 @@
 """How the trainer plays a batch of its requests: the runner's fault rules over its store.
 
-A step's matches (or an evaluation's) are asked for through the runner's
-``MatchLedger`` (``play.ledger``, docs/architecture.md "One batch, three
-callers"): a request no referee took is sent again, a silent match is asked
-``again``, a lost referee's matches are asked for elsewhere, and a match voided
-because its referee stopped (``SHUTTING_DOWN``: a Ctrl-C, a referee restarted)
-is *not played*, so it is asked for again under a new id (``<match>.r<n>``)
-with the same spec, seed and seats. Each new id is stored as a request
+A step's matches (or an evaluation's) are played by the loop ``backroom run``
+and the league play through (``play.loop.Batch``, docs/architecture.md "One
+batch, three callers"), on the trainer's own session (``TrainerBus``: the
+episodes are in its store before their PUBACK, ``StoreSink``). So the fault
+rules are the runner's ``MatchLedger``'s (``play.ledger``): a request no
+referee took is sent again, a silent match is asked ``again``, a lost
+referee's matches are asked for elsewhere, and a match voided because its
+referee stopped (``SHUTTING_DOWN``: a Ctrl-C, a referee restarted) is *not
+played*, so it is asked for again under a new id (``<match>.r<n>``) with the
+same spec, seed and seats. Each new id is stored as a request
 before it is sent, so its episode and traces are taken and a resumed trainer
 knows it.
 
@@ -20,15 +23,17 @@ resumed trains on the same matches as one that ran through.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from backroom.bus.wire import SHUTTING_DOWN, EpisodeRecord, MatchRequest
 from backroom.play.faults import Faults
 from backroom.play.ledger import MatchLedger
+from backroom.play.loop import Batch, Earlier
+from backroom.play.plan import Collect, MatchPlan, PlayOptions, Waits
 from backroom.trainer.bus import TrainerBus
 from backroom.trainer.store import Request, Store
 
@@ -40,8 +45,6 @@ _ATTEMPT = re.compile(r"\.r(\d+)$")
 ACK_TIMEOUT_S = 2.0
 #: Seconds without a live referee, once one was lost, before the batch fails with the reason.
 NO_REFEREE_S = 15.0
-#: How often the ledger's clocks are looked at while the batch waits.
-TICK_S = 0.25
 
 
 class BatchError(RuntimeError):
@@ -92,31 +95,81 @@ class Played:
         return text + (f" ({', '.join(why)})" if why else "")
 
 
-def _restore(
-    tb: TrainerBus, store: Store, planned: Sequence[Request], ledger: MatchLedger
-) -> list[tuple[str, bool]]:
-    """Read a step's earlier attempts back into the ledger; what to send: (match, under a new id)."""
+class _Asks:
+    """The trainer's session as a batch sends on it (``loop.Session``): a request under a new
+    id is stored before it goes out, so its episode and traces are taken (the store takes
+    them only for requested matches) and a resumed trainer knows it."""
+
+    def __init__(self, tb: TrainerBus, store: Store, planned: Sequence[Request]) -> None:
+        self.tb = tb
+        self.store = store
+        self.by_match = {r.match: r for r in planned}
+
+    @property
+    def me(self) -> str:
+        return self.tb.me
+
+    def send(self, request: MatchRequest) -> None:
+        if self.store.request(request.match) is None:
+            base = self.by_match[_ATTEMPT.sub("", request.match)]
+            self.store.add_requests([replace(base, match=request.match)])
+        self.tb.send(request)
+
+    def connected(self) -> bool:
+        return self.tb.connected()
+
+
+class StoreSink(Collect):
+    """The trainer's store as a batch's sink: each kept episode is committed in the session's
+    receive callback (``TrainerBus.keep``), before its PUBACK; each fault line is logged (the
+    counts are the batch's ``Faults``). Traces are the session's own, so none come here."""
+
+    def __init__(self, tb: TrainerBus) -> None:
+        super().__init__(lambda text: log.warning("%s", text))
+        self.tb = tb
+
+    def episode(self, record: EpisodeRecord) -> None:
+        self.tb.keep(record)
+
+
+class _Referees:
+    """The trainer's referee rule (``loop.Referees``): its stack's dead referees are lost at
+    once; with none left ``NO_REFEREE_S`` after one was lost, the batch fails with the reason."""
+
+    def __init__(self, dead_referees: Callable[[], list[tuple[str, str]]] | None) -> None:
+        self.dead_referees = dead_referees
+
+    def dead(self) -> list[tuple[str, str]]:
+        return self.dead_referees() if self.dead_referees is not None else []
+
+    def none_left(self, gap_s: float, ledger: MatchLedger) -> None:
+        if ledger.faults.referees_lost and gap_s > NO_REFEREE_S:
+            lost = ", ".join(ledger.faults.referees_lost)
+            raise BatchError(
+                f"referee {lost} is gone and no referee was online for {NO_REFEREE_S:.0f} s with "
+                f"{ledger.unfinished} matches unfinished"
+            )
+
+
+def _restore(store: Store, planned: Sequence[Request]) -> dict[str, Earlier]:
+    """A step's earlier attempts, read back from the store: where its batch starts."""
     steps = {(r.step, r.kind) for r in planned}
-    stored = [a for step, kind in steps for a in store.requests(step=step, kind=kind)]
+    attempts: dict[str, list[str]] = {r.match: [] for r in planned}
+    for step, kind in steps:
+        for a in store.requests(step=step, kind=kind):
+            attempts.get(_ATTEMPT.sub("", a.match), []).append(a.match)
     kinds = {kind for _, kind in steps}
     records = {req.match: rec for kind in kinds for req, rec in store.outcomes(kind)}
-    attempts: dict[str, list[str]] = {r.match: [] for r in planned}
-    for a in stored:
-        base = _ATTEMPT.sub("", a.match)
-        if base in attempts:
-            attempts[base].append(a.match)
-    todo: list[tuple[str, bool]] = []
-    for r in planned:
-        tried = sorted(attempts[r.match], key=_attempt_number) or [r.match]
-        kept = next((records[a] for a in tried if a in records and not stopped(records[a])), None)
-        if kept is not None:
-            ledger.slot_of.update(dict.fromkeys(tried, r.match))
-            ledger.episodes[r.match] = kept
-            continue
-        last = tried[-1]
-        ledger.restore(r.match, tried, MatchRequest(match=last, spec=r.spec, reply_to=tb.me))
-        todo.append((r.match, last in records))
-    return todo
+    return {
+        match: _earlier(sorted(tried, key=_attempt_number) or [match], records)
+        for match, tried in attempts.items()
+    }
+
+
+def _earlier(tried: list[str], records: Mapping[str, EpisodeRecord]) -> Earlier:
+    """A match's attempts (its own id first): its kept episode, else whether a stop voided the last."""
+    kept = next((records[a] for a in tried if a in records and not stopped(records[a])), None)
+    return Earlier(tuple(tried), kept, stopped=kept is None and tried[-1] in records)
 
 
 def _attempt_number(match: str) -> int:
@@ -135,79 +188,41 @@ async def play_batch(
 ) -> Played:
     """Ask for ``planned`` (at most ``window`` in flight) and wait for one result per match.
 
-    Requests are stored before they are sent. ``dead_referees`` names the
+    Played as a ``play.loop.Batch`` on the trainer's session, its store the
+    sink. Requests are stored before they are sent. ``dead_referees`` names the
     referees of the trainer's own stack whose process exited, with why: their
     matches are asked for elsewhere at once. Raises ``BatchError`` when no
     referee is left for ``NO_REFEREE_S`` after one was lost; after
     ``timeout_s`` returns what came (the rest ``missing``).
     """
-    by_match = {r.match: r for r in planned}
     fresh = [r for r in planned if store.request(r.match) is None]
     if fresh:
         store.add_requests(fresh)  # stored before sent: a crash after this resends, never forgets
-
-    def publish(request: MatchRequest) -> None:
-        base = by_match[ledger.slot_of[request.match]]
-        if store.request(request.match) is None:  # a new id: stored first, so its episode counts
-            store.add_requests([replace(base, match=request.match)])
-        tb.send(request)
-
-    ledger = MatchLedger(
-        [r.match for r in planned], publish, Faults(), lambda text: log.warning("%s", text)
-    )
     # resumed (some were stored before): read the earlier attempts back; else ask for each
-    todo = (
-        _restore(tb, store, planned, ledger)
-        if len(fresh) < len(planned)
-        else [(r.match, False) for r in planned]
+    earlier = _restore(store, planned) if len(fresh) < len(planned) else {}
+    stop = asyncio.Event()  # set after ``timeout_s``: what came by then is the result
+    options = PlayOptions(concurrency=window, waits=Waits(ack_s=ack_timeout_s), stop=stop)
+    batch = Batch(
+        MatchPlan.of(tb.game, [(r.match, r.spec) for r in planned]),
+        _Asks(tb, store, planned),
+        StoreSink(tb),
+        options,
+        _Referees(dead_referees),
+        earlier,
     )
     for name, online in tb.referees.items():
         if online:
-            ledger.referee_online(name)
-    asked: set[str] = set(ledger.episodes)
-    deadline = time.monotonic() + timeout_s
-    tb.ledger = ledger
+            batch.referee(name, True)
+    timeout = asyncio.get_running_loop().call_later(timeout_s, stop.set)
+    tb.batch = batch
     try:
-        while not ledger.done and time.monotonic() < deadline:
-            while todo and len(asked - ledger.episodes.keys()) < window:
-                match, again = todo.pop(0)
-                asked.add(match)
-                if again:
-                    ledger.ask_again(match, "voided by a stop")
-                elif match in ledger.current:
-                    ledger.send(match)
-                else:
-                    ledger.ask(MatchRequest(match=match, spec=by_match[match].spec, reply_to=tb.me))
-            _tick(tb, ledger, dead_referees, ack_timeout_s)
-            await tb.changed(TICK_S)
+        await batch.play()
     finally:
-        tb.ledger = None  # a stop's voided episodes are stored, not asked for again: --resume does
-    if ledger.failure is not None:
-        raise BatchError(ledger.failure)
-    return _played(planned, ledger)
-
-
-def _tick(
-    tb: TrainerBus,
-    ledger: MatchLedger,
-    dead_referees: Callable[[], list[tuple[str, str]]] | None,
-    ack_timeout_s: float,
-) -> None:
-    """The ledger's clocks: resend, ask silent matches again, lose dead or gone referees."""
-    connected = tb.connected()
-    ledger.resend(ack_timeout_s)
-    if connected:
-        ledger.ask_silent_again()
-    for name, why in dead_referees() if dead_referees is not None else []:
-        ledger.lose(name, why)
-    ledger.expire(connected)
-    gap = ledger.without_referee()
-    if gap is not None and ledger.faults.referees_lost and gap > NO_REFEREE_S:
-        lost = ", ".join(ledger.faults.referees_lost)
-        raise BatchError(
-            f"referee {lost} is gone and no referee was online for {NO_REFEREE_S:.0f} s with "
-            f"{ledger.unfinished} matches unfinished"
-        )
+        timeout.cancel()
+        tb.batch = None  # a stop's voided episodes are stored, not asked for again: --resume does
+    if batch.ledger.failure is not None:
+        raise BatchError(batch.ledger.failure)
+    return _played(planned, batch.ledger)
 
 
 def _played(planned: Sequence[Request], ledger: MatchLedger) -> Played:

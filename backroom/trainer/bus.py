@@ -40,13 +40,15 @@ from backroom.bus.wire import (
     AdapterRef,
     Checkpoint,
     Episode,
+    EpisodeRecord,
     MatchRequest,
     Trace,
     WireError,
     parse,
     parse_all,
 )
-from backroom.play.ledger import MatchLedger, feed_acks
+from backroom.play.ledger import MatchLedger
+from backroom.play.loop import Batch
 from backroom.trainer.store import STORED, Request, Store
 
 log = logging.getLogger("backroom.trainer")
@@ -105,8 +107,9 @@ class TrainerBus:
         self.watch = None if watch is None else list(watch)
         self.checkpoints: dict[str, AdapterRef] = {}
         self._arrived = asyncio.Event()
-        #: The batch being played (``trainer.batch``): told what referees answer and finish.
-        self.ledger: MatchLedger | None = None
+        #: The batch being played on this session (``trainer.batch``): told what referees
+        #: answer and finish; its sink commits the episodes it keeps (``keep``).
+        self.batch: Batch | None = None
         #: Referees a roster record names, and whether their status says online now.
         self.referees: dict[str, bool] = {}
 
@@ -136,14 +139,31 @@ class TrainerBus:
     ) -> None:
         await self.bus.close()
 
+    @property
+    def ledger(self) -> MatchLedger | None:
+        """The ledger of the batch being played, if any."""
+        return None if self.batch is None else self.batch.ledger
+
     # --- what arrives ------------------------------------------------------------
 
     def _on_episode(self, _topic: str, payload: bytes) -> None:
         for msg in parse_all(payload):
-            if isinstance(msg, Episode) and self.store.add_episode(msg.record):
-                self._arrived.set()
-            if isinstance(msg, Episode) and self.ledger is not None:
-                self.ledger.episode(msg.record)  # after the store: committed before the PUBACK
+            if not isinstance(msg, Episode):
+                continue
+            if self.batch is not None and self.batch.episode(msg.record):
+                continue  # kept: the batch's sink committed it (``keep``), before the PUBACK
+            self.keep(msg.record)  # any other: a voided one is what ``--resume`` reads back
+
+    def keep(self, record: EpisodeRecord) -> bool:
+        """Commit an episode to the store; True if stored (a repeat or an unrequested one is not).
+
+        Called in the receive callback, so it is committed before paho
+        acknowledges the message: a crash loses nothing.
+        """
+        if not self.store.add_episode(record):
+            return False
+        self._arrived.set()
+        return True
 
     def _on_trace(self, topic: str, payload: bytes) -> None:
         agent = topic.rsplit("/", 1)[-1]
@@ -165,9 +185,8 @@ class TrainerBus:
         self._arrived.set()
         if seen.name in self.referees and seen.status.kind == "referee":
             self.referees[seen.name] = seen.online
-            if self.ledger is not None:
-                ledger = self.ledger
-                (ledger.referee_online if seen.online else ledger.referee_offline)(seen.name)
+            if self.batch is not None:
+                self.batch.referee(seen.name, seen.online)
 
     def _on_roster(self, topic: str, payload: bytes) -> None:
         """A referee-only record names a referee: its status is read from now on (only its
@@ -179,8 +198,8 @@ class TrainerBus:
 
     def _on_ack(self, _topic: str, payload: bytes) -> None:
         """Referees answer each request they take, and each ask ``again``, in our inbox."""
-        if self.ledger is not None:
-            feed_acks(self.ledger, payload)
+        if self.batch is not None:
+            self.batch.acks(payload)
             self._arrived.set()
 
     def _on_checkpoint(self, topic: str, payload: bytes) -> None:
@@ -201,15 +220,6 @@ class TrainerBus:
 
     def connected(self) -> bool:
         return self.bus.connected.is_set()
-
-    async def changed(self, timeout_s: float) -> None:
-        """Return when something arrived (an episode, a trace, an answer, a status) or after
-        ``timeout_s``."""
-        self._arrived.clear()
-        # not ``wait_for``: on 3.11 it can swallow a cancel (Ctrl-C) that comes as the event is set
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await self._arrived.wait()
 
     async def request(
         self, requests: Sequence[Request], window: int | None = None, timeout_s: float = 600.0
