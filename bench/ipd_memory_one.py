@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from backroom.trainer.advantages import BASELINES
+from backroom.trainer.algorithms import CREDITED
 from backroom.trainer.memory_one import STATES, Result, Settings, train
 
 
@@ -64,7 +65,7 @@ def main() -> None:
         "--algorithms",
         nargs="+",
         default=["grpo", "adalign"],
-        choices=["grpo", "grpo_sum", "adalign"],
+        choices=CREDITED,
     )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     p.add_argument("--betas", type=float, nargs="+", default=[0.5], help="Advantage Alignment")

@@ -165,7 +165,7 @@ def _train(
     nproc: int,
 ) -> None:
     """``backroom train`` past its config and threads: DPO, or the loop with its processes."""
-    if config.algorithm == "dpo":
+    if not config.method.rollouts:  # DPO: learns from a finished run (trainer/algorithms.py)
         _train_dpo(config, target)
         return
     from rich.text import Text

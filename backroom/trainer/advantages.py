@@ -1,11 +1,13 @@
-"""Credit for every decision: returns, group baselines and Advantage Alignment.
+"""Credit for every decision: returns, group baselines, and each algorithm's credit.
 
 Read top to bottom: ``discounted_returns`` -> ``loo_advantages`` (multi-agent
-GRPO, with the paper's per-seat baseline or the pooled one) ->
-``advantage_alignment`` (the paper's equation 1), and ``assign_credit``
-applies them to joined episodes. Equations are those of "Learning Robust Social
-Strategies with Large Language Models" (section 3), with its notation: G is a
-discounted return, A an advantage, superscript 1 the learner, 2 its opponent.
+GRPO, with the paper's per-seat baseline or the pooled one), and
+``assign_credit`` applies them to joined episodes with the algorithm's own
+``pay`` and ``credit`` (``algorithms.py``: sum-of-rewards, the paper's
+equation 1 ``advantage_alignment``). Equations are those of "Learning Robust
+Social Strategies with Large Language Models" (section 3), with its notation:
+G is a discounted return, A an advantage, superscript 1 the learner, 2 its
+opponent.
 
 Everything here is pure numpy on small arrays (rounds x trajectories), so
 each function is tested against hand-computed cases (tests/test_trainer_advantages.py).
@@ -20,9 +22,12 @@ from typing import Literal
 
 import numpy as np
 
+from backroom.trainer.algorithms import AlgorithmName, credited
+from backroom.trainer.algorithms import (  # the algorithms' own equations, read beside their entries
+    advantage_alignment as advantage_alignment,
+)
+from backroom.trainer.algorithms import sum_of_rewards as sum_of_rewards
 from backroom.trainer.store import Joined
-
-Algorithm = Literal["grpo", "grpo_sum", "adalign"]
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float, norm: float = 1.0) -> np.ndarray:
@@ -124,33 +129,6 @@ def loo_advantages(
     return adv
 
 
-def sum_of_rewards(rewards: np.ndarray) -> np.ndarray:
-    """The cooperative variant: every seat is paid r_t = sum_j r_t^j, both players' rewards."""
-    r = np.asarray(rewards, dtype=np.float64)  # (seats, rounds)
-    return np.broadcast_to(r.sum(axis=0), r.shape).copy()
-
-
-def advantage_alignment(
-    own: Sequence[float], opponent: Sequence[float], beta: float, gamma: float
-) -> np.ndarray:
-    """Equation 1: A_t^1 + beta * gamma * (sum_{k<t} gamma^(t-k) A_k^1) * A_t^2.
-
-    ``own`` is the learner's advantages A^1 in one match, ``opponent`` the
-    other seat's A^2 in the same match (also when that seat is a frozen buffer
-    adapter). The past-advantage sum is empty at t = 0, so round 0 keeps A_0^1.
-    """
-    a1 = np.asarray(own, dtype=np.float64)
-    a2 = np.asarray(opponent, dtype=np.float64)
-    out = np.empty_like(a1)
-    past = 0.0  # sum_{k<t} gamma^(t-k) A_k^1
-    for t in range(len(a1)):
-        out[t] = (
-            a1[t] + beta * gamma * past * a2[t]
-        )  # A_t^1 + beta gamma (sum_{k<t} gamma^(t-k) A_k^1) A_t^2
-        past = gamma * (past + a1[t])  # shift the sum by one round: gamma^(t+1-k)
-    return out
-
-
 # --- from episodes to a credit per (match, seat, round) -----------------------------
 
 
@@ -174,7 +152,7 @@ def round_rewards(joined: Joined) -> np.ndarray:
 
 
 def assign_credit(
-    episodes: Sequence[Joined], algorithm: Algorithm, hp: Hyper
+    episodes: Sequence[Joined], algorithm: AlgorithmName, hp: Hyper
 ) -> dict[tuple[str, int], np.ndarray]:
     """Credit per round for every trainable (match, seat): what multiplies grad log pi.
 
@@ -183,13 +161,13 @@ def assign_credit(
     seats). Advantage Alignment needs the opponent's advantage, so every
     seat's is computed, trained or not.
     """
+    method = credited(algorithm)
+    assert method.credit is not None
     keys: list[tuple[str, int]] = []
     who: list[Trajectory] = []
     returns: list[np.ndarray] = []
     for ep in episodes:
-        r = round_rewards(ep)
-        if algorithm == "grpo_sum":
-            r = sum_of_rewards(r)
+        r = method.pay(round_rewards(ep))  # r_t^i, or what the algorithm pays instead
         for seat in range(r.shape[0]):
             keys.append((ep.record.match, seat))
             who.append(
@@ -208,15 +186,10 @@ def assign_credit(
     )
     credit: dict[tuple[str, int], np.ndarray] = {}
     for ep in episodes:
-        seats = ep.record.seats
+        two = len(ep.record.seats) == 2
         for seat in ep.request.trainable:
-            own = adv[(ep.record.match, seat)]
-            if algorithm == "adalign":
-                if len(seats) != 2:
-                    raise ValueError("Advantage Alignment is defined for two-player games")
-                credit[(ep.record.match, seat)] = advantage_alignment(
-                    own, adv[(ep.record.match, 1 - seat)], hp.beta, hp.aa_gamma
-                )
-            else:
-                credit[(ep.record.match, seat)] = own
+            own, opponent = adv[(ep.record.match, seat)], adv.get((ep.record.match, 1 - seat))
+            credit[(ep.record.match, seat)] = method.credit(
+                own, opponent if two else None, hp.beta, hp.aa_gamma
+            )
     return credit

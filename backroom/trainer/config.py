@@ -24,6 +24,7 @@ from backroom.runner.config import AgentEntry, ConfigError, read_yaml, validate
 from backroom.runner.overrides import apply_overrides
 from backroom.runner.overrides import parse_override as _parse_override
 from backroom.tracking import TrackingSpec
+from backroom.trainer.algorithms import ALGORITHMS, Algorithm, AlgorithmName
 
 
 class Hyperparameters(BaseModel):
@@ -279,7 +280,9 @@ class TrainConfig(BaseModel):
     run: str = Field(default="train", pattern=r"^[A-Za-z0-9_.-]+$")
     game: str
     params: dict[str, Any] = Field(default_factory=dict)
-    algorithm: Literal["grpo", "grpo_sum", "adalign", "dpo"]
+    algorithm: AlgorithmName = Field(
+        description="; ".join(f"{a.name}: {a.doc}" for a in ALGORITHMS.values())
+    )
     preset: Literal["ipd", "split_nocomm", "trust_and_split"] | None = None
     hyper: dict[str, Any] = Field(default_factory=dict, description="overrides of the preset")
     steps: int = Field(default=10, ge=1)
@@ -350,26 +353,17 @@ class TrainConfig(BaseModel):
 
     hp: Hyperparameters | None = None  # filled from preset + hyper
 
+    @property
+    def method(self) -> Algorithm:
+        """The algorithm's registry entry (``algorithms.ALGORITHMS``)."""
+        return ALGORITHMS[self.algorithm]
+
     @model_validator(mode="after")
     def _resolve(self) -> TrainConfig:
-        if (self.algorithm == "dpo") != (self.dpo is not None):
-            raise ValueError(
-                "algorithm: dpo needs dpo: {source: RUN_DIR} (the run to learn from)"
-                if self.dpo is None
-                else f"dpo: only algorithm: dpo reads it (algorithm is {self.algorithm})"
-            )
-        if self.algorithm == "dpo":
-            if self.tracking is not None:
-                raise ValueError(
-                    "tracking: not for algorithm dpo (it writes no train_log.csv; TRL's "
-                    "statistics are in RUN_DIR/dpo_metrics.json); remove the tracking block"
-                )
+        self.method.check(self)
+        if not self.method.rollouts:  # DPO: no steps, no hyperparameters
             return self
-        base = dict(PRESETS[self.preset]) if self.preset else {}
-        if self.algorithm != "adalign":
-            # the paper's GRPO runs use no agent buffer ("it made no noticeable
-            # difference"); ``hyper: {rho: ...}`` turns it on all the same
-            base["rho"] = 0.0
+        base = {**(PRESETS[self.preset] if self.preset else {}), **self.method.hyper}
         try:
             self.hp = Hyperparameters.model_validate({**base, **self.hyper})
         except ValidationError as exc:
@@ -396,6 +390,20 @@ class TrainConfig(BaseModel):
 
     def _check_opponents(self) -> None:
         """Refuse pools that would collide with this run's own names on the bus."""
+        self._check_pool_agents()
+        self._check_pool_policies()
+        if any(o.kind == "live" for o in self.opponents) and "run" not in self.model_fields_set:
+            raise ValueError(
+                "run: co-training processes share one bus, and match ids start with the run's "
+                "name; give each process its own run name"
+            )
+        if len(self.players) != 2:
+            raise ValueError("opponents: a pool plays two-seat games (one seat the learner's)")
+        if self.memory_one is not None:
+            raise ValueError("opponents: not with memory_one (it plays self-play and its buffer)")
+
+    def _check_pool_agents(self) -> None:
+        """The pool's agents are agents of the run too: their ids are the run's to give once."""
         ids = [o.agent.id for o in self.opponents if o.agent is not None]
         taken = set(self.players) | {b.id for b in self.evaluation.baselines}
         if clash := sorted(set(ids) & taken) or sorted({i for i in ids if ids.count(i) > 1}):
@@ -403,6 +411,9 @@ class TrainConfig(BaseModel):
                 f"opponents: agent ids {clash} are used twice (players and evaluation "
                 "baselines are agents of the run too); give the pool's agents their own ids"
             )
+
+    def _check_pool_policies(self) -> None:
+        """Each frozen run is announced under a policy of its own, never this run's."""
         frozen = {(o.frozen_policy(), str(Path(o.run))) for o in self.opponents if o.run}
         names = [name for name, _ in frozen]
         if clash := sorted({n for n in names if names.count(n) > 1}):
@@ -414,15 +425,6 @@ class TrainConfig(BaseModel):
                 f"opponents: policy {self.policy!r} is this run's own policy; name the opponent's "
                 "policy (frozen adapters: policy: another name)"
             )
-        if any(o.kind == "live" for o in self.opponents) and "run" not in self.model_fields_set:
-            raise ValueError(
-                "run: co-training processes share one bus, and match ids start with the run's "
-                "name; give each process its own run name"
-            )
-        if len(self.players) != 2:
-            raise ValueError("opponents: a pool plays two-seat games (one seat the learner's)")
-        if self.memory_one is not None:
-            raise ValueError("opponents: not with memory_one (it plays self-play and its buffer)")
 
     def _check_memory_one(self, hp: Hyperparameters) -> None:
         """Refuse what the memory-one policy would silently not do (it has no KL, no
@@ -450,7 +452,7 @@ def parse_train_config(data: Any, source: str = "config") -> TrainConfig:
         game = make_game(config.game, **config.params)
     except Exception as exc:
         raise ConfigError(f"{source}: game/params: {exc}") from None
-    if config.algorithm != "dpo" and game.new_initial_state(0).num_players != len(config.players):
+    if config.method.rollouts and game.new_initial_state(0).num_players != len(config.players):
         raise ConfigError(
             f"{source}: players: the game has {game.new_initial_state(0).num_players} seats"
         )

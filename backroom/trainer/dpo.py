@@ -42,7 +42,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from backroom.bus.wire import EpisodeRecord, Trace
+from backroom.bus.wire import ActionRecord, EpisodeRecord, Trace
 from backroom.model.spec import ModelSpec
 from backroom.runner.config import ConfigError
 from backroom.runs import read_records, resolve_run_dir
@@ -132,14 +132,7 @@ def _talk_seat(trace: Trace, record: EpisodeRecord) -> tuple[int | None, str]:
     held = {s for s, agent in enumerate(record.seats) if agent == trace.agent}
     if trace.seat is not None and trace.seat not in held:
         return None, "not_seated"
-    candidates = [
-        a
-        for a in record.actions
-        if a.turn == trace.turn
-        and a.phase == "talk"
-        and a.seat in held
-        and (trace.seat is None or a.seat == trace.seat)
-    ]
+    candidates = _talk_actions(trace, record, held)
     if not candidates:
         return None, "not_seated" if not held else "no_talk_turn"
     if len({a.seat for a in candidates}) > 1:
@@ -147,6 +140,19 @@ def _talk_seat(trace: Trace, record: EpisodeRecord) -> tuple[int | None, str]:
     if any(a.timed_out for a in candidates):
         return None, "timed_out"  # the referee sent its default, not this message
     return candidates[0].seat, ""
+
+
+def _talk_actions(trace: Trace, record: EpisodeRecord, held: set[int]) -> list[ActionRecord]:
+    """The episode's talk actions at the trace's turn by a seat its agent held (the trace's
+    own seat, when it names one)."""
+    return [
+        a
+        for a in record.actions
+        if a.turn == trace.turn
+        and a.phase == "talk"
+        and a.seat in held
+        and (trace.seat is None or a.seat == trace.seat)
+    ]
 
 
 def _message_text(trace: Trace) -> str:
@@ -406,58 +412,23 @@ def train_dpo(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     t0 = time.perf_counter()
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from trl import DPOConfig
-
     from backroom.model.backend import Backend
 
-    lora = lora or LoraSettings()
     base = Backend(model).load()
-    on_cpu = base.device.type == "cpu"
-    dataset = Dataset.from_dict(
-        {
-            "prompt_ids": [list(p.prompt_ids) for p in pairs],
-            "chosen_ids": [list(p.chosen_ids) for p in pairs],
-            "rejected_ids": [list(p.rejected_ids) for p in pairs],
-        }
-    )
-    checkpointing = not on_cpu if activation_checkpointing is None else activation_checkpointing
-    # transformers 5 renamed gradient_checkpointing; TRL still sets the old name's default.
-    names = {f.name for f in fields(DPOConfig)}
-    ckpt_field = (
-        "activation_checkpointing"
-        if "activation_checkpointing" in names
-        else "gradient_checkpointing"
-    )
     scratch = Path(tempfile.mkdtemp(prefix="backroom-dpo-"))
     try:
-        options: dict[str, Any] = dict(
-            output_dir=str(scratch),  # TRL's own checkpoints: none are saved, the adapter is ours
+        args = _dpo_config(
+            base,
+            scratch,  # TRL's own checkpoints: none are saved, the adapter is ours
             beta=beta,
             learning_rate=lr,
             num_train_epochs=epochs,
             max_steps=max_steps if max_steps is not None else -1,
             per_device_train_batch_size=batch_size,
             seed=seed,
-            max_length=None,  # the whole prompt: truncating it would change the information state
-            logging_steps=1,
-            save_strategy="no",
-            report_to=[],
-            disable_tqdm=True,
-            bf16=not on_cpu and base.model.dtype == torch.bfloat16,  # the loader's choice on a GPU
-            use_cpu=on_cpu,
+            activation_checkpointing=activation_checkpointing,
         )
-        options[ckpt_field] = checkpointing
-        args = DPOConfig(**options)
-        peft_config = LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=lora.target_modules,
-            task_type="CAUSAL_LM",
-        )
+        peft_config = _peft_config(lora or LoraSettings())
         load_seconds = time.perf_counter() - t0
         with warnings.catch_warnings():
             # peft asks transformers 5 for a deprecated attribute; nothing for us to act on
@@ -465,7 +436,7 @@ def train_dpo(
             trainer = _trainer_class()(
                 model=base.model,
                 args=args,
-                train_dataset=dataset,
+                train_dataset=_dataset(pairs),
                 processing_class=base.tokenizer,
                 peft_config=peft_config,  # no ref_model: the reference is the base, adapter off
             )
@@ -475,21 +446,83 @@ def train_dpo(
             _save_adapter(trainer.model, Path(out_dir))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    logged = [h for h in trainer.state.log_history if "loss" in h and "train_loss" not in h]
-    metrics: dict[str, float] = {}
-    for stat in TRL_STATS:
-        values = [float(h[stat]) for h in logged if stat in h]
-        if values:
-            # the mean says how training went; first and last, whether it moved
-            metrics[stat] = sum(values) / len(values)
-            metrics[f"{stat}_first"] = values[0]
-            metrics[f"{stat}_last"] = values[-1]
+    metrics = _trl_stats(trainer.state.log_history)
     metrics["train_loss"] = float(result.training_loss)
     metrics["steps"] = float(result.global_step)
     metrics["epochs"] = float(trainer.state.epoch or 0.0)
     metrics["pairs"] = float(len(pairs))
     metrics["seconds"] = seconds
     metrics["load_seconds"] = load_seconds
+    return metrics
+
+
+def _dataset(pairs: Sequence[Pair]) -> Any:
+    """The pairs as the token-id columns TRL's collator reads (``_trainer_class``)."""
+    from datasets import Dataset
+
+    return Dataset.from_dict(
+        {
+            "prompt_ids": [list(p.prompt_ids) for p in pairs],
+            "chosen_ids": [list(p.chosen_ids) for p in pairs],
+            "rejected_ids": [list(p.rejected_ids) for p in pairs],
+        }
+    )
+
+
+def _dpo_config(
+    base: Any, scratch: Path, *, activation_checkpointing: bool | None, **settings: Any
+) -> Any:
+    """TRL's ``DPOConfig``: ``settings`` (its own names), on the device the model loaded on."""
+    import torch
+    from trl import DPOConfig
+
+    on_cpu = base.device.type == "cpu"
+    checkpointing = not on_cpu if activation_checkpointing is None else activation_checkpointing
+    # transformers 5 renamed gradient_checkpointing; TRL still sets the old name's default.
+    names = {f.name for f in fields(DPOConfig)}
+    ckpt_field = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing"
+    )
+    options: dict[str, Any] = dict(
+        output_dir=str(scratch),
+        max_length=None,  # the whole prompt: truncating it would change the information state
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        bf16=not on_cpu and base.model.dtype == torch.bfloat16,  # the loader's choice on a GPU
+        use_cpu=on_cpu,
+        **settings,
+    )
+    options[ckpt_field] = checkpointing
+    return DPOConfig(**options)
+
+
+def _peft_config(lora: LoraSettings) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+
+
+def _trl_stats(history: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """TRL's logged statistics (``TRL_STATS``): the mean says how training went; the first
+    and last step's (``loss_first``, ``loss_last``, ...), whether it moved."""
+    logged = [h for h in history if "loss" in h and "train_loss" not in h]
+    metrics: dict[str, float] = {}
+    for stat in TRL_STATS:
+        values = [float(h[stat]) for h in logged if stat in h]
+        if values:
+            metrics[stat] = sum(values) / len(values)
+            metrics[f"{stat}_first"] = values[0]
+            metrics[f"{stat}_last"] = values[-1]
     return metrics
 
 

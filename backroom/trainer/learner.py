@@ -201,71 +201,43 @@ class Learner:
         """Per sample, per completion: the tokens' log-probs (and entropies) given the prompt."""
         import torch
 
-        rows = len(samples)
         shared = shared_prefix([s.prompt_ids for s in samples], self.MIN_SHARED_PREFIX)
-        width = max(len(s.prompt_ids) - shared + sum(map(len, s.completions)) for s in samples)
-        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        pos = torch.zeros((rows, width), dtype=torch.long)
-        allowed = torch.zeros((rows, width, shared + width), dtype=torch.bool)
-        allowed[:, :, :shared] = True
-        where: list[
-            list[tuple[int, list[int]]]
-        ] = []  # per sample, per completion: (row, predictor positions)
-        for r, s in enumerate(samples):
-            tail = s.prompt_ids[shared:]
-            p = len(tail)
-            ids[r, :p] = torch.tensor(tail)
-            pos[r, :p] = torch.arange(shared, shared + p)
-            allowed[r, :p, shared : shared + p] = torch.ones(p, p, dtype=torch.bool).tril()
-            start, mine = p, []
-            for c in s.completions:
-                n = len(c)
-                ids[r, start : start + n] = torch.tensor(c)
-                pos[r, start : start + n] = torch.arange(shared + p, shared + p + n)
-                allowed[r, start : start + n, shared : shared + p] = True
-                allowed[r, start : start + n, shared + start : shared + start + n] = torch.ones(
-                    n, n, dtype=torch.bool
-                ).tril()
-                mine.append((r, [p - 1, *range(start, start + n - 1)]))
-                start += n
-            for q in range(start, width):  # padding sees itself only
-                allowed[r, q, shared + q] = True
-            where.append(mine)
+        packed = _pack(samples, shared, self.pad_id)
         decoder, head = self._decoder_and_head()
-        dtype = next(self.model.parameters()).dtype
-        mask = torch.zeros((rows, 1, width, shared + width), dtype=dtype)
-        mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
-        cache = None
-        if shared:
-            prefix = torch.tensor([samples[0].prompt_ids[:shared]], device=self.device)
-            cache = decoder(input_ids=prefix, use_cache=True).past_key_values
-            cache.batch_repeat_interleave(rows)
-        hidden = decoder(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            position_ids=pos.to(self.device),
-            past_key_values=cache,
-            use_cache=cache is not None,
-        ).last_hidden_state
-        flat_r = [r for mine in where for r, qs in mine for _ in qs]
-        flat_q = [q for mine in where for _, qs in mine for q in qs]
+        hidden = self._hidden(decoder, samples[0].prompt_ids[:shared], packed)
+        flat_r = [r for mine in packed.where for r, qs in mine for _ in qs]
+        flat_q = [q for mine in packed.where for _, qs in mine for q in qs]
         tokens = torch.tensor(
             [t for s in samples for c in s.completions for t in c], device=self.device
         )
         logp = torch.log_softmax(head(hidden[flat_r, flat_q]).float(), dim=-1)
         token_lp = logp.gather(-1, tokens[:, None]).squeeze(-1)
         ent = -(logp.exp() * logp).sum(-1) if entropy else None
-        lps: list[list[Any]] = []
-        ents: list[list[Any]] = []
-        i = 0
-        for s in samples:
-            lps.append([])
-            ents.append([])
-            for c in s.completions:
-                lps[-1].append(token_lp[i : i + len(c)])
-                ents[-1].append(ent[i : i + len(c)] if ent is not None else None)
-                i += len(c)
-        return lps, ents
+        return _per_completion(samples, token_lp), _per_completion(samples, ent)
+
+    def _hidden(self, decoder: Any, prefix: list[int], packed: _Packed) -> Any:
+        """The decoder's last hidden states of the packed rows, the shared ``prefix`` encoded
+        once (with gradient) and its key/value cache repeated for every row."""
+        import torch
+
+        rows, width = packed.ids.shape
+        shared = len(prefix)
+        dtype = next(self.model.parameters()).dtype
+        mask = torch.zeros((rows, 1, width, shared + width), dtype=dtype)
+        mask.masked_fill_(~packed.allowed[:, None], torch.finfo(dtype).min)
+        cache = None
+        if shared:
+            cache = decoder(
+                input_ids=torch.tensor([prefix], device=self.device), use_cache=True
+            ).past_key_values
+            cache.batch_repeat_interleave(rows)
+        return decoder(
+            input_ids=packed.ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=packed.pos.to(self.device),
+            past_key_values=cache,
+            use_cache=cache is not None,
+        ).last_hidden_state
 
     def action_logprobs(
         self, samples: Sequence[Sample], entropy: bool = False
@@ -322,7 +294,7 @@ class Learner:
 
     # --- one step -------------------------------------------------------------------
 
-    def step(self, samples: Sequence[Sample]) -> StepStats:  # noqa: PLR0915 (one optimiser step, read in order: micro-batches, all-reduce, Adam)
+    def step(self, samples: Sequence[Sample]) -> StepStats:
         """One optimiser step over the whole batch (gradients accumulated over micro-batches).
 
         Data-parallel when ``torch.distributed`` is initialised (``backroom
@@ -340,8 +312,6 @@ class Learner:
         import torch.distributed as dist
 
         t0 = time.perf_counter()
-        st = self.settings
-        stats = StepStats()
         n_tokens = sum(s.action_tokens for s in samples)
         if n_tokens == 0:
             raise ValueError("a training step needs at least one decision with action tokens")
@@ -349,7 +319,6 @@ class Learner:
         mine = list(samples)[dist.get_rank() :: world] if world > 1 else list(samples)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        want_entropy = st.entropy_coef != 0.0
         # loss, KL, entropy, clamped, tokens: summed on the device, read once at the end
         totals = torch.zeros(5, device=self.device)
         for batch in self.micro_batches(mine):
@@ -357,43 +326,14 @@ class Learner:
                 self.stop.clear()  # answered: a learner kept after this can step again
                 self.optimizer.zero_grad(set_to_none=True)
                 raise StepInterrupted("the step was stopped before its update")
-            now, ents = self.action_logprobs(batch, entropy=want_entropy)
-            lp = torch.cat(now)  # one entry per action token of the micro-batch
-            behaviour = torch.tensor([b for s in batch for b in s.behaviour], device=lp.device)
-            credit = torch.tensor(
-                [s.credit for s in batch for _ in range(s.action_tokens)], device=lp.device
-            )
-            ratio = torch.exp(lp.detach() - behaviour)
-            w = ratio.clamp(max=st.tis_cap)  # min(exp(logp_now - logp_behaviour), cap), detached
-            loss = -(w * credit * lp).sum()  # REINFORCE with the round's credit
-            if st.kl_coef:
-                with torch.no_grad(), self.model.disable_adapter():
-                    ref = torch.cat(self.action_logprobs(batch)[0])
-                d = ref - lp
-                kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi || pi_ref)
-                loss = loss + st.kl_coef * kl.sum()
-                totals[1] += kl.detach().sum()
-            if want_entropy:
-                ent = torch.cat(ents)
-                loss = loss - st.entropy_coef * ent.sum()
-                totals[2] += ent.detach().sum()
-            else:  # no full-vocabulary pass just for a statistic: E[-log pi(a)] estimates H on-policy
-                totals[2] += -lp.detach().sum()
-            totals[3] += (ratio > st.tis_cap).sum()
-            loss = loss / n_tokens  # normalised by the number of action tokens of the batch
-            loss.backward()
-            totals[0] += loss.detach()
-            totals[4] += sum(len(s.prompt_ids) + sum(map(len, s.completions)) for s in batch)
+            self._accumulate(batch, n_tokens, totals)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if world > 1:
-            for p in params:
-                if p.grad is None:  # a rank with no sample still joins every all-reduce
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
-            dist.all_reduce(totals)
+            _all_reduce(params, totals)
+        stats = StepStats()
         stats.loss, stats.kl, stats.entropy, stats.tis_clamped = (float(x) for x in totals[:4])
         stats.tokens = int(totals[4])
-        stats.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, st.grad_clip))
+        stats.grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.settings.grad_clip))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         stats.action_tokens = n_tokens
@@ -402,6 +342,40 @@ class Learner:
         stats.tis_clamped /= n_tokens
         stats.seconds = time.perf_counter() - t0
         return stats
+
+    def _accumulate(self, batch: list[Sample], n_tokens: int, totals: Any) -> None:
+        """One micro-batch's share of the loss, back-propagated; its statistics into ``totals``."""
+        import torch
+
+        st = self.settings
+        want_entropy = st.entropy_coef != 0.0
+        now, ents = self.action_logprobs(batch, entropy=want_entropy)
+        lp = torch.cat(now)  # one entry per action token of the micro-batch
+        behaviour = torch.tensor([b for s in batch for b in s.behaviour], device=lp.device)
+        credit = torch.tensor(
+            [s.credit for s in batch for _ in range(s.action_tokens)], device=lp.device
+        )
+        ratio = torch.exp(lp.detach() - behaviour)
+        w = ratio.clamp(max=st.tis_cap)  # min(exp(logp_now - logp_behaviour), cap), detached
+        loss = -(w * credit * lp).sum()  # REINFORCE with the round's credit
+        if st.kl_coef:
+            with torch.no_grad(), self.model.disable_adapter():
+                ref = torch.cat(self.action_logprobs(batch)[0])
+            d = ref - lp
+            kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi || pi_ref)
+            loss = loss + st.kl_coef * kl.sum()
+            totals[1] += kl.detach().sum()
+        if want_entropy:
+            ent = torch.cat(ents)
+            loss = loss - st.entropy_coef * ent.sum()
+            totals[2] += ent.detach().sum()
+        else:  # no full-vocabulary pass just for a statistic: E[-log pi(a)] estimates H on-policy
+            totals[2] += -lp.detach().sum()
+        totals[3] += (ratio > st.tis_cap).sum()
+        loss = loss / n_tokens  # normalised by the number of action tokens of the batch
+        loss.backward()
+        totals[0] += loss.detach()
+        totals[4] += sum(len(s.prompt_ids) + sum(map(len, s.completions)) for s in batch)
 
     # --- checkpoints ----------------------------------------------------------------
 
@@ -425,6 +399,85 @@ class Learner:
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+
+@dataclass
+class _Packed:
+    """A micro-batch as one forward pass's rows (``Learner._completion_logprobs``)."""
+
+    ids: Any  # (rows, width): each decision's prompt tail, then all its completions
+    pos: Any  # their position ids, after the shared prefix
+    allowed: Any  # (rows, width, shared + width): which keys each position may see
+    where: list[list[tuple[int, list[int]]]]  # per sample, per completion: (row, predictors)
+
+
+def _pack(samples: Sequence[Sample], shared: int, pad_id: int) -> _Packed:
+    """One row per sample past the ``shared`` prefix, under a mask that lets a completion
+    token see the prefix, its prompt tail and the earlier tokens of its own completion."""
+    import torch
+
+    rows = len(samples)
+    width = max(len(s.prompt_ids) - shared + sum(map(len, s.completions)) for s in samples)
+    packed = _Packed(
+        ids=torch.full((rows, width), pad_id, dtype=torch.long),
+        pos=torch.zeros((rows, width), dtype=torch.long),
+        allowed=torch.zeros((rows, width, shared + width), dtype=torch.bool),
+        where=[],
+    )
+    packed.allowed[:, :, :shared] = True
+    for r, s in enumerate(samples):
+        packed.where.append(_pack_row(packed, r, s, shared))
+    return packed
+
+
+def _pack_row(packed: _Packed, r: int, s: Sample, shared: int) -> list[tuple[int, list[int]]]:
+    """Row ``r``: the prompt tail, then each completion; per completion, its predictors."""
+    import torch
+
+    ids, pos, allowed = packed.ids, packed.pos, packed.allowed
+    tail = s.prompt_ids[shared:]
+    p = len(tail)
+    ids[r, :p] = torch.tensor(tail)
+    pos[r, :p] = torch.arange(shared, shared + p)
+    allowed[r, :p, shared : shared + p] = torch.ones(p, p, dtype=torch.bool).tril()
+    start, mine = p, []
+    for c in s.completions:
+        n = len(c)
+        ids[r, start : start + n] = torch.tensor(c)
+        pos[r, start : start + n] = torch.arange(shared + p, shared + p + n)
+        allowed[r, start : start + n, shared : shared + p] = True
+        allowed[r, start : start + n, shared + start : shared + start + n] = torch.ones(
+            n, n, dtype=torch.bool
+        ).tril()
+        mine.append((r, [p - 1, *range(start, start + n - 1)]))
+        start += n
+    for q in range(start, ids.shape[1]):  # padding sees itself only
+        allowed[r, q, shared + q] = True
+    return mine
+
+
+def _per_completion(samples: Sequence[Sample], flat: Any) -> list[list[Any]]:
+    """Per-token values of the packed completions, per sample, per completion (or None)."""
+    out: list[list[Any]] = []
+    i = 0
+    for s in samples:
+        out.append([])
+        for c in s.completions:
+            out[-1].append(flat[i : i + len(c)] if flat is not None else None)
+            i += len(c)
+    return out
+
+
+def _all_reduce(params: list[Any], totals: Any) -> None:
+    """The ranks' gradients and statistics summed (a rank with no sample joins with zeros)."""
+    import torch
+    import torch.distributed as dist
+
+    for p in params:
+        if p.grad is None:  # a rank with no sample still joins every all-reduce
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)
+    dist.all_reduce(totals)
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]], minimum: int) -> int:

@@ -1,14 +1,21 @@
 """The training loop: request rollouts, wait for their episodes and traces, credit, step, announce.
 
-One step, top to bottom (``train``):
+``train`` is the loop; each phase is a method of ``Training``, in the order it runs:
 
-1. plan the step's matches (``rollouts.plan_step``), store the requests, then send them;
-2. wait until the store holds every episode and the traces of its trained seats;
-3. join them (``Store.join``; what is missing is dropped and counted, never guessed);
-4. credit every decision with its round's advantage (``advantages.assign_credit``);
-5. one LoRA step (``Learner.step``), save the adapter as the next version;
-6. log the step and mark its episodes used in ONE transaction, then announce
-   the checkpoint; every ``evaluation.every`` steps, play the baselines.
+* ``resume``: the learner, adapter and buffer the run directory holds (fresh: v0),
+  then ``rejoin``: announce what the agents play and wait for them;
+* ``roll_out``: plan the step's matches (``rollouts.plan_step``), store the
+  requests, then send them; wait until the store holds every episode and the
+  traces of its trained seats; join them (``Store.join``; what is missing is
+  dropped and counted, never guessed);
+* ``learn``: credit every decision with its round's advantage
+  (``advantages.assign_credit``, the algorithm's own credit from
+  ``algorithms.py``); one LoRA step (``Learner.step``); save the adapter as the
+  next version;
+* ``record``: log the step and mark its episodes used in ONE transaction, then
+  train_log.csv, the metrics and the tracker;
+* ``publish``: announce the checkpoint (and hand it to a league when due);
+* ``evaluate``: every ``evaluation.every`` steps, play the baselines.
 
 A run directory holds ``store.sqlite``, ``adapters/v{n}/``, ``optimizer/v{n}.pt``,
 ``train_log.csv`` and ``evaluations.jsonl``. ``resume=True`` continues after
@@ -127,7 +134,7 @@ def build_samples(
     run of a seed, so an interrupted and resumed run ends with the adapter of one
     that ran through (to the agents' scoring precision: tests/test_trainer.py).
     """
-    assert config.hp is not None and config.algorithm != "dpo"  # dpo: trainer.dpo, no rollouts
+    assert config.hp is not None and config.method.rollouts  # dpo: trainer.dpo, no rollouts
     hp = config.hp
     episodes = sorted(episodes, key=lambda ep: ep.record.match)
     credit = assign_credit(
@@ -327,7 +334,7 @@ def save_step(
     return adapter_ref(config, folder, version, base_url)
 
 
-async def train(  # noqa: C901, PLR0915 (the training loop read top to bottom: resume, roll out, learn, publish, evaluate)
+async def train(
     config: TrainConfig,
     run_dir: Path,
     bus_config: BusConfig,
@@ -335,132 +342,245 @@ async def train(  # noqa: C901, PLR0915 (the training loop read top to bottom: r
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     online_timeout_s: float = 120.0,
 ) -> TrainResult:
-    """Run ``config.steps`` steps (minus those already logged when resuming)."""
+    """Run ``config.steps`` steps (minus those already logged when resuming), phase by phase."""
     await asyncio.to_thread(run_dir.mkdir, parents=True, exist_ok=True)
-    store = Store(run_dir / "store.sqlite", int(config.trace_budget_mb * 1024**2))
-    tracking = open_tracking(None, run_dir, {})  # off until the run directory is taken
-    train_log = TrainLog(run_dir / "train_log.csv")
-    evaluations: list[dict[str, Any]] = []
-    players = list(config.players) + [b.id for b in config.evaluation.baselines]
-    server: AdapterServer | None = None
+    t = Training(config, run_dir, online_timeout_s, on_step)
     try:
+        run = await t.resume(resume)  # the learner and adapter the directory holds (or v0)
+        async with TrainerBus(
+            bus_config, t.store, config.game, live_policies(run.pool), watch=t.players
+        ) as tb:
+            await t.rejoin(tb)  # announce the adapters, wait for the agents, catch up
+            for step in range(run.first_step, config.steps):
+                batch = await t.roll_out(tb, step)  # plan, play, join episodes with traces
+                update = await t.learn(step, batch)  # credit A_t, one LoRA step, v{step + 1}
+                row = await t.record(step, batch, update)  # the store first, then the logs
+                await t.publish(tb, step, update.ref)  # the agents play the new version
+                t.tell(step, row)
+                if evaluation_due(config, step):
+                    await t.evaluate(tb, step)
+        return TrainResult(run_dir, len(t.store.steps()), run.current.version, t.evaluations)
+    finally:
+        await t.close(sys.exc_info()[1])
+
+
+@dataclass
+class Rollouts:
+    """A step's matches as played, and joined with their traces: what the update learns from."""
+
+    played: Played
+    joined: list[Joined]
+    dropped: dict[str, int]  # what the join left out, by reason
+    seconds: float
+
+
+@dataclass
+class Update:
+    """What one optimiser step made: the next adapter version, its statistics, and each
+    decision's adapter version (the lag of the data behind the learner)."""
+
+    ref: AdapterRef
+    stats: StepStats
+    versions: list[int]
+
+
+class Training:
+    """One run directory in training: its store, logs, tracker and adapter server, and the
+    phases of a step, which ``train`` calls in order."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        run_dir: Path,
+        online_timeout_s: float,
+        on_step: Callable[[int, dict[str, Any]], None] | None,
+    ) -> None:
+        self.config, self.run_dir = config, run_dir
+        self.online_timeout_s, self.on_step = online_timeout_s, on_step
+        self.store = Store(run_dir / "store.sqlite", int(config.trace_budget_mb * 1024**2))
+        self.tracking = open_tracking(None, run_dir, {})  # off until the run directory is taken
+        self.train_log = TrainLog(run_dir / "train_log.csv")
+        self.evaluations: list[dict[str, Any]] = []
+        self.players = list(config.players) + [b.id for b in config.evaluation.baselines]
+        self.server: AdapterServer | None = None
+        self._run: Run | None = None
+
+    @property
+    def run(self) -> Run:
+        assert self._run is not None, "resume() first"
+        return self._run
+
+    @property
+    def base_url(self) -> str | None:
+        return self.server.public_url if self.server else None
+
+    # --- resume: what the run directory holds, and the agents back on the bus -------------
+
+    async def resume(self, resume: bool) -> Run:
+        """The learner, adapter and buffer the directory holds (fresh: v0), the pool, the tracker."""
+        config = self.config
         if config.serve_adapters:
             host, port = config.serve_adapters.rsplit(":", 1)
-            server = AdapterServer(
-                run_dir / "adapters", host, int(port), config.adapter_url
+            self.server = AdapterServer(
+                self.run_dir / "adapters", host, int(port), config.adapter_url
             ).__enter__()
-        base_url = server.public_url if server else None
-        logged = [(step, version) for step, version, _ in store.steps()]
-        run = await asyncio.to_thread(open_run, config, run_dir, logged, resume, base_url)
+        logged = [(step, version) for step, version, _ in self.store.steps()]
+        run = await asyncio.to_thread(open_run, config, self.run_dir, logged, resume, self.base_url)
+        self._run = run
         try:
             run.pool = await asyncio.to_thread(resolve_pool, config)
         except (OpponentError, AdapterRejected) as exc:  # its files went since the config was read
             raise TrainError(str(exc)) from None
-        run.records = Records.from_store(store, run.first_step)
-        players += [o.agent for o in run.pool if o.agent is not None]
-        tracking = await _open_tracking(config, run_dir)
-        learner = run.learner
-        sync_parameters(learner)  # data-parallel ranks start from rank 0's adapter
-        async with TrainerBus(
-            bus_config, store, config.game, live_policies(run.pool), watch=players
-        ) as tb:
-            for old in run.buffer.refs:  # resumed: their location may be new (the server's port)
-                await tb.announce(old, current=False)
-            for frozen in (o.ref for o in run.pool if o.live is None and o.ref is not None):
-                await tb.announce(frozen, current=False)  # local agents load only what is announced
-            await _announce(tb, config, run.current)
-            if missing := await tb.wait_online(players, online_timeout_s):
-                raise TrainError(f"agents not online after {online_timeout_s:.0f}s: {missing}")
-            # a kill after the store logged a step may have cost its CSV row and evaluation
-            train_log.catch_up(store.steps())
-            await asyncio.to_thread(tracking.catch_up, run_dir)
-            last = run.first_step - 1
-            if last >= 0 and entrant_due(config, last):  # a kill may have come before its file
-                await asyncio.to_thread(send_entrant, config, run_dir, last, run.current)
-            if last >= 0 and evaluation_due(config, last) and last not in evaluated_steps(run_dir):
-                evaluations.append(
-                    await _evaluate_and_log(
-                        tb, store, config, last, run, run_dir, tracking, online_timeout_s
-                    )
-                )
-            for step in range(run.first_step, config.steps):
-                planned = planned_only(store.requests(step=step, kind="train")) or plan_step(
-                    config,
-                    step,
-                    run.current,
-                    run.buffer.refs,
-                    await _pool_now(tb, run, online_timeout_s),
-                    run.records if config.buffer.sample == "pfsp" else None,
-                )
-                t0 = time.perf_counter()
-                try:
-                    played = await play(
-                        tb, store, planned, config.episode_timeout_s, config.concurrency
-                    )
-                except BatchError as exc:
-                    raise TrainError(f"step {step}: {exc}") from None
-                rollout_s = time.perf_counter() - t0
-                joined, dropped = store.join(played.matches)
-                for reason, n in dropped.items():
-                    metrics.TRAIN_DROPPED.labels(reason=reason).inc(n)
-                if played.played < played.planned:
-                    log.warning("step %d: %s", step, played.summary())
-                samples, versions = build_samples(joined, config)
-                if not samples:
-                    raise TrainError(
-                        f"step {step}: no decision to learn from: {played.summary()} "
-                        f"({dropped}; missing episodes: {played.missing[:3]})"
-                    )
-                log.info("step %d: updating on %d decisions", step, len(samples))
-                try:
-                    stats = await asyncio.to_thread(lead_step, learner, samples)
-                except asyncio.CancelledError:
-                    # Ctrl-C: the thread cannot be cancelled, and asyncio waits for it
-                    # on the way out; it stops at its next micro-batch instead.
-                    learner.stop.set()
-                    raise
-                ref = await asyncio.to_thread(save_step, run, config, run_dir, step, base_url)
-                row = _row(config, step, ref.version, joined, stats, rollout_s, versions, dropped)
-                row |= _batch_columns(played)
-                # who went past its trace budget for this step, by name (the column and log line)
-                row["traces_over_budget"] = store.over_budget_text(step)
-                store.log_step(
-                    step,
-                    ref.version,
-                    {k: v for k, v in row.items() if isinstance(v, float | int)},
-                    [ep.record.match for ep in joined],
-                )
-                run.records.add_joined(joined)
-                _export(row, stats.tokens)
-                train_log.append(row)
-                await asyncio.to_thread(tracking.rows, [row])
-                for gone in run.buffer.offer(step, run.current):
-                    if gone.version != ref.version:
-                        await tb.retract(gone)  # no match will name it again
-                run.current = ref
-                await _announce(tb, config, ref)
-                if entrant_due(config, step):
-                    await asyncio.to_thread(send_entrant, config, run_dir, step, ref)
-                if on_step:
-                    on_step(step, row)
-                log.info(
-                    "step %d: %s",
-                    step,
-                    {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
-                )
-                if evaluation_due(config, step):
-                    evaluations.append(
-                        await _evaluate_and_log(
-                            tb, store, config, step, run, run_dir, tracking, online_timeout_s
-                        )
-                    )
-        return TrainResult(run_dir, len(store.steps()), run.current.version, evaluations)
-    finally:
+        run.records = Records.from_store(self.store, run.first_step)
+        self.players += [o.agent for o in run.pool if o.agent is not None]
+        self.tracking = await _open_tracking(config, self.run_dir)
+        sync_parameters(run.learner)  # data-parallel ranks start from rank 0's adapter
+        return run
+
+    async def rejoin(self, tb: TrainerBus) -> None:
+        """Announce what the agents play, wait for them, and redo what a kill after the last
+        logged step may have cost (its CSV row, tracker rows, league entrant, evaluation)."""
+        config, run = self.config, self.run
+        for old in run.buffer.refs:  # resumed: their location may be new (the server's port)
+            await tb.announce(old, current=False)
+        for frozen in (o.ref for o in run.pool if o.live is None and o.ref is not None):
+            await tb.announce(frozen, current=False)  # local agents load only what is announced
+        await _announce(tb, config, run.current)
+        if missing := await tb.wait_online(self.players, self.online_timeout_s):
+            raise TrainError(f"agents not online after {self.online_timeout_s:.0f}s: {missing}")
+        self.train_log.catch_up(self.store.steps())
+        await asyncio.to_thread(self.tracking.catch_up, self.run_dir)
+        last = run.first_step - 1
+        if last >= 0 and entrant_due(config, last):  # a kill may have come before its file
+            await asyncio.to_thread(send_entrant, config, self.run_dir, last, run.current)
+        if last >= 0 and evaluation_due(config, last) and last not in evaluated_steps(self.run_dir):
+            await self.evaluate(tb, last)
+
+    # --- one step -------------------------------------------------------------------------
+
+    async def roll_out(self, tb: TrainerBus, step: int) -> Rollouts:
+        """Plan the step's matches (or take those a stopped run already asked for), play them,
+        and join each episode with its trained seats' traces (what is missing is counted)."""
+        config, run = self.config, self.run
+        planned = planned_only(self.store.requests(step=step, kind="train")) or plan_step(
+            config,
+            step,
+            run.current,
+            run.buffer.refs,
+            await self._pool_now(tb),
+            run.records if config.buffer.sample == "pfsp" else None,
+        )
+        t0 = time.perf_counter()
+        try:
+            played = await play(
+                tb, self.store, planned, config.episode_timeout_s, config.concurrency
+            )
+        except BatchError as exc:
+            raise TrainError(f"step {step}: {exc}") from None
+        seconds = time.perf_counter() - t0
+        joined, dropped = self.store.join(played.matches)
+        for reason, n in dropped.items():
+            metrics.TRAIN_DROPPED.labels(reason=reason).inc(n)
+        if played.played < played.planned:
+            log.warning("step %d: %s", step, played.summary())
+        return Rollouts(played, joined, dropped, seconds)
+
+    async def learn(self, step: int, batch: Rollouts) -> Update:
+        """Credit every decision, one LoRA step on them, the adapter saved as the next version."""
+        # A_t = G_t - baseline (multi-agent GRPO), or equation 1's shaping of it (adalign)
+        samples, versions = build_samples(batch.joined, self.config)
+        if not samples:
+            raise TrainError(
+                f"step {step}: no decision to learn from: {batch.played.summary()} "
+                f"({batch.dropped}; missing episodes: {batch.played.missing[:3]})"
+            )
+        log.info("step %d: updating on %d decisions", step, len(samples))
+        learner = self.run.learner
+        try:  # loss = -sum min(pi/mu, cap) * A * log pi (+ KL, - entropy) / action tokens
+            stats = await asyncio.to_thread(lead_step, learner, samples)
+        except asyncio.CancelledError:
+            # Ctrl-C: the thread cannot be cancelled, and asyncio waits for it
+            # on the way out; it stops at its next micro-batch instead.
+            learner.stop.set()
+            raise
+        ref = await asyncio.to_thread(
+            save_step, self.run, self.config, self.run_dir, step, self.base_url
+        )
+        return Update(ref, stats, versions)
+
+    async def record(self, step: int, batch: Rollouts, update: Update) -> dict[str, Any]:
+        """The step in the store (logged with its episodes marked used, one transaction), then
+        its row in train_log.csv, the metrics and the tracker; the row."""
+        row = _row(self.config.game, step, batch, update) | _batch_columns(batch.played)
+        # who went past its trace budget for this step, by name (the column and log line)
+        row["traces_over_budget"] = self.store.over_budget_text(step)
+        self.store.log_step(
+            step,
+            update.ref.version,
+            {k: v for k, v in row.items() if isinstance(v, float | int)},
+            [ep.record.match for ep in batch.joined],
+        )
+        self.run.records.add_joined(batch.joined)
+        _export(row, update.stats.tokens)
+        self.train_log.append(row)
+        await asyncio.to_thread(self.tracking.rows, [row])
+        return row
+
+    async def publish(self, tb: TrainerBus, step: int, ref: AdapterRef) -> None:
+        """The new checkpoint: the buffer keeps the adapter this step played, the agents are
+        told the new one, and every ``league.every`` steps it goes to the league."""
+        run = self.run
+        for gone in run.buffer.offer(step, run.current):
+            if gone.version != ref.version:
+                await tb.retract(gone)  # no match will name it again
+        run.current = ref
+        await _announce(tb, self.config, ref)
+        if entrant_due(self.config, step):
+            await asyncio.to_thread(send_entrant, self.config, self.run_dir, step, ref)
+
+    def tell(self, step: int, row: dict[str, Any]) -> None:
+        """The step's line: the caller's hook (the progress line) and the log."""
+        if self.on_step:
+            self.on_step(step, row)
+        log.info(
+            "step %d: %s",
+            step,
+            {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
+        )
+
+    async def evaluate(self, tb: TrainerBus, step: int) -> None:
+        """The current adapter against the baselines (and the pool), in evaluations.jsonl."""
+        # The co-trained policies' first checkpoints are waited for as long as agents are.
+        pool = await self._pool_now(tb)
+        try:
+            result = await evaluate_and_log(
+                tb, self.store, self.config, step, self.run.current, pool, self.run_dir
+            )
+        except BatchError as exc:
+            raise TrainError(f"evaluation after step {step}: {exc}") from None
+        await asyncio.to_thread(self.tracking.evaluations, [result])
+        self.evaluations.append(result)
+
+    async def _pool_now(self, tb: TrainerBus) -> list[Opponent]:
+        """The pool with the co-trained policies' current adapters (waiting for their first)."""
+        pool = self.run.pool
+        live = live_policies(pool)
+        if not live:
+            return pool
+        try:
+            return with_current(pool, await tb.current_of(live, self.online_timeout_s))
+        except TimeoutError as exc:
+            raise TrainError(
+                f"opponents: {exc}; is the other trainer running on this bus?"
+            ) from None
+
+    async def close(self, error: BaseException | None) -> None:
+        """Whatever ended the run: the ranks, the store, the tracker (told how), the server."""
         finish()  # data-parallel ranks stop with the leader
-        store.close()
-        await asyncio.to_thread(tracking.close, sys.exc_info()[1])
-        if server is not None:
-            server.__exit__(None, None, None)
+        self.store.close()
+        await asyncio.to_thread(self.tracking.close, error)
+        if self.server is not None:
+            self.server.__exit__(None, None, None)
 
 
 async def _open_tracking(config: TrainConfig, run_dir: Path) -> Tracking:
@@ -479,37 +599,6 @@ async def _open_tracking(config: TrainConfig, run_dir: Path) -> Tracking:
         raise TrainError(str(exc)) from None
 
 
-async def _evaluate_and_log(
-    tb: TrainerBus,
-    store: Store,
-    config: TrainConfig,
-    step: int,
-    run: Run,
-    run_dir: Path,
-    tracking: Tracking,
-    online_timeout_s: float,
-) -> dict[str, Any]:
-    # The co-trained policies' first checkpoints are waited for as long as agents are.
-    pool = await _pool_now(tb, run, online_timeout_s)
-    try:
-        result = await evaluate_and_log(tb, store, config, step, run.current, pool, run_dir)
-    except BatchError as exc:
-        raise TrainError(f"evaluation after step {step}: {exc}") from None
-    await asyncio.to_thread(tracking.evaluations, [result])
-    return result
-
-
-async def _pool_now(tb: TrainerBus, run: Run, timeout_s: float) -> list[Opponent]:
-    """The pool with the co-trained policies' current adapters (waiting for their first)."""
-    live = live_policies(run.pool)
-    if not live:
-        return run.pool
-    try:
-        return with_current(run.pool, await tb.current_of(live, timeout_s))
-    except TimeoutError as exc:
-        raise TrainError(f"opponents: {exc}; is the other trainer running on this bus?") from None
-
-
 async def _announce(tb: TrainerBus, config: TrainConfig, ref: AdapterRef) -> None:
     """The retained checkpoint for ``local`` agents; a runtime-LoRA load on each configured server."""
     await tb.announce(ref)
@@ -517,22 +606,14 @@ async def _announce(tb: TrainerBus, config: TrainConfig, ref: AdapterRef) -> Non
         await announce_to_servers(config.lora_servers, ref)
 
 
-def _row(
-    config: TrainConfig,
-    step: int,
-    version: str,
-    joined: Sequence[Joined],
-    stats: StepStats,
-    rollout_s: float,
-    versions: Sequence[int],
-    dropped: dict[str, int],
-) -> dict[str, Any]:
+def _row(game: str, step: int, batch: Rollouts, update: Update) -> dict[str, Any]:
     """One line of train_log.csv (and the Prometheus gauges)."""
+    joined, stats, versions = batch.joined, update.stats, update.versions
     returns = np.array([ep.record.returns for ep in joined], dtype=float)
-    coop = cooperation_rate(config.game, joined)
+    coop = cooperation_rate(game, joined)
     return {
         "step": step,
-        "version": version,
+        "version": update.ref.version,
         "matches": len(joined),
         "decisions": len(versions),
         "loss": stats.loss,
@@ -541,12 +622,12 @@ def _row(
         "tis_clamped": stats.tis_clamped,
         "grad_norm": stats.grad_norm,
         "step_seconds": stats.seconds,
-        "rollout_seconds": rollout_s,
+        "rollout_seconds": batch.seconds,
         "tokens_per_second": stats.tokens / stats.seconds if stats.seconds else 0.0,
         "version_lag": (step - float(np.mean(versions))) if versions else 0.0,
         "cooperation_rate": coop if coop is not None else float("nan"),
         **{f"reward_seat{s}": float(returns[:, s].mean()) for s in range(returns.shape[1])},
-        "dropped": sum(dropped.values()),
+        "dropped": sum(batch.dropped.values()),
     }
 
 

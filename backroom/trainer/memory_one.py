@@ -49,11 +49,10 @@ from backroom.agents.scripted.ipd import MEMORY_ONE_STATES
 from backroom.trainer.advantages import (
     Baseline,
     Trajectory,
-    advantage_alignment,
     discounted_returns,
     loo_advantages,
-    sum_of_rewards,
 )
+from backroom.trainer.algorithms import credited
 from backroom.trainer.tracking import open_tracking
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ BASELINES = {
 class Settings:
     """The paper's IPD column (section 11) where it applies; lr is for five raw logits."""
 
-    algorithm: str = "adalign"  # or "grpo", "grpo_sum"
+    algorithm: str = "adalign"  # or "grpo", "grpo_sum": an entry of algorithms.ALGORITHMS
     rounds: int = 10
     batch: int = 8  # matches per step
     steps: int = 150
@@ -108,10 +107,7 @@ class Settings:
     def __post_init__(self) -> None:
         # Checked here, not in ``train``: every learner built from Settings (also
         # memory_one_exploit's) would otherwise train plain GRPO on a typo.
-        if self.algorithm not in ("grpo", "grpo_sum", "adalign"):
-            raise ValueError(
-                f"algorithm must be 'grpo', 'grpo_sum' or 'adalign', got {self.algorithm!r}"
-            )
+        credited(self.algorithm)
 
 
 @dataclass
@@ -172,19 +168,18 @@ def credit(rewards: np.ndarray, s: Settings, trained: np.ndarray | None = None) 
     seat is played, not trained, and kept out of the trained seats' baselines.
     """
     n, seats, rounds = rewards.shape
-    if s.algorithm == "grpo_sum":  # every seat is paid both players' rewards
-        rewards = np.stack([sum_of_rewards(r) for r in rewards])
+    method = credited(s.algorithm)
+    assert method.credit is not None
+    rewards = np.stack([method.pay(r) for r in rewards])  # grpo_sum: both players' rewards
     per_seat = rewards.reshape(-1, rounds).tolist()
     g = np.stack([discounted_returns(r, s.discount, s.reward_norm) for r in per_seat])
     mask = np.ones((n, seats), dtype=bool) if trained is None else trained
     # k = 1: every match its own CRN group, so the baseline runs over the other matches
     who = [Trajectory(i, i, j, bool(mask[i, j])) for i in range(n) for j in range(seats)]
     adv = loo_advantages(g, who, s.baseline).reshape(n, seats, rounds)
-    if s.algorithm != "adalign":
-        return adv
     return np.stack(
         [
-            [advantage_alignment(adv[i, j], adv[i, 1 - j], s.beta, s.aa_gamma) for j in (0, 1)]
+            [method.credit(adv[i, j], adv[i, 1 - j], s.beta, s.aa_gamma) for j in (0, 1)]
             for i in range(n)
         ]
     )

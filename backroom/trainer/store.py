@@ -47,7 +47,7 @@ from types import TracebackType
 from typing import Any
 
 from backroom import wal
-from backroom.bus.wire import EpisodeRecord, MatchSpec, Trace
+from backroom.bus.wire import ActionRecord, EpisodeRecord, MatchSpec, Trace
 
 #: What ``add_traces`` returns for each trace it stored (the other keys are reasons it refused).
 STORED = "stored"
@@ -109,6 +109,10 @@ CREATE TABLE IF NOT EXISTS counters (
     n    INTEGER NOT NULL
 );
 """
+
+
+#: A stored match's traces by (turn, seat): the agent that sent each (its topic's), and it.
+Traced = dict[tuple[int, int], tuple[str, Trace]]
 
 
 @dataclass(frozen=True)
@@ -488,66 +492,37 @@ class Store:
         there: the trace's topic proves who sent it, the episode proves who
         played. Nothing is guessed: no trace, no decision. A match in which a
         seat refused its adapter (``adapter_refused``), or that was voided, is
-        dropped whole. Returns the
-        episodes in the order of ``matches`` and this call's counts (which
-        are also added to the persistent counters).
+        dropped whole. Returns the episodes in the order of ``matches`` and
+        this call's counts (which are also added to the persistent counters).
         """
-        seen: set[str] = set()
-        for match in matches:
-            if match in seen:
-                raise ValueError(f"match {match} is listed twice: it would be trained on twice")
-            seen.add(match)
-        counts: dict[str, int] = {}
-
-        def drop(reason: str) -> None:
-            counts[reason] = counts.get(reason, 0) + 1
-
+        if twice := [match for match, n in Counter(matches).items() if n > 1]:
+            raise ValueError(f"match {twice[0]} is listed twice: it would be trained on twice")
+        counts: Counter[str] = Counter()
         joined: list[Joined] = []
         with self._tx():  # one snapshot for the reads, and the counters written with them
             for match in matches:
                 loaded = self._load(match)
                 if loaded is None:
-                    drop("episode_missing")
+                    counts["episode_missing"] += 1
                     continue
                 request, record, traces = loaded
-                if record.reason == "voided":
-                    # stopped unplayed (its referee shut down: with several trainers on one
-                    # bus, a finished run's referee voids the others' matches in its hands)
-                    drop("episode_voided")
-                    continue
-                if any(a.fallback == "adapter_refused" for a in record.actions):
-                    # a seat played no policy (its named adapter was never announced):
-                    # the other seats' returns say nothing about the versions they faced
-                    drop("adapter_refused")
+                if whole := _dropped_whole(record):
+                    counts[whole] += 1
                     continue
                 decisions: list[Decision] = []
-                for a in record.actions:
-                    if a.seat not in request.trainable:
-                        continue
-                    if a.timed_out:
-                        drop("decision_timed_out")
-                        continue
-                    found = traces.get((a.turn, a.seat))
-                    if found is None:
-                        drop("decision_missing_trace")
-                        continue
-                    agent, trace = found
-                    if not 0 <= a.seat < len(record.seats) or agent != record.seats[a.seat]:
-                        drop("trace_not_seated")
-                        continue
-                    if trace.phase != a.phase:
-                        drop("trace_phase_mismatch")
-                        continue
-                    decisions.append(Decision(match, a.seat, a.turn, a.round, a.phase, trace))
+                for a in (a for a in record.actions if a.seat in request.trainable):
+                    found = _decision(match, a, record, traces)
+                    if isinstance(found, str):
+                        counts[found] += 1
+                    else:
+                        decisions.append(found)
                 decisions.sort(key=lambda d: (d.turn, d.seat))
                 joined.append(Joined(request, record, decisions))
             for reason, n in counts.items():
                 self._count(reason, n)
-        return joined, counts
+        return joined, dict(counts)
 
-    def _load(
-        self, match: str
-    ) -> tuple[Request, EpisodeRecord, dict[tuple[int, int], tuple[str, Trace]]] | None:
+    def _load(self, match: str) -> tuple[Request, EpisodeRecord, Traced] | None:
         row = self._db.execute(
             "SELECT r.match, r.step, r.crn_group, r.kind, r.spec, r.trainable, r.label, e.record"
             " FROM episodes e JOIN requests r ON r.match = e.match WHERE e.match = ?",
@@ -693,3 +668,31 @@ def _request(row: Sequence[Any]) -> Request:
         trainable=tuple(json.loads(trainable)),
         label=label,
     )
+
+
+def _dropped_whole(record: EpisodeRecord) -> str | None:
+    """Why a match is dropped whole (``Store.join``), or None."""
+    if record.reason == "voided":  # stopped unplayed (its referee shut down: with several
+        # trainers on one bus, a finished run's referee voids the others' matches in its hands)
+        return "episode_voided"
+    if any(a.fallback == "adapter_refused" for a in record.actions):  # a seat played no policy
+        # (its adapter was never announced): the others' returns say nothing of what they faced
+        return "adapter_refused"
+    return None
+
+
+def _decision(
+    match: str, action: ActionRecord, record: EpisodeRecord, traces: Traced
+) -> Decision | str:
+    """A trained seat's action with the trace of the agent seated there, or why it has none."""
+    if action.timed_out:
+        return "decision_timed_out"
+    found = traces.get((action.turn, action.seat))
+    if found is None:
+        return "decision_missing_trace"
+    agent, trace = found
+    if not 0 <= action.seat < len(record.seats) or agent != record.seats[action.seat]:
+        return "trace_not_seated"
+    if trace.phase != action.phase:
+        return "trace_phase_mismatch"
+    return Decision(match, action.seat, action.turn, action.round, action.phase, trace)
