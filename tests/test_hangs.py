@@ -219,9 +219,9 @@ async def test_only_the_asker_gets_a_finished_match_published_again(
         (done,) = await asyncio.wait_for(run_matches(_config("asked", 1, 1), runner, SEATED), 60)
         request = MatchRequest(match=done.match, spec=done.spec, reply_to="runner", again=True)
         before = republished()
-        ref._request(request.model_copy(update={"reply_to": "mallet"}))  # someone else
-        ref._request(request.model_copy(update={"again": False}))  # a plain redelivery
+        ref.requests.take(request.model_copy(update={"reply_to": "mallet"}))  # someone else
+        ref.requests.take(request.model_copy(update={"again": False}))  # a plain redelivery
         assert republished() == before
-        ref._request(request)  # the asker's own again: once, then not within the window
-        ref._request(request)
+        ref.requests.take(request)  # the asker's own again: once, then not within the window
+        ref.requests.take(request)
         assert republished() == before + 1

@@ -460,6 +460,10 @@ class Match:
             seats = [msg.seat]
         if isinstance(msg, Chat) and msg.turn is None:
             return self.free_chat(agent, seats[0], msg)
+        return self.answer_turn(agent, seats, msg)
+
+    def answer_turn(self, agent: str, seats: list[int], msg: Action | Chat) -> None:
+        """``msg`` as the answer to the open turn of the first of ``seats`` that has one."""
         waiting = [s for s in seats if s in self.pending]
         if not waiting:
             return self.reject(agent, msg, "not_your_turn", "no turn of yours is open")
