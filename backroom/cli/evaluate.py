@@ -48,7 +48,7 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
     max_nodes: Annotated[
         int, typer.Option("--max-nodes", min=1, help="refuse games with more histories")
-    ] = 200_000,
+    ] = 200_000,  # league.policies.MAX_NODES: the bound a league asks models within too
 ) -> None:
     """Exact exploitability (and, for two-seat games, the exact meta-game) without playing."""
     import asyncio

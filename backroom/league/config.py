@@ -31,13 +31,12 @@ from backroom.runner.config import (
     AgentEntry,
     ModelChoice,
     RunChannel,
-    _field_errors,
-    _message,
     always_refusal,
     build_game,
     read_yaml,
     validate,
 )
+from backroom.runner.config_errors import error_message, field_errors
 from backroom.tracking import TrackingSpec
 
 #: Seat orders are every permutation of a pairing up to this many; past it, the rotations.
@@ -86,18 +85,7 @@ class Entrant(AgentEntry):
         """The adapter versions of ``from_run`` this entrant stands for, oldest first."""
         assert self.from_run is not None
         folder = Path(self.from_run) / "adapters"
-        if not folder.is_dir():
-            raise ValueError(
-                f"{folder} is no directory: `from_run` names a `backroom train` run; "
-                f"train it first (backroom train CONFIG --run-dir {self.from_run}; the "
-                "league config's header names the CONFIG)"
-            )
-        found = sorted(
-            (p.name for p in folder.iterdir() if p.is_dir() and re.fullmatch(r"v\d+", p.name)),
-            key=lambda v: int(v[1:]),
-        )
-        if not found:
-            raise ValueError(f"{folder} holds no adapter version (v0, v1, ...)")
+        found = _adapter_versions(folder, self.from_run)
         if isinstance(self.versions, list):
             missing = [v for v in self.versions if v not in found]
             if missing:
@@ -127,6 +115,24 @@ class Entrant(AgentEntry):
             )
             for v in self.run_versions()
         ]
+
+
+def _adapter_versions(folder: Path, run: str) -> list[str]:
+    """The adapter versions (``v0``, ``v1``, ...) in a training run's ``adapters`` folder,
+    oldest first; none, or no folder, is an error that says how to get them."""
+    if not folder.is_dir():
+        raise ValueError(
+            f"{folder} is no directory: `from_run` names a `backroom train` run; "
+            f"train it first (backroom train CONFIG --run-dir {run}; the "
+            "league config's header names the CONFIG)"
+        )
+    found = sorted(
+        (p.name for p in folder.iterdir() if p.is_dir() and re.fullmatch(r"v\d+", p.name)),
+        key=lambda v: int(v[1:]),
+    )
+    if not found:
+        raise ValueError(f"{folder} holds no adapter version (v0, v1, ...)")
+    return found
 
 
 class LeagueGame(BaseModel):
@@ -197,6 +203,12 @@ class LeagueConfig(BaseModel):
     on_timeout: Literal["default", "random", "forfeit"] = "default"
     agent_processes: Literal["separate", "single"] = "separate"
     model: ModelChoice = Field(default_factory=ModelChoice)
+    exact_models: bool = Field(
+        default=True,
+        description="at the league's end, load each `local` model entrant once in the league's "
+        "process and ask its policy at every information state of a game small enough to "
+        "traverse: an exact exploitability (false: the empirical one, no model loaded)",
+    )
     trainers: list[str] = Field(
         default_factory=list,
         description="training run directories whose checkpoints entrants.d may name (their "
@@ -219,8 +231,8 @@ class LeagueConfig(BaseModel):
         try:
             choice = ModelChoice.model_validate(data.get("model") or {})
         except ValidationError as exc:
-            raise _field_errors(
-                [(("model", *e["loc"]), _message(e)) for e in exc.errors()]
+            raise field_errors(
+                [(("model", *e["loc"]), error_message(e)) for e in exc.errors()]
             ) from None
         entrants = [
             choice.resolve(a) if isinstance(a, dict) and a.get("kind") == MODEL else a
@@ -245,14 +257,14 @@ class LeagueConfig(BaseModel):
         for g, game in enumerate(self.games):
             errors += self._check_game(g, game)
         if errors:
-            raise _field_errors(errors)
+            raise field_errors(errors)
         return self
 
     def _check_game(self, g: int, game: LeagueGame) -> list[tuple[tuple[str | int, ...], str]]:
         try:
             engine = build_game(game.game, game.params)
         except ValidationError as exc:
-            return [(("games", g, "params", *e["loc"]), _message(e)) for e in exc.errors()]
+            return [(("games", g, "params", *e["loc"]), error_message(e)) for e in exc.errors()]
         players = engine.num_players
         group = game.group or players
         errors: list[tuple[tuple[str | int, ...], str]] = []
@@ -269,16 +281,14 @@ class LeagueConfig(BaseModel):
             errors.append(
                 (("games", g), f"a match seats {group} entrants, and {len(playing)} play it")
             )
-        for c, channel in enumerate(game.channels):
-            for field in ("members", "eavesdroppers"):
-                bad = [m for m in getattr(channel, field) if m not in playing]
-                if bad:
-                    errors.append(
-                        (
-                            ("games", g, "channels", c, field),
-                            f"{bad}: name agents that play {game.key} (by id; seats rotate)",
-                        )
-                    )
+        errors += _channel_errors(g, game, playing)
+        return errors + self._always_errors(g, game, engine)
+
+    def _always_errors(
+        self, g: int, game: LeagueGame, engine: Any
+    ) -> list[tuple[tuple[str | int, ...], str]]:
+        """An ``always`` entrant's action that ``game`` does not have."""
+        errors: list[tuple[tuple[str | int, ...], str]] = []
         for i, e in enumerate(self.entrants):
             if game.entrants is not None and e.id not in game.entrants:
                 continue
@@ -306,6 +316,24 @@ class LeagueConfig(BaseModel):
 
     def external(self) -> list[str]:
         return [a.id for a in self.agents() if a.kind == EXTERNAL]
+
+
+def _channel_errors(
+    g: int, game: LeagueGame, playing: list[str]
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """A channel's members and eavesdroppers are agents that play ``game`` (seats rotate)."""
+    errors: list[tuple[tuple[str | int, ...], str]] = []
+    for c, channel in enumerate(game.channels):
+        for field in ("members", "eavesdroppers"):
+            bad = [m for m in getattr(channel, field) if m not in playing]
+            if bad:
+                errors.append(
+                    (
+                        ("games", g, "channels", c, field),
+                        f"{bad}: name agents that play {game.key} (by id; seats rotate)",
+                    )
+                )
+    return errors
 
 
 def parse_league(data: Any, source: str = "league config") -> LeagueConfig:

@@ -93,6 +93,7 @@ def coalition_gains(
     coalitions: Sequence[tuple[str, Sequence[str]]],
     seed: object,
     bootstrap: int = BOOTSTRAP,
+    values: TeamValues | None = None,
 ) -> list[dict[str, Any]]:
     """Each coalition's gain over the team game's value, in the matches that seat all of it.
 
@@ -104,48 +105,78 @@ def coalition_gains(
     is the mean over CRN groups of the matches' (return − value); positive: the coalition
     took more than its guaranteed value from the opponents it met (who did not best-respond).
     Only games whose team game has one opponent have that value; others are left out.
+    ``values``: the team games already solved (the league shares them with its exact
+    coalition entries, ``coalition.py``); ``seatings`` counts the matches at each seat set.
     """
     from backroom.games import make_game
-    from backroom.solvers.team import solve_team
 
-    game = make_game(game_name, **params)
-    values: dict[tuple[int, ...], float] = {}
+    values = values or TeamValues(make_game(game_name, **params))
     records = list(records)
     rows = []
     for name, members in coalitions:
-        per_group: dict[str, list[float]] = defaultdict(list)
-        for r in records:
-            seats = tuple(i for i, a in enumerate(r.seats) if a in members)
-            if {r.seats[i] for i in seats} != set(members) or len(seats) != len(members):
-                continue  # not every member seated, or one holds several seats
-            if seats not in values:
-                values[seats] = solve_team(game, seats, TEAM_ITERATIONS).guaranteed_value()
-            if math.isnan(values[seats]):
-                continue
-            gain = sum(r.raw_returns[i] for i in seats) - values[seats]
-            per_group[r.crn_group or r.match].append(gain)
+        per_group, seatings = _coalition_groups(records, members, values)
         if not per_group:
             continue
         samples = np.array([sum(v) / len(v) for v in per_group.values()])
         draws = [
             samples[rng_idx].mean() for rng_idx in _indices(len(samples), bootstrap, (seed, name))
         ]
+        ci = [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
         rows.append(
             {
                 "coalition": name,
                 "members": list(members),
                 "gain": float(samples.mean()),
-                "ci": [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
-                if draws
-                else None,
+                "ci": ci if draws else None,
                 "groups": len(samples),
                 "matches": sum(len(v) for v in per_group.values()),
-                "team_values": {
-                    ",".join(map(str, k)): v for k, v in sorted(values.items()) if not math.isnan(v)
-                },
+                "team_values": values.known(),
+                "seatings": seatings,
             }
         )
     return rows
+
+
+class TeamValues:
+    """The team game's guaranteed value by the coalition's seats, each solved once."""
+
+    def __init__(self, game: Any) -> None:
+        self.game = game
+        self.values: dict[tuple[int, ...], float] = {}
+
+    def __call__(self, seats: tuple[int, ...]) -> float:
+        from backroom.solvers.team import solve_team
+
+        if seats not in self.values:
+            solved = solve_team(self.game, seats, TEAM_ITERATIONS)
+            self.values[seats] = solved.guaranteed_value()
+        return self.values[seats]
+
+    def known(self) -> dict[str, float]:
+        """The values solved so far, by seats ("0,2"): NaN (no single opponent) left out."""
+        return {
+            ",".join(map(str, k)): v for k, v in sorted(self.values.items()) if not math.isnan(v)
+        }
+
+
+def _coalition_groups(
+    records: Sequence[EpisodeRecord], members: Sequence[str], values: TeamValues
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """The coalition's gains (return − team value), by CRN group, in the matches that seat
+    every member once; and how many of them sat at each seat set ("0,1")."""
+    per_group: dict[str, list[float]] = defaultdict(list)
+    seatings: dict[str, int] = defaultdict(int)
+    for r in records:
+        seats = tuple(i for i, a in enumerate(r.seats) if a in members)
+        if {r.seats[i] for i in seats} != set(members) or len(seats) != len(members):
+            continue  # not every member seated, or one holds several seats
+        value = values(seats)
+        if math.isnan(value):
+            continue
+        gain = sum(r.raw_returns[i] for i in seats) - value
+        per_group[r.crn_group or r.match].append(gain)
+        seatings[",".join(map(str, seats))] += 1
+    return per_group, dict(sorted(seatings.items()))
 
 
 def _indices(n: int, draws: int, seed: object) -> list[np.ndarray]:

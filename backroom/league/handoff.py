@@ -81,6 +81,26 @@ class HandedCheckpoint(BaseModel):
 
 def read_record(path: Path) -> HandedCheckpoint:
     """The checkpoint ``path`` names; ``Refused`` for anything that is not one."""
+    record = _read_mapping(path)
+    _check_format(path, record.get("format"))
+    if extra := sorted(shown(k, 40) for k in record if k not in HandedCheckpoint.model_fields):
+        raise Refused(
+            f"{path}: field(s) {', '.join(extra[:10])} refused: a handed-over file names only a "
+            f"checkpoint ({', '.join(HandedCheckpoint.model_fields)}), which the league seats "
+            "as its config's model: plays"
+        )
+    try:
+        return HandedCheckpoint.model_validate(record)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}" for e in exc.errors()
+        )
+        raise Refused(f"{path}: {problems}") from None
+
+
+def _read_mapping(path: Path) -> dict[object, object]:
+    """The YAML mapping in ``path``, read as a plain file of at most ``MAX_RECORD_BYTES``
+    (a symlink, a FIFO or a huge file is refused before it is read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:  # a symlink (ELOOP) among others: not a file a trainer wrote
@@ -97,28 +117,19 @@ def read_record(path: Path) -> HandedCheckpoint:
         raise Refused(f"{path}: not YAML; write it again with backroom train") from None
     if not isinstance(record, dict):
         raise Refused(f"{path}: not a mapping; write it again with backroom train")
-    version = record.get("format")
-    if version != HANDED_FORMAT:
-        if isinstance(version, int) and version > HANDED_FORMAT:
-            raise Refused(f"{path}: format {version} is newer than {HANDED_FORMAT}")
-        given = version if isinstance(version, int) else "missing or no number"
-        raise Refused(
-            f"{path}: format {given} is not {HANDED_FORMAT} (a checkpoint: name, policy, "
-            "version, adapter, sha256); write it again with this version's backroom train"
-        )
-    if extra := sorted(shown(k, 40) for k in record if k not in HandedCheckpoint.model_fields):
-        raise Refused(
-            f"{path}: field(s) {', '.join(extra[:10])} refused: a handed-over file names only a "
-            f"checkpoint ({', '.join(HandedCheckpoint.model_fields)}), which the league seats "
-            "as its config's model: plays"
-        )
-    try:
-        return HandedCheckpoint.model_validate(record)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}" for e in exc.errors()
-        )
-        raise Refused(f"{path}: {problems}") from None
+    return record
+
+
+def _check_format(path: Path, version: object) -> None:
+    if version == HANDED_FORMAT:
+        return
+    if isinstance(version, int) and version > HANDED_FORMAT:
+        raise Refused(f"{path}: format {version} is newer than {HANDED_FORMAT}")
+    given = version if isinstance(version, int) else "missing or no number"
+    raise Refused(
+        f"{path}: format {given} is not {HANDED_FORMAT} (a checkpoint: name, policy, "
+        "version, adapter, sha256); write it again with this version's backroom train"
+    )
 
 
 def allowed_roots(config: LeagueConfig, directory: Path) -> list[Path]:

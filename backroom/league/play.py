@@ -47,11 +47,10 @@ from backroom.league.store import FLUSH_S, LeagueStore, Result
 from backroom.league.tracking import LeagueTracking, Plots, open_league_tracking
 from backroom.play.batch import play
 from backroom.play.plan import MatchPlan, PlayOptions, Presence, Waits
-from backroom.runner.config import RunConfig
 from backroom.runner.local import already_online, connect_stack
 from backroom.runner.results import Faults, RunError
 from backroom.runner.sink import RunSink
-from backroom.runner.stack import Stack, start_processes
+from backroom.runner.stack import Stack, StackProcesses, start_processes
 from backroom.runs import bind_run_dir, new_run_dir
 from backroom.tracking import TrackingError, require_client
 
@@ -66,24 +65,14 @@ class LeagueError(RuntimeError):
     pass
 
 
-def stack_config(config: LeagueConfig) -> RunConfig:
-    """The processes a league starts, as the runner's ``Stack`` reads them from a run config
-    (its agents, referees and agent processes): none of its matches, which go out as plans.
-
-    Not validated again: a run config seats as many agents as its game has seats,
-    a league any number (the league's own config was validated).
-    """
-    game = config.games[0]
-    return RunConfig.model_construct(
-        run=config.league,
-        game=game.game,
-        params=game.params,
-        concurrency=config.concurrency,
-        turn_timeout_s=config.turn_timeout_s,
-        on_timeout=config.on_timeout,
-        agents=config.agents(),
-        agent_processes=config.agent_processes,
+def league_processes(config: LeagueConfig) -> StackProcesses:
+    """The processes a league starts (its agents, referees and agent processes): none of its
+    matches, which go out as plans."""
+    return StackProcesses(
+        name=config.league,
+        agents=tuple(config.agents()),
         referees=config.referees,
+        agent_processes=config.agent_processes,
     )
 
 
@@ -396,14 +385,14 @@ async def _session(
     stop: asyncio.Event | None,
 ) -> None:
     config = league.config
-    whole = stack_config(config)
+    processes = league_processes(config)
     run_dir = new_run_dir(league.directory / "runs", config.league)
     run_key = secrets.token_hex(16)
     bind_run_dir(run_dir, run_key)
     stack = Stack(run_dir)
     try:
         # The runner's: start or join the broker, name the processes, refuse to throw anyone off.
-        bus_config = await connect_stack(stack, whole, broker_url, credentials_dir, spawn)
+        bus_config = await connect_stack(stack, processes, broker_url, credentials_dir, spawn)
         names = stack.names
         assert names is not None  # connect_stack names them
         agents = list(league.agents)
@@ -415,7 +404,7 @@ async def _session(
                 league.notice(notice)
             agents = [a for a in agents if a not in league.summary.skipped]
         if spawn:
-            waiting = start_processes(stack, whole, run_dir.parent.parent, metrics_port)
+            waiting = start_processes(stack, processes, run_dir.parent.parent, metrics_port)
         else:
             waiting = list(agents)
         waiting = [w for w in waiting if w not in league.summary.skipped]

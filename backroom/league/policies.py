@@ -26,7 +26,10 @@ to the agent, which answers with a probability for every legal action:
 
 The rest (``llm`` over an API without log-probs, people, ``kuhn-team`` whose
 play depends on its partner's messages) cannot be asked: ``policy_of`` says why
-and the league keeps their empirical number.
+and the league keeps their empirical number. (A ``kuhn-team`` *pair*'s joint
+policy can be, on the team game's tree: ``coalition.py``.) A league asks
+``local`` models at its end only where its config says so (``exact_models``):
+their processes have stopped, so each model is loaded once more, here.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ log = logging.getLogger("backroom.league")
 MAX_NODES = 200_000
 #: Kinds whose policy is a function of the turn alone, asked without a model.
 SCRIPTED = ("random", "always", "table", "cfr")
+#: Kinds whose policy a loaded model gives (``_local_policy``): asked at a league's end only
+#: where its config says so (``exact_models``), since each model is loaded there once more.
+MODELS = ("local",)
 
 PolicyFn = Callable[[Turn], Awaitable[list[float]]]
 
@@ -257,13 +263,20 @@ def exact_for(
 ) -> dict[str, Exact]:
     """Exact numbers for ``(id, kind, options)`` entrants, from synchronous code that may run
     inside an event loop (the league's): the agents are set up and asked on a loop of their
-    own, in a worker thread (a ``cfr`` agent without a file solves in its setup)."""
+    own, in a worker thread (a ``cfr`` agent without a file solves in its setup). A game past
+    ``MAX_NODES`` (``backroom eval``'s bound) asks no one: every number stays empirical."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
+    from backroom.solvers.tree import TreeTooLargeError
+
     if not entrants:
         return {}
-    states = info_states(game_name, params)
+    try:  # the bound `backroom eval` refuses a game past (MAX_NODES histories)
+        states = info_states(game_name, params)
+    except TreeTooLargeError as e:
+        log.warning("%s: too large to ask policies at every state (%s); empirical", game_name, e)
+        return {}
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, _ask_all(entrants, states)).result()
 

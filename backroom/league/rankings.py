@@ -96,6 +96,74 @@ def _interval(draws: list[np.ndarray], k: int) -> list[float | None]:
     return [float(np.percentile(col, 2.5)), float(np.percentile(col, 97.5))]
 
 
+def _no_metagame(cells: Cells, agents: Sequence[str]) -> MetaGame | str:
+    """The meta-game of ``agents``, or why there is none to rank by."""
+    if len(agents) < 2:
+        return "fewer than two agents have results"
+    if cells.most_entrants != 2:
+        return (
+            f"matches seat {cells.most_entrants} entrants: the head-to-head table "
+            "is no two-player meta-game"
+        )
+    game = metagame(cells, agents)
+    if isinstance(game, str):
+        return game
+    try:
+        import scipy  # noqa: F401
+    except ImportError:
+        return "Nash averaging needs scipy (the league extra)"
+    return game
+
+
+@dataclass
+class _Measures:
+    """Both measures of the meta-game and their bootstrap draws (α-Rank's: none without it)."""
+
+    nash: np.ndarray
+    mass: np.ndarray
+    alpha: np.ndarray | None
+    nash_draws: list[np.ndarray]
+    alpha_draws: list[np.ndarray]
+
+
+def _measures(game: MetaGame, seed: object, bootstrap: int, with_alpha: bool) -> _Measures:
+    from backroom.solvers.metagame import alpharank, nash_averaging
+
+    nash, mass = nash_averaging(game.mean)
+    out = _Measures(nash, mass, alpharank(game.mean) if with_alpha else None, [], [])
+    rng = np.random.default_rng(derive_seed("backroom", "league", "bootstrap", seed))
+    for _ in range(bootstrap):
+        m = game.resample(rng)
+        out.nash_draws.append(nash_averaging(m)[0])
+        if with_alpha:
+            out.alpha_draws.append(alpharank(m))
+    return out
+
+
+def _rows(
+    game: MetaGame, measures: _Measures, openskill_order: Sequence[str], ordered_by: str
+) -> list[dict[str, Any]]:
+    """One row per agent, in the headline order of ``ordered_by``."""
+    alpha = measures.alpha
+    rows: list[dict[str, Any]] = [
+        {
+            "agent": a,
+            "nash": float(measures.nash[k]),
+            "nash_ci": _interval(measures.nash_draws, k),
+            "nash_mass": float(measures.mass[k]),
+            "alpharank": None if alpha is None else float(alpha[k]),
+            "alpharank_ci": _interval(measures.alpha_draws, k),
+            "openskill_rank": (openskill_order.index(a) + 1 if a in openskill_order else None),
+        }
+        for k, a in enumerate(game.agents)
+    ]
+    if ordered_by == NASH:
+        rows.sort(key=lambda r: (-round(r["nash"], 9), -r["nash_mass"], r["agent"]))
+    else:
+        rows.sort(key=lambda r: (-round(r["alpharank"], 9), -round(r["nash"], 9), r["agent"]))
+    return rows
+
+
 def rankings(
     cells: Cells,
     agents: Sequence[str],
@@ -105,53 +173,17 @@ def rankings(
 ) -> dict[str, Any]:
     """The ``rankings`` entry of a game's standings: rows in the headline order, which measure
     orders them, and a line when openskill's order differs."""
-    from backroom.solvers.metagame import alpharank, alpharank_available, nash_averaging
+    from backroom.solvers.metagame import alpharank_available
 
     agents = [a for a in agents if any(a in pair for pair in cells.cells)]
-    if len(agents) < 2:
-        return {"ordered_by": None, "reason": "fewer than two agents have results"}
-    if cells.most_entrants != 2:
-        return {
-            "ordered_by": None,
-            "reason": f"matches seat {cells.most_entrants} entrants: the head-to-head table "
-            "is no two-player meta-game",
-        }
-    game = metagame(cells, agents)
+    game = _no_metagame(cells, agents)
     if isinstance(game, str):
         return {"ordered_by": None, "reason": game}
-    try:
-        import scipy  # noqa: F401
-    except ImportError:
-        return {"ordered_by": None, "reason": "Nash averaging needs scipy (the league extra)"}
     zero_sum = cells.constant_sum
     no_alpha = alpharank_available()
-    nash, mass = nash_averaging(game.mean)
-    alpha = alpharank(game.mean) if no_alpha is None else None
-    rng = np.random.default_rng(derive_seed("backroom", "league", "bootstrap", seed))
-    nash_draws, alpha_draws = [], []
-    for _ in range(bootstrap):
-        m = game.resample(rng)
-        nash_draws.append(nash_averaging(m)[0])
-        if no_alpha is None:
-            alpha_draws.append(alpharank(m))
-    rows: list[dict[str, Any]] = []
-    for k, a in enumerate(game.agents):
-        rows.append(
-            {
-                "agent": a,
-                "nash": float(nash[k]),
-                "nash_ci": _interval(nash_draws, k),
-                "nash_mass": float(mass[k]),
-                "alpharank": None if alpha is None else float(alpha[k]),
-                "alpharank_ci": _interval(alpha_draws, k),
-                "openskill_rank": (openskill_order.index(a) + 1 if a in openskill_order else None),
-            }
-        )
-    ordered_by = NASH if zero_sum or alpha is None else ALPHARANK
-    if ordered_by == NASH:
-        rows.sort(key=lambda r: (-round(r["nash"], 9), -r["nash_mass"], r["agent"]))
-    else:
-        rows.sort(key=lambda r: (-round(r["alpharank"], 9), -round(r["nash"], 9), r["agent"]))
+    measures = _measures(game, seed, bootstrap, with_alpha=no_alpha is None)
+    ordered_by = NASH if zero_sum or measures.alpha is None else ALPHARANK
+    rows = _rows(game, measures, openskill_order, ordered_by)
     out: dict[str, Any] = {
         "ordered_by": ordered_by,
         "zero_sum": zero_sum,

@@ -50,14 +50,17 @@ def exploitability_json(
     entrants: Sequence[tuple[str, str, dict[str, Any]]] = (),
     seed: object = 0,
     policies: dict[str, Any] | None = None,
+    models: bool = False,
 ) -> list[dict[str, Any]]:
-    """Exact for the entrants whose policy the league asks (``policies.SCRIPTED`` kinds),
-    empirical with coverage and a bootstrap interval for the rest. ``policies``, if given, is
-    filled with each entrant's policy: asked, else its empirical counts."""
+    """Exact for the entrants whose policy the league asks (``policies.SCRIPTED`` kinds, and
+    with ``models`` the ``local`` ones: each model loaded once, here), empirical with coverage
+    and a bootstrap interval for the rest. ``policies``, if given, is filled with each
+    entrant's policy: asked, else its empirical counts."""
     from backroom.league.exploit import BOOTSTRAP as DRAWS
-    from backroom.league.policies import SCRIPTED, exact_for
+    from backroom.league.policies import MODELS, SCRIPTED, exact_for
 
-    asked = exact_for([e for e in entrants if e[1] in SCRIPTED], engine, params)
+    kinds = (*SCRIPTED, *MODELS) if models else SCRIPTED
+    asked = exact_for([e for e in entrants if e[1] in kinds], engine, params)
     exact = {a: (e.value, e.openspiel) for a, e in asked.items()}
     played: dict[str, Any] = {}
     rows = league_exploitability(
@@ -140,23 +143,59 @@ class Standings:
                 [r.agent for r in table],
             )
         if exploit and solvable(g.game, g.params) and results:
-            kinds = {a.id: (a.id, a.kind, a.options) for a in self.config.agents()}
-            playing = [kinds[a] for a in self.config.game_agents(g) if a in kinds]
-            policies: dict[str, Any] = {}
-            out["exploitability"] = exploitability_json(
-                self.store, key, g.game, g.params, playing, self.config.seed, policies
-            )
-            cells = self.cells[key]
-            if cells.most_entrants == 2 and cells.constant_sum:
-                out["grounded"] = self.grounded(key, policies)
-            teams = [(c.name, [str(m) for m in c.members]) for c in g.channels]
-            if any(len(m) > 1 for _, m in teams):
-                from backroom.league.grounded import coalition_gains
-
-                out["coalitions"] = coalition_gains(
-                    g.game, g.params, self.store.records(key), teams, (self.config.seed, key)
-                )
+            out.update(self.solved(key))
         return out
+
+    def solved(self, key: str) -> dict[str, Any]:
+        """What a solvable game adds at the league's end: exploitability, the gains over the
+        equilibrium (two-seat zero-sum) and the coalitions' gains over their team value."""
+        g = self.games[key]
+        kinds = {a.id: (a.id, a.kind, a.options) for a in self.config.agents()}
+        playing = [kinds[a] for a in self.config.game_agents(g) if a in kinds]
+        policies: dict[str, Any] = {}
+        out: dict[str, Any] = {
+            "exploitability": exploitability_json(
+                self.store,
+                key,
+                g.game,
+                g.params,
+                playing,
+                self.config.seed,
+                policies,
+                models=self.config.exact_models,
+            )
+        }
+        cells = self.cells[key]
+        if cells.most_entrants == 2 and cells.constant_sum:
+            out["grounded"] = self.grounded(key, policies)
+        if any(len(c.members) > 1 for c in g.channels):
+            out["coalitions"] = self.coalitions(key)
+        return out
+
+    def coalitions(self, key: str) -> list[dict[str, Any]]:
+        """Each channel's coalition: its gain over the team value (``grounded.py``) and, where
+        its joint policy can be asked, its exact exploitability (``coalition.py``)."""
+        from backroom.games import make_game
+        from backroom.league.coalition import exact_coalition
+        from backroom.league.grounded import TeamValues, coalition_gains
+
+        g = self.games[key]
+        engine = make_game(g.game, **g.params)
+        values = TeamValues(engine)
+        teams = [(c.name, [str(m) for m in c.members]) for c in g.channels]
+        records = self.store.records(key)
+        rows = coalition_gains(
+            g.game, g.params, records, teams, (self.config.seed, key), values=values
+        )
+        agents = {a.id: a for a in self.config.agents()}
+        opens = {c.name: c.opens for c in g.channels}
+        for row in rows:
+            members = [(agents[m].kind, agents[m].options) for m in row["members"] if m in agents]
+            exact = exact_coalition(engine, members, opens[row["coalition"]], values)
+            if "seats" in exact:
+                exact["matches"] = row["seatings"].get(",".join(map(str, exact["seats"])), 0)
+            row["exact"] = exact
+        return rows
 
     def grounded(self, key: str, policies: dict[str, Any]) -> list[dict[str, Any]]:
         """Each entrant's gain over the equilibrium against the field it met (``grounded.py``)."""

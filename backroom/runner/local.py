@@ -53,6 +53,7 @@ from backroom.runner.stack import (
     MODEL_KINDS,
     RunNames,
     Stack,
+    StackProcesses,
     env_for,
     identities,
     run_names,
@@ -83,6 +84,7 @@ __all__ = [
     "RunNames",
     "RunResult",
     "Stack",
+    "StackProcesses",
     "already_online",
     "dedupe_episodes",
     "env_for",
@@ -244,11 +246,12 @@ async def run_local(
     stack = Stack(run_dir)
     external: list[str] | None = None  # None: the config's `external` agents
     try:
-        bus_config = await connect_stack(stack, config, broker_url, credentials_dir, spawn)
+        processes = StackProcesses.of_run(config)
+        bus_config = await connect_stack(stack, processes, broker_url, credentials_dir, spawn)
         names = stack.names
         assert names is not None
         if spawn:
-            waiting = start_processes(stack, config, runs, metrics_port)
+            waiting = start_processes(stack, processes, runs, metrics_port)
         else:
             waiting = [a.id for a in config.agents]  # and a referee, any (run_matches)
             external = waiting
@@ -305,7 +308,7 @@ async def _accepted(bus_config: BusConfig, timeout_s: float = 10.0) -> None:
 
 async def connect_stack(
     stack: Stack,
-    config: RunConfig,
+    config: StackProcesses,
     broker_url: str | None,
     credentials_dir: str | Path | None,
     spawn: bool,
@@ -325,7 +328,7 @@ async def connect_stack(
         if names.own:
             await _accepted(bus_config)  # the broker rereads its files on SIGHUP, not at once
         if spawn:
-            mine = [*names.referees, *(a.id for a in config.agents if a.kind != EXTERNAL)]
+            mine = [*names.referees, *(a.id for a in config.local())]
             if taken := await already_online(bus_config, mine):
                 raise RunError(
                     f"already online on {stack.url}: {', '.join(taken)}. Another process "

@@ -3,7 +3,9 @@
 ``backroom run`` and ``backroom train`` start the same processes a user would
 start by hand on many machines; ``Stack`` holds them so one ``stop`` ends them
 all (a crash cannot leave orphans behind), and ``env_for`` is how a process
-learns which broker and identity to use.
+learns which broker and identity to use. What to start is a ``StackProcesses``
+(agents, referees, how the agents share processes), built from a run config or
+a league config: neither has to pose as the other.
 """
 
 from __future__ import annotations
@@ -18,13 +20,54 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from backroom.bus.auth import CredentialStore, Role
 from backroom.bus.broker import Broker, die_with_parent, read_pid, reload_broker
 from backroom.bus.client import BusConfig
 from backroom.model.loading import THREADS_ENV, torch_threads_for
-from backroom.runner.config import EXTERNAL, RunConfig
+from backroom.runner.config import EXTERNAL, AgentEntry, RunConfig
 from backroom.runner.results import RunError
+
+
+@dataclass(frozen=True)
+class StackProcesses:
+    """What a stack starts, and nothing of what it plays: ``backroom run`` builds it from a
+    run config (``of_run``), the league from its own config, so neither poses as the other.
+
+    ``name`` is the base of the made-up process names (``run_names``); ``paraphrasers``
+    the referees' ``--paraphraser`` values (``RunParaphraser.option``).
+    """
+
+    name: str
+    agents: tuple[AgentEntry, ...]
+    referees: int = 1
+    agent_processes: Literal["separate", "single"] = "separate"
+    paraphrasers: tuple[str, ...] = ()
+
+    @classmethod
+    def of_run(cls, config: RunConfig) -> StackProcesses:
+        return cls(
+            name=config.run,
+            agents=tuple(config.agents),
+            referees=config.referees,
+            agent_processes=config.agent_processes,
+            paraphrasers=tuple(p.option() for p in config.paraphrasers),
+        )
+
+    @classmethod
+    def of(cls, source: StackProcesses | RunConfig) -> StackProcesses:
+        """``source`` itself, or a run config's processes (scripts and tests that start a
+        stack by hand pass the run config they play)."""
+        return source if isinstance(source, StackProcesses) else cls.of_run(source)
+
+    def local(self) -> list[AgentEntry]:
+        """The agents this stack starts: all but the ``external`` ones, someone else's."""
+        return [a for a in self.agents if a.kind != EXTERNAL]
+
+
+#: What the stack's functions take: its own input, or a run config (``StackProcesses.of``).
+StackSource = StackProcesses | RunConfig
 
 
 @dataclass(frozen=True)
@@ -37,7 +80,7 @@ class RunNames:
     own: bool = False
 
 
-def run_names(config: RunConfig, nonce: str | None = None) -> RunNames:
+def run_names(config: StackSource, nonce: str | None = None) -> RunNames:
     """``runner-<run>-<nonce>`` and ``referee-<run>-<nonce>[-<i>]``, or the fixed names.
 
     The MQTT client id is the username, so two processes under one identity
@@ -48,12 +91,13 @@ def run_names(config: RunConfig, nonce: str | None = None) -> RunNames:
     identities the run cannot add (compose's read-only credentials), and for
     scripts that start a stack by hand.
     """
+    procs = StackProcesses.of(config)
     if nonce is None:
-        referees = tuple("referee" if i == 0 else f"referee-{i}" for i in range(config.referees))
+        referees = tuple("referee" if i == 0 else f"referee-{i}" for i in range(procs.referees))
         return RunNames("runner", referees)
-    base = f"{config.run[:40]}-{nonce}"  # 64 characters at most, with "referee-" and "-99"
+    base = f"{procs.name[:40]}-{nonce}"  # 64 characters at most, with "referee-" and "-99"
     referees = tuple(
-        f"referee-{base}" if i == 0 else f"referee-{base}-{i}" for i in range(config.referees)
+        f"referee-{base}" if i == 0 else f"referee-{base}-{i}" for i in range(procs.referees)
     )
     return RunNames(f"runner-{base}", referees, own=True)
 
@@ -234,11 +278,12 @@ class Stack:
         shutil.rmtree(self.run_dir / PRIVATE_DIR, ignore_errors=True)  # their readers are gone
 
 
-def identities(config: RunConfig, names: RunNames | None = None) -> list[tuple[str, Role]]:
+def identities(config: StackSource, names: RunNames | None = None) -> list[tuple[str, Role]]:
     """Every identity a run needs, so a broker we start knows them all from its first second."""
-    names = names or run_names(config)
+    procs = StackProcesses.of(config)
+    names = names or run_names(procs)
     refs: list[tuple[str, Role]] = [(r, "referee") for r in names.referees]
-    return [*refs, (names.runner, "runner"), *((a.id, "agent") for a in config.agents)]
+    return [*refs, (names.runner, "runner"), *((a.id, "agent") for a in procs.agents)]
 
 
 def env_for(cfg: BusConfig) -> dict[str, str]:
@@ -260,19 +305,34 @@ def env_for(cfg: BusConfig) -> dict[str, str]:
 MODEL_KINDS = ("local",)
 
 
-def torch_threads_env(config: RunConfig) -> dict[str, str]:
+def torch_threads_env(config: StackSource) -> dict[str, str]:
     """``BACKROOM_TORCH_THREADS`` for the agent processes: the cores shared by those that run a
     model at once (torch's default, every core in each, oversubscribes the machine). Empty when
     the caller set it, or no agent runs a model here."""
-    models = [a for a in config.agents if a.kind in MODEL_KINDS]
+    procs = StackProcesses.of(config)
+    models = [a for a in procs.agents if a.kind in MODEL_KINDS]
     if THREADS_ENV in os.environ or not models:
         return {}
-    processes = 1 if config.agent_processes == "single" else len(models)
+    processes = 1 if procs.agent_processes == "single" else len(models)
     return {THREADS_ENV: str(torch_threads_for(processes))}
 
 
+class _MetricsPorts:
+    """``--metrics-port`` P+1, P+2, ... for each process in the order started (none with P=0)."""
+
+    def __init__(self, first: int) -> None:
+        self.ports = iter(range(first + 1, first + 10_000)) if first else None
+
+    def args(self) -> list[str]:
+        return ["--metrics-port", str(next(self.ports))] if self.ports else []
+
+
 def start_processes(
-    stack: Stack, config: RunConfig, runs_dir: Path, metrics_port: int = 0, referees: bool = True
+    stack: Stack,
+    config: StackSource,
+    runs_dir: Path,
+    metrics_port: int = 0,
+    referees: bool = True,
 ) -> list[str]:
     """Spawn the referee(s) and agents; return the identities to wait for.
 
@@ -282,46 +342,42 @@ def start_processes(
     referees and agents serve metrics on P+1, P+2, ... in the order they are
     started.
     """
-    waiting = []
-    ports = iter(range(metrics_port + 1, metrics_port + 10_000)) if metrics_port else None
+    procs = StackProcesses.of(config)
+    ports = _MetricsPorts(metrics_port)
+    waiting = start_referees(stack, procs, runs_dir, ports) if referees else []
+    start_agents(stack, procs, ports)
+    return [*waiting, *(a.id for a in procs.agents)]
 
-    def metrics_args() -> list[str]:
-        return ["--metrics-port", str(next(ports))] if ports else []
 
-    names = stack.names or run_names(config)
-    if referees:
-        for i, identity in enumerate(names.referees):
-            name = "referee" if i == 0 else f"referee-{i}"  # the process, and its log file
-            cfg = stack.identity(identity, role="referee", ephemeral=names.own)
-            models = [a for p in config.paraphrasers for a in ("--paraphraser", p.option())]
-            stack.spawn(
-                name,
-                ["referee", "--runs-dir", str(runs_dir), *models, *metrics_args()],
-                env_for(cfg),
-            )
-            stack.referees[name] = identity
-            waiting.append(identity)
-    local = [a for a in config.agents if a.kind != EXTERNAL]
-    for a in config.agents:
+def start_referees(
+    stack: Stack, procs: StackProcesses, runs_dir: Path, ports: _MetricsPorts
+) -> list[str]:
+    """One process per referee name (``referee``, ``referee-1``, ...); their identities."""
+    names = stack.names or run_names(procs)
+    models = [a for p in procs.paraphrasers for a in ("--paraphraser", p)]
+    for i, identity in enumerate(names.referees):
+        name = "referee" if i == 0 else f"referee-{i}"  # the process, and its log file
+        cfg = stack.identity(identity, role="referee", ephemeral=names.own)
+        stack.spawn(
+            name, ["referee", "--runs-dir", str(runs_dir), *models, *ports.args()], env_for(cfg)
+        )
+        stack.referees[name] = identity
+    return list(names.referees)
+
+
+def start_agents(stack: Stack, procs: StackProcesses, ports: _MetricsPorts) -> None:
+    """The local agents: one ``agent-host`` for all (``single``), or a process each."""
+    local = procs.local()
+    for a in procs.agents:
         stack.identity(a.id)  # external agents get their identity too, to be handed out
-    threads = torch_threads_env(config)
-    if config.agent_processes == "single" and local:
+    threads = torch_threads_env(procs)
+    if procs.agent_processes == "single" and local:
         passwords = {a.id: stack.identity(a.id).password or "" for a in local}
         spec = json.dumps([a.model_dump() for a in local])
         env = {"BACKROOM_BROKER": env_for(stack.identity(local[0].id))["BACKROOM_BROKER"]}
-        args = ["agent-host", "--spec-json", spec, *metrics_args()]
+        args = ["agent-host", "--spec-json", spec, *ports.args()]
         stack.spawn("agents", args, {**env, **threads}, passwords=passwords)
-    else:
-        for a in local:
-            args = [
-                "agent",
-                a.kind,
-                "--id",
-                a.id,
-                "--options-json",
-                json.dumps(a.options),
-                *metrics_args(),
-            ]
-            stack.spawn(a.id, args, {**env_for(stack.identity(a.id)), **threads})
-    waiting += [a.id for a in config.agents]
-    return waiting
+        return
+    for a in local:
+        args = ["agent", a.kind, "--id", a.id, "--options-json", json.dumps(a.options)]
+        stack.spawn(a.id, [*args, *ports.args()], {**env_for(stack.identity(a.id)), **threads})
