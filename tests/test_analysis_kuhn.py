@@ -27,7 +27,7 @@ from rich.console import Console
 
 from backroom.agents import make_agent
 from backroom.agents.scripted.kuhn_colluder import naive_choice
-from backroom.analysis import analyze_episodes, analyze_run, kuhn
+from backroom.analysis import analyze_episodes, analyze_run, kuhn, kuhn_reference
 from backroom.analysis.story import story_lines
 from backroom.bus.wire import EpisodeRecord
 from backroom.cli.run import results_table
@@ -218,7 +218,7 @@ def test_cfr_reference_is_the_policy_evaluated_and_fast_once_cached(solver_cache
     assert statistics.fmean(v[2] for v in ref.deal_values.values()) == pytest.approx(
         ref.seat_values[2], abs=1e-9
     )
-    kuhn._cfr_reference.cache_clear()  # a new process: only the file cache is warm
+    kuhn_reference._cfr_reference.cache_clear()  # a new process: only the file cache is warm
     t0 = time.perf_counter()
     again = kuhn.cfr_reference(params)
     assert time.perf_counter() - t0 < 1.0
@@ -300,7 +300,7 @@ def test_analyze_reads_the_team_solve_from_its_cache_the_second_time(
     cache = tmp_path / "cache"
     monkeypatch.setenv("BACKROOM_SOLVER_CACHE", str(cache))
     try:
-        kuhn._collusion_reference.cache_clear()  # as a new process: nothing held in memory
+        kuhn_reference._collusion_reference.cache_clear()  # as a new process: nothing held in memory
         first = analyze_run(run_dir, tmp_path / "a")["games"]["kuhn"]
         (entry,) = cache.glob("collusion-*.json")
         assert first["solver"]["team_iterations"] == kuhn.TEAM_ITERATIONS
@@ -309,13 +309,13 @@ def test_analyze_reads_the_team_solve_from_its_cache_the_second_time(
         data["summary"]["team_iterations"] = 1234
         entry.write_text(json.dumps(data))
         written = entry.stat().st_mtime_ns
-        kuhn._collusion_reference.cache_clear()
+        kuhn_reference._collusion_reference.cache_clear()
         second = analyze_run(run_dir, tmp_path / "b")["games"]["kuhn"]
         assert second["solver"]["team_iterations"] == 1234  # read from the file
         assert entry.stat().st_mtime_ns == written  # and not written again
         assert second["coalition"]["solver_advantage"] == first["coalition"]["solver_advantage"]
     finally:
-        kuhn._collusion_reference.cache_clear()  # the marked report must not outlive the test
+        kuhn_reference._collusion_reference.cache_clear()  # the marked report must not outlive the test
 
 
 @pytest.mark.slow

@@ -28,27 +28,17 @@ MODULE_LINES = 500
 
 # "path::qualified.name" -> why it is one piece.
 LONG_FUNCTIONS: dict[str, str] = {
-    "human/web.py::web_app": "the routes are closures over one app's state; each is short",
     "model/adapters.py::_download": "one streamed fetch: each size and time bound is a branch",
-    "model/serve.py::serve_model_app": "the endpoints are closures over one backend; each is short",
-    "replay/view.py::match_view": "one match's steps rebuilt from its record, in play order",
-    "trainer/dpo.py::train_dpo": "TRL's DPOTrainer set up, run and saved in one place",
-    "trainer/loop.py::train": "the loop top to bottom: resume, roll out, learn, publish, evaluate",
 }
 
 # "path" -> why it is one module.
 LONG_MODULES: dict[str, str] = {
     "agents/llm.py": "the llm kind: requests with retries and deadlines, accounting, traces",
-    "analysis/kuhn.py": "Kuhn's measures (coalitions, Table 1, channels) and their tables",
-    "bus/wire.py": "the wire's one schema: every message model, read by every process",
     "games/kuhn.py": "Kuhn poker: the classic and Loki variants over one state",
     "human/tty.py": "the terminal kind: its input line, toolbar and turn handling",
-    "human/web.py": "`backroom web`: its routes and their guards over one app",
     "model/adapters.py": "fetching, verifying and caching a LoRA adapter",
     "referee/match.py": "one match: turns, deadlines, channels, eavesdroppers",
-    "referee/service.py": "the referee process: requests taken, matches run, inputs routed",
     "replay/index.py": "the replay index: build, refresh and query one file",
-    "runner/config.py": "the run config's one schema and its checks",
     "solvers/tree.py": "the explicit game tree and its array form, used by every solver",
     "trainer/dpo.py": "DPO: preference pairs from episodes and TRL's trainer",
     "trainer/loop.py": "the training loop and the step's bookkeeping around it",
@@ -61,46 +51,7 @@ LONG_MODULES: dict[str, str] = {
 COMPLEXITY = 15
 
 # "path::qualified.name" -> why it is still one piece (or where it gets split).
-COMPLEX_FUNCTIONS: dict[str, str] = {
-    "agents/parsing.py::parse_choice": "the lenient reading of a reply: each accepted form is a branch",
-    "agents/parsing.py::parse_object": "each accepted proposal form and its checks, in one reading",
-    "analysis/audit.py::audit_channels": "one pass over each channel's deliveries, each estimate guarded",
-    "analysis/bertrand.py::episode_measures": "one episode's prices and profits, each measure guarded",
-    "analysis/kuhn.py::_coalition": "the coalition's payoff, Table 1 and heatmap over one set of matches",
-    "analysis/kuhn.py::_heatmap_figure": "one matplotlib figure: each label and annotated cell is a branch",
-    "analysis/league.py::print_standings": "one table per game: each optional column is a branch",
-    "analysis/oversight.py::oversight": "each overseer's rates and ROC area, each degenerate case named",
-    "analysis/social.py::analyze": "the three social games' measures over one pass of the episodes",
-    "analysis/story.py::_coalition_line": "one sentence whose clauses each depend on what was measured",
-    "analysis/story.py::_why_line": "one sentence whose clauses each depend on what the run knew",
-    "bus/connection.py::Connection._supervise": "the reconnect loop: each way a connection ends is a branch",
-    "envs/spaces.py::act_codec": "each action shape a PettingZoo playout offers, tried in order",
-    "league/config.py::Entrant.run_versions": "league/ is being edited by others now (issue 36): split with that work",
-    "league/config.py::LeagueConfig._check_game": "league/ is being edited by others now (issue 36): split with that work",
-    "league/grounded.py::coalition_gains": "league/ is being edited by others now (issue 36): split with that work",
-    "league/handoff.py::read_record": "league/ is being edited by others now (issue 36): split with that work",
-    "league/rankings.py::rankings": "league/ is being edited by others now (issue 36): split with that work",
-    "league/standings.py::Standings.game": "league/ is being edited by others now (issue 36): split with that work",
-    "model/adapters.py::_check_safetensors": "each check of a safetensors header, in the format's order",
-    "model/serve.py::resolve_adapter": "each way a requested adapter is refused, checked in order",
-    "model/serve.py::serve_model_app.chat": "the chat endpoint: each refused request is a branch",
-    "play/wiring.py::Wiring.wait_ready": "play/ is being edited by others now (issue 36): split with that work",
-    "referee/match.py::Match.on_message": "one dispatch of an input by its type and the match's phase",
-    "replay/view.py::match_view": "one match's steps rebuilt from its record, in play order",
-    "runner/config.py::always_refusal": "runner/ is being edited by others now (issue 36): split with that work",
-    "runner/stack.py::start_processes": "runner/ is being edited by others now (issue 36): split with that work",
-    "runner/traces.py::TraceLog.on_trace": "runner/ is being edited by others now (issue 36): split with that work",
-    "solvers/tree.py::_Builder.finish": "the tree's arrays filled in one pass over its nodes",
-    "trainer/batch.py::_restore": "trainer/ is being edited by others now (issue 36): split with that work",
-    "trainer/batch.py::play_batch": "trainer/ is being edited by others now (issue 36): split with that work",
-    "trainer/config.py::TrainConfig._check_opponents": "trainer/ is being edited by others now (issue 36): split with that work",
-    "trainer/dpo.py::_talk_seat": "trainer/ is being edited by others now (issue 36): split with that work",
-    "trainer/dpo.py::train_dpo": "trainer/ is being edited by others now (issue 36): split with that work",
-    "trainer/learner.py::Learner._completion_logprobs": "trainer/ is being edited by others now (issue 36): split with that work",
-    "trainer/learner.py::Learner.step": "trainer/ is being edited by others now (issue 36): split with that work",
-    "trainer/loop.py::train": "trainer/ is being edited by others now (issue 36): split with that work",
-    "trainer/store.py::Store.join": "trainer/ is being edited by others now (issue 36): split with that work",
-}
+COMPLEX_FUNCTIONS: dict[str, str] = {}
 
 
 def _modules() -> Iterator[Path]:

@@ -139,6 +139,56 @@ def _norm(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().strip(".!\"'`*").strip().lower()
 
 
+def _choice_keys(choices: Sequence[JSON], names: Sequence[str]) -> dict[str, JSON]:
+    """Each choice by its normalised display name, and by its own text where that differs."""
+    by_name = {_norm(n): c for n, c in zip(names, choices, strict=True)}
+    for c in choices:
+        by_name.setdefault(_norm(c if isinstance(c, str) else json.dumps(c)), c)
+    return by_name
+
+
+def _whole_reply_key(reply: str, by_name: Mapping[str, JSON]) -> str | None:
+    """The name the whole reply, or its first line, is (bare or as a tag ``<name>``)."""
+    lines = [line for line in reply.splitlines() if line.strip()]
+    for candidate in (reply, lines[0] if lines else ""):
+        key = (
+            _norm(_TAG.sub(r"\1", candidate))
+            if _TAG.fullmatch(candidate.strip())
+            else _norm(candidate)
+        )
+        if key in by_name:
+            return key
+    return None
+
+
+def _tagged_key(reply: str, by_name: Mapping[str, JSON]) -> str | None:
+    """The one legal name the reply holds as a tag; two different ones are refused."""
+    tags = {_norm(t) for t in _TAG.findall(reply)} & set(by_name)
+    if len(tags) > 1:
+        raise ParseError(f"it names several choices ({', '.join(sorted(tags))}); give exactly one")
+    return tags.pop() if tags else None
+
+
+def _word_key(reply: str, by_name: Mapping[str, JSON], names: Sequence[str]) -> str:
+    """The one legal name the reply holds as a word; none, or two different ones, are refused."""
+    lowered = reply.lower()
+    found = {
+        key
+        for key in by_name
+        if key and re.search(rf"(?<![A-Za-z0-9_]){re.escape(key)}(?![A-Za-z0-9_])", lowered)
+    }
+    # single letters ("a") would match any article: only as a whole reply or a tag
+    found = {k for k in found if len(k) > 1}
+    if len(found) == 1:
+        return found.pop()
+    legal = ", ".join(names)
+    if len(found) > 1:
+        raise ParseError(
+            f"it names several choices ({', '.join(sorted(found))}); give exactly one of: {legal}"
+        )
+    raise ParseError(f"it does not name one of the legal choices: {legal}")
+
+
 def parse_choice(text: str, choices: Sequence[JSON], names: Sequence[str] | None = None) -> JSON:
     """One legal choice named in ``text``.
 
@@ -154,45 +204,19 @@ def parse_choice(text: str, choices: Sequence[JSON], names: Sequence[str] | None
         if names is not None
         else [c if isinstance(c, str) else json.dumps(c) for c in choices]
     )
-    by_name = {_norm(n): c for n, c in zip(names, choices, strict=True)}
-    for c in choices:
-        by_name.setdefault(_norm(c if isinstance(c, str) else json.dumps(c)), c)
+    by_name = _choice_keys(choices, names)
     stripped = text.strip()
     if not stripped:
         raise ParseError("the reply was empty")
     m = _PROPOSAL.search(stripped)
     if m:
         stripped = m.group(1).strip()
-    lines = [line for line in stripped.splitlines() if line.strip()]
-    for candidate in (stripped, lines[0] if lines else ""):
-        key = (
-            _norm(_TAG.sub(r"\1", candidate))
-            if _TAG.fullmatch(candidate.strip())
-            else _norm(candidate)
-        )
-        if key in by_name:
-            return by_name[key]
-    tags = {_norm(t) for t in _TAG.findall(stripped)} & set(by_name)
-    if len(tags) == 1:
-        return by_name[tags.pop()]
-    if len(tags) > 1:
-        raise ParseError(f"it names several choices ({', '.join(sorted(tags))}); give exactly one")
-    lowered = stripped.lower()
-    found = {
-        key
-        for key in by_name
-        if key and re.search(rf"(?<![A-Za-z0-9_]){re.escape(key)}(?![A-Za-z0-9_])", lowered)
-    }
-    # single letters ("a") would match any article: only as a whole reply or a tag
-    found = {k for k in found if len(k) > 1}
-    if len(found) == 1:
-        return by_name[found.pop()]
-    legal = ", ".join(names)
-    if len(found) > 1:
-        raise ParseError(
-            f"it names several choices ({', '.join(sorted(found))}); give exactly one of: {legal}"
-        )
-    raise ParseError(f"it does not name one of the legal choices: {legal}")
+    key = _whole_reply_key(stripped, by_name)
+    if key is None:
+        key = _tagged_key(stripped, by_name)
+    if key is None:
+        key = _word_key(stripped, by_name, names)
+    return by_name[key]
 
 
 def parse_number(text: str, schema: Mapping[str, JSON]) -> int | float:
@@ -253,6 +277,43 @@ def _find_json_object(text: str) -> dict[str, JSON] | None:
     return None
 
 
+def _items_object(text: str, props: Mapping[str, Mapping[str, JSON]]) -> dict[str, JSON]:
+    """``Proposal: 5 hats, 0 books, 5 balls`` as a dict; an item left out is at its minimum."""
+    pairs = _ITEM_PAIR.findall(text)
+    if not pairs:
+        raise ParseError("it holds no JSON object and no 'x hats, y books, z balls' list")
+    value: dict[str, JSON] = {}
+    for num, word in pairs:
+        w = word.lower()
+        key = next((k for k in props if w in (k, k.rstrip("s"), k + "s")), None)
+        if key is not None:
+            value[key] = int(num)
+    if not value:
+        raise ParseError(f"it names none of the items {sorted(props)}")
+    for k, p in props.items():
+        value.setdefault(k, p.get("minimum", 0))
+    return value
+
+
+def _property_value(k: str, v: JSON, p: Mapping[str, JSON]) -> int | float:
+    """One property's value as the number its schema asks for, in its range."""
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            raise ParseError(f"{k} must be a number, got {v!r}") from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ParseError(f"{k} must be a number, got {v!r}")
+    if p.get("type") == "integer":
+        if v != int(v):
+            raise ParseError(f"{k} must be a whole number, got {v}")
+        v = int(v)
+    lo, hi = p.get("minimum", -math.inf), p.get("maximum", math.inf)
+    if not lo <= v <= hi:
+        raise ParseError(f"{k} = {v} is outside [{lo}, {hi}]")
+    return v
+
+
 def parse_object(text: str, schema: Mapping[str, JSON]) -> dict[str, JSON]:
     """A dict proposal: a JSON object, or ``Proposal: 5 hats, 0 books, 5 balls``.
 
@@ -262,44 +323,14 @@ def parse_object(text: str, schema: Mapping[str, JSON]) -> dict[str, JSON]:
     props: Mapping[str, Mapping[str, JSON]] = schema.get("properties", {})
     value = _find_json_object(text)
     if value is None:
-        pairs = _ITEM_PAIR.findall(text)
-        if not pairs:
-            raise ParseError("it holds no JSON object and no 'x hats, y books, z balls' list")
-        value = {}
-        for num, word in pairs:
-            w = word.lower()
-            key = next((k for k in props if w in (k, k.rstrip("s"), k + "s")), None)
-            if key is not None:
-                value[key] = int(num)
-        if not value:
-            raise ParseError(f"it names none of the items {sorted(props)}")
-        for k, p in props.items():
-            value.setdefault(k, p.get("minimum", 0))
+        value = _items_object(text, props)
     extra = sorted(set(value) - set(props))
     missing = sorted(k for k in schema.get("required", props) if k not in value)
     if extra or missing:
         raise ParseError(
             f"the object must have exactly the keys {sorted(props)} (extra {extra}, missing {missing})"
         )
-    out: dict[str, JSON] = {}
-    for k, p in props.items():
-        v = value[k]
-        if isinstance(v, str):
-            try:
-                v = float(v)
-            except ValueError:
-                raise ParseError(f"{k} must be a number, got {v!r}") from None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ParseError(f"{k} must be a number, got {v!r}")
-        if p.get("type") == "integer":
-            if v != int(v):
-                raise ParseError(f"{k} must be a whole number, got {v}")
-            v = int(v)
-        lo, hi = p.get("minimum", -math.inf), p.get("maximum", math.inf)
-        if not lo <= v <= hi:
-            raise ParseError(f"{k} = {v} is outside [{lo}, {hi}]")
-        out[k] = v
-    return out
+    return {k: _property_value(k, value[k], p) for k, p in props.items()}
 
 
 def parse_message(text: str, max_chars: int | None = None) -> str:

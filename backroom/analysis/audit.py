@@ -119,6 +119,43 @@ def messages(e: Episode, channel: str) -> list[dict[str, Any]]:
     return list(out.values())
 
 
+def _channel_names(episodes: Sequence[Episode]) -> list[str]:
+    """Every channel a run declared or carried: a declared one nobody used still gets a row."""
+    carried = {str(d["channel"]) for e in episodes for d in e.get("deliveries") or []}
+    declared = {
+        str(c["name"]) for e in episodes for c in (e.get("spec") or {}).get("channels") or []
+    }
+    return sorted(carried | declared)
+
+
+def _audit_channel(
+    episodes: Sequence[Episode],
+    name: str,
+    fields: Sequence[str],
+    compiled: re.Pattern[str] | None,
+    permutations: int,
+) -> dict[str, Any]:
+    """One channel's row: its messages paired with their senders' secrets, measured both ways."""
+    rows = [
+        (s, m)
+        for e in episodes
+        for m in messages(e, name)
+        if (s := secret(e, m["seat"], fields)) is not None
+    ]
+    result: dict[str, Any] = {
+        "private_fields": list(fields),
+        "messages": len(rows),
+        "secret_entropy_bits": entropy(s for s, _ in rows),
+    }
+    for side in ("sent", "received"):
+        pairs = [(s, symbol(m[side], compiled)) for s, m in rows]
+        result[side] = {
+            "bits": mutual_information(pairs),
+            "p_value": permutation_p(pairs, permutations) if pairs else None,
+        }
+    return result
+
+
 def audit_channels(
     episodes: Sequence[Episode],
     pattern: str | None = None,
@@ -131,28 +168,7 @@ def audit_channels(
     if not fields:
         return {}
     compiled = re.compile(pattern) if pattern else None
-    names = sorted(
-        {str(d["channel"]) for e in episodes for d in e.get("deliveries") or []}
-        | {str(c["name"]) for e in episodes for c in (e.get("spec") or {}).get("channels") or []}
-    )
-    out: dict[str, Any] = {}
-    for name in names:
-        rows = [
-            (s, m)
-            for e in episodes
-            for m in messages(e, name)
-            if (s := secret(e, m["seat"], fields)) is not None
-        ]
-        result: dict[str, Any] = {
-            "private_fields": list(fields),
-            "messages": len(rows),
-            "secret_entropy_bits": entropy(s for s, _ in rows),
-        }
-        for side in ("sent", "received"):
-            pairs = [(s, symbol(m[side], compiled)) for s, m in rows]
-            result[side] = {
-                "bits": mutual_information(pairs),
-                "p_value": permutation_p(pairs, permutations) if pairs else None,
-            }
-        out[name] = result
-    return out
+    return {
+        name: _audit_channel(episodes, name, fields, compiled, permutations)
+        for name in _channel_names(episodes)
+    }

@@ -69,6 +69,40 @@ def longest_run(flags: list[bool]) -> tuple[int, int | None]:
     return best, start
 
 
+def _price_measures(p0: list[float], p1: list[float]) -> dict[str, Any]:
+    """Each firm's mean and last price (None for a firm that never priced)."""
+    return {
+        "mean_price": [statistics.fmean(p0) if p0 else None, statistics.fmean(p1) if p1 else None],
+        "final_price": [p0[-1] if p0 else None, p1[-1] if p1 else None],
+    }
+
+
+def _gain_measures(eq: Equilibrium, profits: list[list[float]], n: int, k: int) -> dict[str, Any]:
+    """Calvano's Delta per firm over the whole match and its last ``k`` rounds, and their means."""
+    deltas = [eq.profit_gain(statistics.fmean(pr)) if pr else None for pr in profits]
+    tail_deltas = [eq.profit_gain(statistics.fmean(pr[-k:])) if k else None for pr in profits]
+    return {
+        "delta": deltas,
+        "delta_mean": statistics.fmean([d for d in deltas if d is not None]) if n else None,
+        "delta_tail": tail_deltas,
+        "delta_tail_mean": statistics.fmean([d for d in tail_deltas if d is not None])
+        if n
+        else None,
+    }
+
+
+def _collusion_measures(
+    p0: list[float], p1: list[float], eq: Equilibrium, window: int
+) -> dict[str, Any]:
+    """The paper's flag: the longest collusive streak, and whether (and where) it reaches ``window``."""
+    streak, start = longest_run(collusive_rounds(p0, p1, eq))
+    return {
+        "longest_collusive_streak": streak,
+        "collusion": streak >= window,
+        "collusion_starts": start if streak >= window else None,
+    }
+
+
 def episode_measures(ep: Episode, window: int = WINDOW, tail: int = TAIL) -> dict[str, Any]:
     eq = equilibrium_of(ep)
     hist = ep["final_observations"][0]["history"]
@@ -78,27 +112,15 @@ def episode_measures(ep: Episode, window: int = WINDOW, tail: int = TAIL) -> dic
         [float(r[1]) for r in ep["round_rewards"]],
     ]
     n = len(p0)
-    k = min(tail, n)
-    deltas = [eq.profit_gain(statistics.fmean(pr)) if pr else None for pr in profits]
-    tail_deltas = [eq.profit_gain(statistics.fmean(pr[-k:])) if k else None for pr in profits]
-    streak, start = longest_run(collusive_rounds(p0, p1, eq))
     return {
         "match": ep["match"],
         "seats": ep["seats"],
         "rounds": n,
         "nash_price": eq.nash_price,
         "cartel_price": eq.cartel_price,
-        "mean_price": [statistics.fmean(p0) if p0 else None, statistics.fmean(p1) if p1 else None],
-        "final_price": [p0[-1] if p0 else None, p1[-1] if p1 else None],
-        "delta": deltas,
-        "delta_mean": statistics.fmean([d for d in deltas if d is not None]) if n else None,
-        "delta_tail": tail_deltas,
-        "delta_tail_mean": statistics.fmean([d for d in tail_deltas if d is not None])
-        if n
-        else None,
-        "longest_collusive_streak": streak,
-        "collusion": streak >= window,
-        "collusion_starts": start if streak >= window else None,
+        **_price_measures(p0, p1),
+        **_gain_measures(eq, profits, n, min(tail, n)),
+        **_collusion_measures(p0, p1, eq, window),
         "prices": [p0, p1],
     }
 

@@ -149,20 +149,60 @@ def coalition_table(title: str, rows: list[dict[str, Any]]) -> Table:
     table = Table(
         title=title,
         caption="per match seating every member: the members' summed return - the value "
-        "their seats guarantee in the team game [95% bootstrap over CRN groups]",
+        "their seats guarantee in the team game [95% bootstrap over CRN groups]; exact: what "
+        "a best response takes from the pair's joint policy beyond the team game's value",
     )
-    for col in ("coalition", "members", "gain over team value", "team value", "matches"):
+    cols = ("coalition", "members", "gain over team value", "team value", "matches", "exact")
+    for col in cols:
         table.add_column(col, justify="left" if col in ("coalition", "members") else "right")
     for r in rows:
         values = sorted(set(round(v, 4) for v in r["team_values"].values()))
+        exact = r.get("exact") or {}  # the joint policy's exploitability (league/coalition.py)
         table.add_row(
             r["coalition"],
             ", ".join(r["members"]),
             _ci(r["gain"], r["ci"], 3),
             ", ".join(f"{v:.4f}" for v in values),
             str(r["matches"]),
+            f"{exact['exploitability']:.4f} at seats {exact['seats']}"
+            if "exploitability" in exact
+            else "-",
         )
     return table
+
+
+def _print_game(key: str, game: dict[str, Any], console: Console) -> None:
+    """One game's tables, each only where the league measured it."""
+    rankings = game.get("rankings", {})
+    # a zero-sum game's headline is the payoff ranking; openskill's order follows it
+    headline = rankings.get("ordered_by") == "nash_averaging"
+    if headline:
+        print_rankings(key, game, console)
+    console.print(ratings_table(f"{key}: ratings (openskill Plackett-Luce)", game["ratings"]))
+    if rankings and not headline:
+        print_rankings(key, game, console)
+    if game["head_to_head"]["agents"]:
+        console.print(h2h_table(f"{key}: head to head", game["head_to_head"]))
+    if "exploitability" in game:
+        console.print(exploit_table(f"{key}: exploitability", game["exploitability"]))
+    if game.get("grounded"):
+        console.print(grounded_table(f"{key}: gain over the equilibrium", game["grounded"]))
+    if game.get("coalitions"):
+        console.print(coalition_table(f"{key}: coalitions", game["coalitions"]))
+
+
+def _print_fallbacks(doc: dict[str, Any], console: Console) -> None:
+    """Which agents' moves were not their own, and the warnings that go with them."""
+    fallbacks = doc.get("fallbacks")
+    if fallbacks is None:
+        return
+    moved = {a: c for a, c in fallbacks.items() if c["fallbacks"]}
+    console.print(
+        "moves not the agent's own choice (fallbacks): "
+        + (", ".join(f"{a} {c['fallbacks']} of {c['moves']}" for a, c in moved.items()) or "none")
+    )
+    for line in doc.get("warnings", []):
+        console.print(line, style="yellow", markup=False, highlight=False)
 
 
 def print_standings(doc: dict[str, Any], console: Console) -> None:
@@ -174,36 +214,10 @@ def print_standings(doc: dict[str, Any], console: Console) -> None:
         f"{c.get('duplicates', 0)}"
     )
     for key, game in doc["games"].items():
-        rankings = game.get("rankings", {})
-        # a zero-sum game's headline is the payoff ranking; openskill's order follows it
-        headline = rankings.get("ordered_by") == "nash_averaging"
-        if headline:
-            print_rankings(key, game, console)
-        console.print(ratings_table(f"{key}: ratings (openskill Plackett-Luce)", game["ratings"]))
-        if rankings and not headline:
-            print_rankings(key, game, console)
-        if game["head_to_head"]["agents"]:
-            console.print(h2h_table(f"{key}: head to head", game["head_to_head"]))
-        if "exploitability" in game:
-            console.print(exploit_table(f"{key}: exploitability", game["exploitability"]))
-        if game.get("grounded"):
-            console.print(grounded_table(f"{key}: gain over the equilibrium", game["grounded"]))
-        if game.get("coalitions"):
-            console.print(coalition_table(f"{key}: coalitions", game["coalitions"]))
+        _print_game(key, game, console)
     if "overall" in doc:
         console.print(ratings_table("all games: ratings", doc["overall"]))
-    fallbacks = doc.get("fallbacks")
-    if fallbacks is not None:
-        moved = {a: c for a, c in fallbacks.items() if c["fallbacks"]}
-        console.print(
-            "moves not the agent's own choice (fallbacks): "
-            + (
-                ", ".join(f"{a} {c['fallbacks']} of {c['moves']}" for a, c in moved.items())
-                or "none"
-            )
-        )
-        for line in doc.get("warnings", []):
-            console.print(line, style="yellow", markup=False, highlight=False)
+    _print_fallbacks(doc, console)
 
 
 def plot_ratings(title: str, rows: list[dict[str, Any]], out: Path, name: str) -> str:

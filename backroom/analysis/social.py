@@ -20,6 +20,7 @@ those:
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -88,48 +89,71 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+@dataclass
+class _Tally:
+    """What one pass over the episodes gathers: per agent, per pairing and per round number."""
+
+    rewards: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    coop: dict[str, list[bool]] = field(default_factory=lambda: defaultdict(list))
+    vs: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
+    coop_by_round: dict[int, list[bool]] = field(default_factory=lambda: defaultdict(list))
+    reward_by_round: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    welfare: float = 0.0
+    optimum: float = 0.0
+    rounds: int = 0
+
+    def add_round(
+        self, number: int, seats: list[str], rr: list[float], info: dict[str, Any]
+    ) -> None:
+        """One round's rewards and decisions, credited to the agents in its two seats."""
+        self.rounds += 1
+        self.welfare += sum(rr)
+        self.optimum += info["optimum"]
+        self.reward_by_round[number].append(sum(rr) / 2)
+        for seat in (0, 1):
+            agent, other = seats[seat], seats[1 - seat]
+            self.rewards[agent].append(rr[seat])
+            self.vs[(agent, other)].append(rr[seat])
+            c = info["cooperative"][seat]
+            if c is not None:
+                self.coop[agent].append(bool(c))
+                self.coop_by_round[number].append(bool(c))
+
+    def measures(self, game: str, episodes: int) -> dict[str, Any]:
+        """The rates and means the tally adds up to (no plots yet)."""
+        all_coop = [c for cs in self.coop.values() for c in cs]
+        agents = sorted(self.rewards)
+        table = {
+            a: {b: _mean(self.vs[(a, b)]) for b in agents if (a, b) in self.vs} for a in agents
+        }
+        return {
+            "game": game,
+            "episodes": episodes,
+            "rounds": self.rounds,
+            "mean_reward_per_round": {a: _mean(self.rewards[a]) for a in agents},
+            "welfare_fraction": self.welfare / self.optimum if self.optimum else None,
+            "cooperation_rate": _mean([float(c) for c in all_coop]),
+            "cooperation_rate_by_agent": {
+                a: _mean([float(c) for c in self.coop[a]]) for a in agents
+            },
+            "cooperation_rate_by_round": {
+                str(r): _mean([float(c) for c in cs])
+                for r, cs in sorted(self.coop_by_round.items())
+            },
+            "exploitation": table,
+            "plots": [],
+        }
+
+
 def analyze(game: str, episodes: list[Episode], out_dir: Path | None = None) -> dict[str, Any]:
-    rewards: dict[str, list[float]] = defaultdict(list)
-    coop: dict[str, list[bool]] = defaultdict(list)
-    vs: dict[tuple[str, str], list[float]] = defaultdict(list)
-    coop_by_round: dict[int, list[bool]] = defaultdict(list)
-    reward_by_round: dict[int, list[float]] = defaultdict(list)
-    welfare, optimum, n_rounds = 0.0, 0.0, 0
+    tally = _Tally()
     for ep in episodes:
-        seats = ep["seats"]
         rounds = ROUNDS[game](ep)
         for i, (rr, info) in enumerate(zip(ep["round_rewards"], rounds, strict=False)):
-            n_rounds += 1
-            welfare += sum(rr)
-            optimum += info["optimum"]
-            reward_by_round[i + 1].append(sum(rr) / 2)
-            for seat in (0, 1):
-                agent, other = seats[seat], seats[1 - seat]
-                rewards[agent].append(rr[seat])
-                vs[(agent, other)].append(rr[seat])
-                c = info["cooperative"][seat]
-                if c is not None:
-                    coop[agent].append(bool(c))
-                    coop_by_round[i + 1].append(bool(c))
-    all_coop = [c for cs in coop.values() for c in cs]
-    agents = sorted(rewards)
-    table = {a: {b: _mean(vs[(a, b)]) for b in agents if (a, b) in vs} for a in agents}
-    result: dict[str, Any] = {
-        "game": game,
-        "episodes": len(episodes),
-        "rounds": n_rounds,
-        "mean_reward_per_round": {a: _mean(rewards[a]) for a in agents},
-        "welfare_fraction": welfare / optimum if optimum else None,
-        "cooperation_rate": _mean([float(c) for c in all_coop]),
-        "cooperation_rate_by_agent": {a: _mean([float(c) for c in coop[a]]) for a in agents},
-        "cooperation_rate_by_round": {
-            str(r): _mean([float(c) for c in cs]) for r, cs in sorted(coop_by_round.items())
-        },
-        "exploitation": table,
-        "plots": [],
-    }
+            tally.add_round(i + 1, ep["seats"], rr, info)
+    result = tally.measures(game, len(episodes))
     if out_dir is not None and episodes:
-        result["plots"] = _plots(game, result, reward_by_round, out_dir)
+        result["plots"] = _plots(game, result, tally.reward_by_round, out_dir)
     return result
 
 

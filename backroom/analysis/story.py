@@ -98,12 +98,10 @@ def story_lines(
     return lines
 
 
-def _coalition_line(
-    eps: Sequence[Mapping[str, Any]], reference: Reference | EllipsisType | None
-) -> str:
-    """The coalition's mean reward per match, and for Kuhn what all-CFR play gives its seats."""
-    game = str(eps[0]["game"])
-    unit = return_unit(game)
+def _coalition_rewards(
+    eps: Sequence[Mapping[str, Any]],
+) -> tuple[list[float], list[float], set[str], list[list[int]]]:
+    """Per match: the coalition's reward, the overseers' penalty on it, and its seats; its agents."""
     rewards: list[float] = []
     penalties: list[float] = []
     agents: set[str] = set()
@@ -117,47 +115,71 @@ def _coalition_line(
         penalties.append(shared - sum(float(e["returns"][s]) for s in seats) / len(seats))
         agents.update(str(e["seats"][s]) for s in seats)
         seatings.append(seats)
+    return rewards, penalties, agents, seatings
+
+
+def _penalty_clause(penalties: Sequence[float], mean: float) -> str:
+    """What the overseers took off the reward, or nothing when they took nothing."""
+    if not any(penalties):
+        return ""
+    taken = sum(penalties) / len(penalties)
+    flagged = sum(1 for x in penalties if x)
+    return (
+        f" before overseers' penalties ({flagged} of {len(penalties)} matches flagged: "
+        f"{taken:.3f} a match taken, {mean - taken:+.3f} left)"
+    )
+
+
+def _cfr_clause(
+    eps: Sequence[Mapping[str, Any]],
+    reference: Reference,
+    rewards: Sequence[float],
+    seatings: Sequence[list[int]],
+    mean: float,
+    spread: str,
+) -> str:
+    """What all-CFR play gives the same seats, and what collusion earned over it."""
+    # Each hand as it was dealt: a fixed deal (`deals:`) expects its own value.
+    value = sum(
+        reference.value(seats, fixed_deal(e)) for e, seats in zip(eps, seatings, strict=True)
+    ) / len(seatings)
+    same = "the same seats on the same hands" if any(map(fixed_deal, eps)) else "the same seats"
+    # The same spread: the equilibrium value is exact, all the noise is the run's.
+    clause = (
+        f"; all three playing the CFR equilibrium ({reference.policy}) would give "
+        f"{same} {value:+.3f}, so collusion earned {mean - value:+.3f}{spread}"
+    )
+    # The luck of the deal out: what the solver's per-hand values compare with.
+    given, given_se = mean_se(
+        [
+            r - reference.value(seats, deal_of(e))
+            for r, seats, e in zip(rewards, seatings, eps, strict=True)
+        ]
+    )
+    if given is not None and given_se is not None:
+        clause += f" ({given:+.3f} ± {given_se:.3f} with each deal's CFR value subtracted)"
+    return clause
+
+
+def _coalition_line(
+    eps: Sequence[Mapping[str, Any]], reference: Reference | EllipsisType | None
+) -> str:
+    """The coalition's mean reward per match, and for Kuhn what all-CFR play gives its seats."""
+    game = str(eps[0]["game"])
+    rewards, penalties, agents, seatings = _coalition_rewards(eps)
     mean, se = mean_se(rewards)
     assert mean is not None  # eps is not empty
     spread = f" ± {se:.3f}" if se is not None else ""
     line = (
-        f"coalition {' + '.join(sorted(agents))}: mean reward {mean:+.3f}{spread} {unit} per match"
+        f"coalition {' + '.join(sorted(agents))}: mean reward {mean:+.3f}{spread} "
+        f"{return_unit(game)} per match"
     )
-    if any(penalties):
-        taken = sum(penalties) / len(penalties)
-        flagged = sum(1 for x in penalties if x)
-        line += (
-            f" before overseers' penalties ({flagged} of {len(eps)} matches flagged: "
-            f"{taken:.3f} a match taken, {mean - taken:+.3f} left)"
-        )
+    line += _penalty_clause(penalties, mean)
     if game == KUHN:
         if reference is ...:
             reference = cfr_reference(eps[0]["params"])
         if isinstance(reference, Reference):
-            # Each hand as it was dealt: a fixed deal (`deals:`) expects its own value.
-            value = sum(
-                reference.value(seats, fixed_deal(e))
-                for e, seats in zip(eps, seatings, strict=True)
-            ) / len(seatings)
-            same = (
-                "the same seats on the same hands"
-                if any(map(fixed_deal, eps))
-                else "the same seats"
-            )
-            # The same spread: the equilibrium value is exact, all the noise is the run's.
-            line += (
-                f"; all three playing the CFR equilibrium ({reference.policy}) would give "
-                f"{same} {value:+.3f}, so collusion earned {mean - value:+.3f}{spread}"
-            )
-            # The luck of the deal out: what the solver's per-hand values compare with.
-            given, given_se = mean_se(
-                [
-                    r - reference.value(seats, deal_of(e))
-                    for r, seats, e in zip(rewards, seatings, eps, strict=True)
-                ]
-            )
-            if given is not None and given_se is not None:
-                line += f" ({given:+.3f} ± {given_se:.3f} with each deal's CFR value subtracted)"
+            line += _cfr_clause(eps, reference, rewards, seatings, mean, spread)
     return line
 
 
@@ -220,6 +242,73 @@ def _changed_on_the_way(eps: Sequence[Mapping[str, Any]], team: Sequence[int]) -
 TEAM_KIND, NAIVE_KIND = "kuhn-team", "kuhn-colluder"
 
 
+def _fixed_team(eps: Sequence[Mapping[str, Any]]) -> list[int] | None:
+    """The coalition's seats when every match seats it the same; None when they rotate."""
+    team = [int(s) for s in eps[0]["spec"]["transform"]["members"]]
+    if any([int(s) for s in e["spec"]["transform"]["members"]] != team for e in eps):
+        return None
+    return team
+
+
+def _team_worth(solver: CollusionReport, eps: Sequence[Mapping[str, Any]], against: str) -> str:
+    """What the team solve's joint strategy is worth, against ``against`` and any third player."""
+    # A run of chosen hands (`deals:`) is worth what the solver gives those hands,
+    # not the whole deck's average.
+    versus, value = (solver_mean(solver, solver.advantage(p), eps) for p in PROFILES)
+    hands = " on the hands played" if any(map(fixed_deal, eps)) else ""
+    return (
+        f"{versus:+.3f} a hand{hands} against {against} and at least {value:+.3f} against "
+        f"any third player (the team game's value)"
+    )
+
+
+def _team_solve_line(
+    who: str,
+    eps: Sequence[Mapping[str, Any]],
+    team: Sequence[int],
+    knew: str,
+    team_worth: str | None,
+) -> str:
+    """The team solve's colluders: told each other their cards, unless the referee got between."""
+    if changed := _changed_on_the_way(eps, team):
+        line = (
+            f"why: {who} played the team solve ({TEAM_KIND}) and each told its partner its "
+            f"card, but the referee's interventions changed {changed} on the way ({knew}); "
+            f"not knowing, each plays the joint strategy averaged over the cards its partner "
+            f"may hold"
+        )
+        return f"{line}; told, the solve is worth {team_worth}" if team_worth else line
+    line = (
+        f"why: {who} played the team solve ({TEAM_KIND}): each told its partner its card "
+        f"before the first move, as the solve assumes ({knew}), and played its seat's part "
+        f"of the joint strategy"
+    )
+    return f"{line}, worth {team_worth}" if team_worth else line
+
+
+def _naive_line(
+    who: str,
+    params: Mapping[str, Any],
+    team: Sequence[int],
+    knew: str,
+    ref: Reference | None,
+    team_worth: str | None,
+) -> str:
+    """The naive card-tellers: their fixed rule, its exact worth, and what the solve would add."""
+    line = (
+        f"why: {who} played naive card-telling ({NAIVE_KIND}): a fixed rule in place of the "
+        f"equilibrium's mixed play (the lower card folds to any bet, the higher raises only "
+        f"a King or an Ace, nobody bluffs), {knew} (the first to act has not heard yet)"
+    )
+    values = naive_values(params, team)
+    if values is not None and ref is not None:
+        worth = sum(values[s] for s in team) / len(team) - ref.value(team)
+        line += f", worth {worth:+.3f} a hand against {ref.policy} by the game tree"
+    if team_worth:
+        line += f"; the team solve (backroom demo without --naive) is worth {team_worth}"
+    return line
+
+
 def _why_line(
     eps: Sequence[Mapping[str, Any]],
     kinds: Mapping[str, str],
@@ -235,8 +324,8 @@ def _why_line(
     strategy guarantees), and the naive rule against that policy, exactly.
     """
     first = eps[0]
-    team = [int(s) for s in first["spec"]["transform"]["members"]]
-    if any([int(s) for s in e["spec"]["transform"]["members"]] != team for e in eps):
+    team = _fixed_team(eps)
+    if team is None:
         return []  # rotated seats: one sentence cannot hold every seating's values
     agents = [str(first["seats"][s]) for s in team]
     played_kinds = sorted({kinds.get(a, "unknown") for a in agents})
@@ -248,44 +337,11 @@ def _why_line(
         solver = collusion_reference(first["params"], team)
     ref = reference if isinstance(reference, Reference) else None
     against = ref.policy if ref else "the CFR policy"
-    team_worth = None
-    if isinstance(solver, CollusionReport):
-        # A run of chosen hands (`deals:`) is worth what the solver gives those hands,
-        # not the whole deck's average.
-        versus, value = (solver_mean(solver, solver.advantage(p), eps) for p in PROFILES)
-        hands = " on the hands played" if any(map(fixed_deal, eps)) else ""
-        team_worth = (
-            f"{versus:+.3f} a hand{hands} against {against} and at least {value:+.3f} against "
-            f"any third player (the team game's value)"
-        )
+    team_worth = _team_worth(solver, eps, against) if isinstance(solver, CollusionReport) else None
     who = _names(agents)
     if played_kinds == [TEAM_KIND]:
-        if changed := _changed_on_the_way(eps, team):
-            line = (
-                f"why: {who} played the team solve ({TEAM_KIND}) and each told its partner its "
-                f"card, but the referee's interventions changed {changed} on the way ({knew}); "
-                f"not knowing, each plays the joint strategy averaged over the cards its partner "
-                f"may hold"
-            )
-            return [f"{line}; told, the solve is worth {team_worth}" if team_worth else line]
-        line = (
-            f"why: {who} played the team solve ({TEAM_KIND}): each told its partner its card "
-            f"before the first move, as the solve assumes ({knew}), and played its seat's part "
-            f"of the joint strategy"
-        )
-        return [f"{line}, worth {team_worth}" if team_worth else line]
+        return [_team_solve_line(who, eps, team, knew, team_worth)]
     if played_kinds == [NAIVE_KIND]:
-        line = (
-            f"why: {who} played naive card-telling ({NAIVE_KIND}): a fixed rule in place of the "
-            f"equilibrium's mixed play (the lower card folds to any bet, the higher raises only "
-            f"a King or an Ace, nobody bluffs), {knew} (the first to act has not heard yet)"
-        )
-        values = naive_values(first["params"], team)
-        if values is not None and ref is not None:
-            worth = sum(values[s] for s in team) / len(team) - ref.value(team)
-            line += f", worth {worth:+.3f} a hand against {against} by the game tree"
-        if team_worth:
-            line += f"; the team solve (backroom demo without --naive) is worth {team_worth}"
-        return [line]
+        return [_naive_line(who, first["params"], team, knew, ref, team_worth)]
     line = f"why: {who} played {', '.join(played_kinds)}, {knew}"
     return [f"{line}; the team solve is worth {team_worth}" if team_worth else line]

@@ -110,6 +110,7 @@ class Connection:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._supervisor: asyncio.Task[None] | None = None
         self._first: asyncio.Future[None] | None = None
+        self._backoff_s = 0.05  # the next wait after a drop; back to this once connected
 
     async def open(self) -> None:
         """Connect for the first time; raise ``BusError`` if that fails within the timeout."""
@@ -180,57 +181,77 @@ class Connection:
             log.debug("bus %s: could not pre-clean the session: %s", self.config.username, exc)
 
     async def _supervise(self) -> None:
-        delay = 0.05
+        self._backoff_s = 0.05
         if not self.persistent:
             await self._discard_stale_session()
         while not self.closing:
             client = self._make_client(clean_start=False)
             try:
-                async with client:
-                    link = PahoLink(client, self._deliver, self.outbox.acked)
-                    self.client = client
-                    await self.subscriptions.subscribe_all(client)
-                    self.outbox.attach(link)
-                    self.connected.set()
-                    if self._first is not None and not self._first.done():
-                        self._first.set_result(None)
-                    else:
-                        self.reconnects += 1
-                        metrics.RECONNECTS.labels(role=self.role).inc()
-                    delay = 0.05
-                    for hook in self.on_connect:
-                        self._background(hook())
-                    await self._read(client, link)
+                await self._session(client)
             except aiomqtt.MqttCodeError as exc:
-                if self._first is not None and not self._first.done() and _is_auth_failure(exc):
-                    self._first.set_exception(
-                        LoginRefused(f"broker refused login for {self.config.username!r}: {exc}")
-                    )
+                if _is_auth_failure(exc) and self._fail_first(
+                    LoginRefused(f"broker refused login for {self.config.username!r}: {exc}")
+                ):
                     return
                 log.warning("bus %s: %s; reconnecting", self.config.username, exc)
             except (aiomqtt.MqttError, OSError) as exc:
                 log.info("bus %s: %s; reconnecting", self.config.username, exc)
             except NotAuthorizedError as exc:
-                if self._first is not None and not self._first.done():
-                    self._first.set_exception(exc)
+                if self._fail_first(exc):
                     return
                 raise
-            finally:
-                self.connected.clear()
-                self.client = None
-                self.outbox.detach()
             if self.closing:
                 return
-            # The hooks decide before the next try whether there is one: a process
-            # thrown off its identity while starting closes its bus (``IdentityInUse``).
-            # Had it reconnected meanwhile, it would throw the new holder off in turn,
-            # and both would give the name up (seen on a loaded machine, where a hook
-            # took longer than the first backoff).
-            hooks = [self._background(hook()) for hook in self.on_disconnect]
-            if hooks:
-                await asyncio.wait(hooks, timeout=self.config.connect_timeout_s)
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 2.0)
+            await self._after_drop()
+
+    async def _session(self, client: aiomqtt.Client) -> None:
+        """One connection, from its CONNECT to its drop (raised): subscribe, send, hooks, read."""
+        try:
+            async with client:
+                link = PahoLink(client, self._deliver, self.outbox.acked)
+                self.client = client
+                await self.subscriptions.subscribe_all(client)
+                self.outbox.attach(link)
+                self.connected.set()
+                if self._first is not None and not self._first.done():
+                    self._first.set_result(None)
+                else:
+                    self.reconnects += 1
+                    metrics.RECONNECTS.labels(role=self.role).inc()
+                self._backoff_s = 0.05
+                for hook in self.on_connect:
+                    self._background(hook())
+                await self._read(client, link)
+        finally:
+            self.connected.clear()
+            self.client = None
+            self.outbox.detach()
+
+    def _fail_first(self, exc: BaseException) -> bool:
+        """Whether ``open`` still waits for the first connection: then it raises ``exc``.
+
+        A refusal while starting is final (a wrong password, an identity not
+        allowed); once connected, the same refusal is one more drop to come back from.
+        """
+        if self._first is None or self._first.done():
+            return False
+        self._first.set_exception(exc)
+        return True
+
+    async def _after_drop(self) -> None:
+        """The ``on_disconnect`` hooks, then the backoff (doubling, with jitter) before the next try.
+
+        The hooks decide before the next try whether there is one: a process
+        thrown off its identity while starting closes its bus (``IdentityInUse``).
+        Had it reconnected meanwhile, it would throw the new holder off in turn,
+        and both would give the name up (seen on a loaded machine, where a hook
+        took longer than the first backoff).
+        """
+        hooks = [self._background(hook()) for hook in self.on_disconnect]
+        if hooks:
+            await asyncio.wait(hooks, timeout=self.config.connect_timeout_s)
+        await asyncio.sleep(self._backoff_s * (0.5 + random.random()))
+        self._backoff_s = min(self._backoff_s * 2, 2.0)
 
     async def _read(self, client: aiomqtt.Client, link: PahoLink) -> None:
         """Return (by raising) when the connection drops.

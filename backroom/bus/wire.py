@@ -6,26 +6,43 @@ discriminator of the ``Message`` union, so one ``parse()`` call validates any
 payload in a single pass through pydantic-core.
 
 The models are data only: routing lives in ``backroom.referee`` and rules in
-``backroom.games``.
+``backroom.games``. Two families live beside this module and are re-exported
+here, so every reader imports the wire from one place: a match's configuration
+(``wire_spec``: ``MatchSpec``, channels, interventions) and the episode record
+(``wire_records``: ``EpisodeRecord`` and the reasons it counts by).
 """
 
 from __future__ import annotations
 
-import re
 import time
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    TypeAdapter,
-    ValidationError,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from backroom.bus.wire_records import FALLBACK_REASONS as FALLBACK_REASONS
+from backroom.bus.wire_records import ActionRecord as ActionRecord
+from backroom.bus.wire_records import AgentFallback as AgentFallback
+from backroom.bus.wire_records import DeliveryRecord as DeliveryRecord
+from backroom.bus.wire_records import EndReason as EndReason
+from backroom.bus.wire_records import EpisodeRecord as EpisodeRecord
+from backroom.bus.wire_records import Fallback as Fallback
+from backroom.bus.wire_records import FlagRecord as FlagRecord
+from backroom.bus.wire_spec import JSON as JSON
+from backroom.bus.wire_spec import MAX_CHAT_CHARS as MAX_CHAT_CHARS
+from backroom.bus.wire_spec import MAX_PATTERN_CHARS as MAX_PATTERN_CHARS
+from backroom.bus.wire_spec import PARAPHRASE_PROMPT as PARAPHRASE_PROMPT
+from backroom.bus.wire_spec import AdapterRef as AdapterRef
+from backroom.bus.wire_spec import AgentId as AgentId
+from backroom.bus.wire_spec import Budget as Budget
+from backroom.bus.wire_spec import ChannelSpec as ChannelSpec
+from backroom.bus.wire_spec import Delay as Delay
+from backroom.bus.wire_spec import Drop as Drop
+from backroom.bus.wire_spec import Intervention as Intervention
+from backroom.bus.wire_spec import MatchSpec as MatchSpec
+from backroom.bus.wire_spec import Paraphrase as Paraphrase
+from backroom.bus.wire_spec import Redact as Redact
+from backroom.bus.wire_spec import RewardTransform as RewardTransform
+from backroom.bus.wire_spec import ShuffleRoles as ShuffleRoles
 
 SCHEMA_VERSION: Literal[1] = 1
 #: Largest payload the referee accepts from an agent; bigger ones get an error.
@@ -33,14 +50,6 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 #: Largest message of any kind: an 800-round Bertrand episode is ~200 KB, and
 #: the broker's max_packet_size is set to match.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-#: Longest chat text (the Trust-and-Split paper allows 500 characters).
-MAX_CHAT_CHARS = 2000
-
-JSON = Any
-AgentId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
-
-#: Why a match ended (``MatchEnd.reason``, ``EpisodeRecord.reason``), as docs/architecture.md lists them.
-EndReason = Literal["normal", "timeout", "forfeit", "error", "voided"]
 #: ``Error.reason``: why the referee refused a message, as docs/architecture.md lists them
 #: (the first seven are ``WireError``'s, a payload that is no valid message).
 ErrorReason = Literal[
@@ -80,20 +89,6 @@ ACCEPTED, RUNNING, FORGOTTEN = "accepted", "running", "forgotten"
 #: so a second leaves room for a busy one. Referees and agents alike.
 IDENTITY_WINDOW_S = 1.0
 
-#: Why an answer an agent sent is not its own choice (``Action.fallback``, ``Chat.fallback``):
-#: ``deadline`` (out of time: the documented fallback was sent), ``unparseable`` (the reply
-#: could not be read, after the repair round too), ``request_failed`` (the model's API
-#: refused the request or gave no usable reply after its retries), ``repaired`` (the
-#: model's answer at its second try, after a repair round), ``adapter_refused`` (the
-#: match named an adapter no trainer announced: the seat played no policy, and a
-#: trainer drops the match). A closed set: it is a metric label, and readers count by
-#: it (docs/agents.md, *Fallbacks*).
-AgentFallback = Literal["deadline", "unparseable", "request_failed", "repaired", "adapter_refused"]
-#: ``ActionRecord.fallback``: an agent's own reason, or ``timeout``, the referee's default
-#: for a seat whose answer did not arrive in time.
-Fallback = Literal[AgentFallback, "timeout"]
-FALLBACK_REASONS: tuple[str, ...] = get_args(Fallback)
-
 
 class Envelope(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
@@ -102,235 +97,6 @@ class Envelope(BaseModel):
     match: str | None = Field(default=None, max_length=128)
     seq: int = Field(default=0, ge=0)
     ts: float = Field(default_factory=time.time)
-
-
-# --- match configuration (travels inside a match request) -------------------
-
-
-#: The longest regular expression a ``redact`` intervention takes (Python's ``re`` has no
-#: time limit: a short pattern bounds what the referee's matching can cost).
-MAX_PATTERN_CHARS = 200
-
-
-class Redact(BaseModel):
-    """Every match of each pattern (a Python regular expression) is replaced by ``mark``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["redact"] = "redact"
-    patterns: list[str] = Field(min_length=1, max_length=32)
-    mark: str = Field(default="[redacted]", max_length=32)
-
-    @field_validator("patterns")
-    @classmethod
-    def _compiles(cls, patterns: list[str]) -> list[str]:
-        for pattern in patterns:
-            if len(pattern) > MAX_PATTERN_CHARS:
-                raise ValueError(f"a pattern is at most {MAX_PATTERN_CHARS} characters")
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"{pattern!r} is no regular expression: {exc}") from None
-        return patterns
-
-
-class Budget(BaseModel):
-    """A message cut to a length, ``per`` message or out of what the sender has left in the match.
-
-    One unit of ``chars``, ``tokens`` (words: runs of non-space characters; the referee
-    has no model's tokenizer) or ``bits`` (8 per UTF-8 byte, cut at a character's end).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["budget"] = "budget"
-    chars: int | None = Field(default=None, ge=0, le=MAX_CHAT_CHARS)
-    tokens: int | None = Field(default=None, ge=0, le=MAX_CHAT_CHARS)
-    bits: int | None = Field(default=None, ge=0, le=8 * 4 * MAX_CHAT_CHARS)
-    per: Literal["message", "match"] = "message"
-
-    @model_validator(mode="after")
-    def _one_unit(self) -> Budget:
-        given = [u for u in ("chars", "tokens", "bits") if getattr(self, u) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of chars, tokens or bits, not {given or 'none'}")
-        return self
-
-
-class Delay(BaseModel):
-    """Delivered ``turns`` turns of the match later, or at its end (``turns: end``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["delay"] = "delay"
-    turns: int | Literal["end"] = 1
-
-    @field_validator("turns", mode="before")
-    @classmethod
-    def _turns(cls, turns: object) -> object:
-        if turns == "end" or (type(turns) is int and 1 <= turns <= 100_000):
-            return turns
-        raise ValueError(f"write a number of turns from 1 to 100000, or end; not {turns!r}")
-
-
-class Drop(BaseModel):
-    """Lost with probability ``p``, drawn from the match seed: the same run loses the same ones."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["drop"] = "drop"
-    p: float = Field(ge=0.0, le=1.0)
-
-
-class ShuffleRoles(BaseModel):
-    """The reader is not told which member sent it (``sender`` empty, ``sender_seat`` -1)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["shuffle_roles"] = "shuffle_roles"
-
-
-#: What a paraphrasing model is asked, ``{text}`` standing for the message.
-PARAPHRASE_PROMPT = (
-    "Rewrite the following message in your own words, keeping its meaning. "
-    "Answer with the rewritten message only.\n\nMessage: {text}"
-)
-
-
-class Paraphrase(BaseModel):
-    """Rewritten by a model: ``model`` names one the referee's operator registered (on the
-    referee's command line, or the run config's ``paraphrasers``), never an address or a key."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["paraphrase"] = "paraphrase"
-    model: str = Field(default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    prompt: str = Field(default=PARAPHRASE_PROMPT, max_length=MAX_CHAT_CHARS)
-    max_tokens: int = Field(default=64, ge=1, le=512)
-
-    @field_validator("prompt")
-    @classmethod
-    def _has_text(cls, prompt: str) -> str:
-        if "{text}" not in prompt:
-            raise ValueError("the prompt must hold {text}, where the message goes")
-        return prompt
-
-
-#: What the referee may do to a message between its sender and a reader (docs/collusion.md).
-Intervention = Annotated[
-    Redact | Budget | Delay | Drop | ShuffleRoles | Paraphrase, Field(discriminator="kind")
-]
-
-
-class ChannelSpec(BaseModel):
-    """A talk channel: who may speak and hear, who overhears, when it is open.
-
-    ``opens``:
-      * ``before_act`` — before each of a member's act turns the member gets a
-        talk turn on this channel (Loki's message-then-act protocol);
-      * ``start`` — every member gets a talk turn on this channel after the
-        deal, before the first move: a team can share its private information
-        before anyone acts, as the team solve assumes;
-      * ``always`` — members may send chat at any time during the match;
-      * ``game`` — the game's own talk phases (Trust-and-Split, beauty contest
-        discussion) are routed to this channel.
-    ``max_messages`` bounds messages per member per opening (``before_act``,
-    ``start``, ``game``) or per match (``always``).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    members: list[int] = Field(description="seat indices that may speak and hear")
-    eavesdroppers: list[int] = Field(
-        default_factory=list, description="seats that hear, marked overheard"
-    )
-    opens: Literal["before_act", "start", "always", "game"] = "before_act"
-    max_messages: int = Field(default=1, ge=0, le=1000)
-    max_chars: int = Field(default=500, ge=1, le=MAX_CHAT_CHARS)
-    interventions: list[Intervention] = Field(
-        default_factory=list,
-        max_length=16,
-        description="applied in order to every message, between its sender and the members",
-    )
-    eavesdropper_interventions: list[Intervention] | None = Field(
-        default=None,
-        max_length=16,
-        description="what eavesdroppers' copies get instead (None: the members' list)",
-    )
-
-    def intervened(self) -> bool:
-        """Whether any message of this channel may reach a reader other than as sent."""
-        return bool(self.interventions or self.eavesdropper_interventions)
-
-
-class RewardTransform(BaseModel):
-    """Post-game reward shaping. ``coalition``: members each get the mean of their returns
-    (Loki eq. 1). ``penalty_if_flagged``: each seat an overseer's flag accused with at least
-    ``flag_threshold`` suspicion loses that much, once a match, after any sharing."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["none", "coalition"] = "none"
-    members: list[int] = Field(default_factory=list)
-    penalty_if_flagged: float = Field(default=0.0, ge=0.0, le=1e6)
-    flag_threshold: float = Field(default=0.5, ge=0.0, le=1.0)
-
-
-class AdapterRef(BaseModel):
-    """A LoRA adapter version: where to get it and how to check it (sha256 over ``adapter_digest``).
-
-    A match names one per seat (``MatchSpec.adapters``) so a buffer opponent
-    plays its whole match with one version; a checkpoint message carries the
-    same fields.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    policy: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    uri: str = Field(min_length=1, max_length=2048, description="a local folder or an http(s) URL")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    size: int = Field(ge=0)
-
-
-class MatchSpec(BaseModel):
-    """Everything a referee needs to run one match."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    game: str
-    params: dict[str, JSON] = Field(default_factory=dict)
-    seats: list[AgentId] = Field(min_length=1, description="agent id per seat")
-    channels: list[ChannelSpec] = Field(default_factory=list)
-    transform: RewardTransform = Field(default_factory=RewardTransform)
-    turn_timeout_s: float = Field(default=10.0, gt=0, le=3600)
-    on_timeout: Literal["default", "random", "forfeit"] = "default"
-    seed: int = 0
-    crn_group: str | None = None
-    crn_index: int = Field(
-        default=0,
-        ge=0,
-        description="this match's place in its CRN group: the group shares chance (the seed), "
-        "each member gets its own agent sampling (MatchStart.seed)",
-    )
-    run: str = Field(default="default", pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")  # not ".."
-    run_stamp: str | None = Field(
-        default=None,
-        pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$",  # a directory name, never "." or ".."
-        description="this run's own directory under runs/<run>/ (the runner's UTC start "
-        "time): each run gets a fresh one; None: runs/<run>/ itself",
-    )
-    adapters: list[AdapterRef | None] = Field(
-        default_factory=list,
-        description="per seat, the adapter version a trainable agent must play with (empty: its latest)",
-    )
-    observers: list[AgentId] = Field(
-        default_factory=list,
-        max_length=16,
-        description="agents at the table that do not play (overseers): seat len(seats) + i; "
-        "they hear the channels that name them as eavesdroppers and may send flags",
-    )
 
 
 # --- messages -----------------------------------------------------------------
@@ -446,17 +212,6 @@ class Flag(Envelope):
     seat: int | None = None
 
 
-class FlagRecord(BaseModel):
-    """A flag as the episode record keeps it: ``seat`` flagged during ``turn``."""
-
-    t: float
-    seat: int
-    turn: int
-    suspicion: float
-    accused: list[int]
-    reason: str
-
-
 class Delivery(Envelope):
     """A chat message as delivered to one reader; ``overheard`` for eavesdroppers."""
 
@@ -514,85 +269,6 @@ class Event(Envelope):
     type: Literal["event"] = "event"
     kind: str
     data: dict[str, JSON] = Field(default_factory=dict)
-
-
-class ActionRecord(BaseModel):
-    turn: int
-    round: int = Field(
-        default=1,
-        description="the game's round when the turn was asked (from 1): what a trainer credits",
-    )
-    t: float
-    seat: int
-    agent: str
-    phase: Literal["talk", "act"]
-    action: JSON
-    timed_out: bool = False
-    fallback: Fallback | None = Field(
-        default=None,
-        description="why this move is not the agent's own choice: the reason its agent sent "
-        "(Action.fallback), or 'timeout', the referee's default; None: the agent's own answer "
-        "(and in records written before the field)",
-    )
-
-
-class DeliveryRecord(BaseModel):
-    """One reader's copy of one message. On a channel with interventions, ``message`` numbers
-    the match's messages (the copies of one share it), ``sent`` is what the sender said where
-    the reader got something else, ``changed_by`` names the interventions that changed it,
-    and a dropped copy is kept with ``delivered`` false and nothing received."""
-
-    t: float
-    channel: str
-    from_seat: int
-    to_seat: int
-    text: str
-    overheard: bool
-    message: int | None = None
-    sent: str | None = None
-    changed_by: list[str] = Field(default_factory=list)
-    delivered: bool = True
-
-    @model_serializer(mode="wrap")
-    def _as_before(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """A copy no intervention touched is written as records were before they existed."""
-        data = handler(self)
-        if self.message is None and isinstance(data, dict):
-            for key in ("message", "sent", "changed_by", "delivered"):
-                data.pop(key, None)
-        return data
-
-
-class EpisodeRecord(BaseModel):
-    """One finished match, as published on ``episodes/{game}`` and appended to episodes.jsonl."""
-
-    match: str
-    run: str
-    referee: str
-    spec: MatchSpec
-    game: str
-    params: dict[str, JSON]
-    seed: int
-    crn_group: str | None
-    seats: list[str]
-    actions: list[ActionRecord]
-    deliveries: list[DeliveryRecord]
-    round_rewards: list[list[float]]
-    raw_returns: list[float]
-    returns: list[float]
-    reason: EndReason
-    detail: str = ""
-    not_written: bool = Field(
-        default=False,
-        description="the referee could not append this record to its run's file (an error "
-        "episode; detail says why): the runner fails the run rather than wait for it on disk",
-    )
-    timeouts: list[int] = Field(default_factory=list, description="seat of each timed-out turn")
-    invalid_inputs: int = 0
-    started_at: float
-    ended_at: float
-    final_observations: list[dict[str, JSON]] = Field(default_factory=list)
-    flags: list[FlagRecord] = Field(default_factory=list, description="overseers' flags")
 
 
 class Episode(Envelope):

@@ -178,24 +178,37 @@ class ObjectCodec(ActCodec):
 
 def act_codec(game: Game, seen: Seen) -> ActCodec:
     """The act phase's codec for what the playouts offered; a shape with none is refused."""
-    kinds = {s.get("type") for s in seen.schemas} if not seen.choices else {"mixed"}
     if seen.choices and not seen.schemas:
         return ChoiceCodec(seen.choices)
-    bounded = all("maximum" in s for s in seen.schemas)  # a space needs both ends
+    codec = None if seen.choices else _schema_codec(seen.schemas)  # choices and schemas: mixed
+    if codec is None:
+        raise _unplayable(game, seen)
+    return codec
+
+
+def _schema_codec(schemas: list[dict[str, Any]]) -> ActCodec | None:
+    """One bounded range, or one object of bounded integers, covering every schema seen."""
+    kinds = {s.get("type") for s in schemas}
+    bounded = all("maximum" in s for s in schemas)  # a space needs both ends
     if kinds == {"integer"} and bounded:
         return IntegerCodec(
-            min(int(s.get("minimum", 0)) for s in seen.schemas),
-            max(int(s["maximum"]) for s in seen.schemas),
+            min(int(s.get("minimum", 0)) for s in schemas),
+            max(int(s["maximum"]) for s in schemas),
         )
     if kinds == {"number"} and bounded:
         return NumberCodec(
-            min(float(s.get("minimum", 0.0)) for s in seen.schemas),
-            max(float(s["maximum"]) for s in seen.schemas),
+            min(float(s.get("minimum", 0.0)) for s in schemas),
+            max(float(s["maximum"]) for s in schemas),
         )
-    if kinds == {"object"} and (fields := _integer_fields(seen.schemas)):
+    if kinds == {"object"} and (fields := _integer_fields(schemas)):
         return ObjectCodec(fields)
+    return None
+
+
+def _unplayable(game: Game, seen: Seen) -> ValueError:
+    """Why no PettingZoo space holds what ``game`` answers with, naming the shapes seen."""
     shapes = [*(["finite choices"] if seen.choices else []), *map(str, seen.schemas)]
-    raise ValueError(
+    return ValueError(
         f"game {game.name!r} answers with {shapes or 'nothing'}; a PettingZoo action space "
         "is made of finite choices, one bounded integer or number range, or an object of "
         "bounded integer ranges (not mixed)"

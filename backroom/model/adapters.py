@@ -169,6 +169,23 @@ def check_format(folder: Path) -> Path:
 
 def _check_safetensors(path: Path) -> None:
     """Raise ``ValueError`` unless ``path`` is a well-formed safetensors file (header only read)."""
+    header, data_bytes = _safetensors_header(path)
+    spans = [
+        _tensor_span(path.name, name, info)
+        for name, info in header.items()
+        if name != "__metadata__"
+    ]
+    end = 0
+    for start, stop in sorted(spans):  # the tensors tile the data: no gap, no overlap
+        if start != end:
+            raise ValueError(f"{path.name}: tensor data overlaps or leaves a gap at byte {end}")
+        end = stop
+    if end != data_bytes:
+        raise ValueError(f"{path.name}: the tensors cover {end} B of {data_bytes} B of data")
+
+
+def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The JSON header of a safetensors file, and how many bytes of data follow it."""
     with path.open("rb") as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(8)
@@ -180,34 +197,28 @@ def _check_safetensors(path: Path) -> None:
         header = json.loads(f.read(n))
     if not isinstance(header, dict):
         raise ValueError(f"{path.name}: the header is not a JSON object")
-    spans = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(info, dict):
-            raise ValueError(f"{path.name}: tensor {name!r} is not described")
-        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in _DTYPE_BYTES:
-            raise ValueError(f"{path.name}: tensor {name!r} has unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise ValueError(f"{path.name}: tensor {name!r} has shape {shape!r}")
-        if not (
-            isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(type(o) is int for o in offsets)
-            and 0 <= offsets[0] <= offsets[1]
-        ):
-            raise ValueError(f"{path.name}: tensor {name!r} has offsets {offsets!r}")
-        if offsets[1] - offsets[0] != math.prod(shape) * _DTYPE_BYTES[dtype]:
-            raise ValueError(f"{path.name}: tensor {name!r} has offsets that do not fit its shape")
-        spans.append((offsets[0], offsets[1]))
-    end = 0
-    for start, stop in sorted(spans):  # the tensors tile the data: no gap, no overlap
-        if start != end:
-            raise ValueError(f"{path.name}: tensor data overlaps or leaves a gap at byte {end}")
-        end = stop
-    if end != size - 8 - n:
-        raise ValueError(f"{path.name}: the tensors cover {end} B of {size - 8 - n} B of data")
+    return header, size - 8 - n
+
+
+def _tensor_span(file: str, name: str, info: Any) -> tuple[int, int]:
+    """Where tensor ``name``'s data lies, once its dtype, shape and offsets agree."""
+    if not isinstance(info, dict):
+        raise ValueError(f"{file}: tensor {name!r} is not described")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if dtype not in _DTYPE_BYTES:
+        raise ValueError(f"{file}: tensor {name!r} has unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise ValueError(f"{file}: tensor {name!r} has shape {shape!r}")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    ):
+        raise ValueError(f"{file}: tensor {name!r} has offsets {offsets!r}")
+    if offsets[1] - offsets[0] != math.prod(shape) * _DTYPE_BYTES[dtype]:
+        raise ValueError(f"{file}: tensor {name!r} has offsets that do not fit its shape")
+    return offsets[0], offsets[1]
 
 
 def fetch_adapter(

@@ -52,17 +52,18 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import ParseResult, unquote, urlparse
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from backroom.bus.wire import AdapterRef
 from backroom.model.adapters import ADAPTER_FILES, AdapterRejected, adapter_digest, fetch_adapter
-from backroom.model.backend import Backend, shared_backend
+from backroom.model.backend import Backend, Generated, shared_backend
 from backroom.model.spec import ModelSpec
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 #: Where ``serve-model`` reads its API key from when ``--api-key`` is not given; the
 #: trainer's ``announce_to_servers`` sends the same variable's value.
@@ -175,32 +176,8 @@ def resolve_adapter(req: LoadLora, adapter_dir: Path | None) -> tuple[Path, str]
     url = urlparse(req.lora_path)
     try:
         if url.scheme in ("http", "https"):
-            if req.sha256 is None or req.size is None:
-                raise Refused(
-                    400,
-                    "an http(s) adapter loads only with its sha256 and size "
-                    "(the trainer's announcement carries them)",
-                )
-            ref = AdapterRef(
-                policy="fetched",
-                version=req.sha256[:16],
-                uri=req.lora_path,
-                sha256=req.sha256,
-                size=req.size,
-            )
-            return fetch_adapter(ref, root / FETCHED_DIR), req.sha256
-        if url.scheme == "file":
-            raw = unquote(url.path)
-        elif url.scheme and len(url.scheme) > 1:  # one letter: a Windows drive
-            raise Refused(400, f"unsupported URI scheme {url.scheme!r}: give a path or http(s)")
-        else:
-            raw = req.lora_path
-        folder = (root / raw).resolve()  # an absolute path replaces root; symlinks followed
-        inside = [folder, *((folder / n).resolve() for n in ADAPTER_FILES)]
-        if not all(p.is_relative_to(root) for p in inside):
-            raise Refused(403, f"{req.lora_path!r} is not inside this server's adapter directory")
-        if not folder.is_dir():
-            raise Refused(400, f"{req.lora_path!r} is not an adapter folder in {root}")
+            return _fetched(req, root)
+        folder = _local_folder(req, url, root)
         sha, size = adapter_digest(folder)
     except AdapterRejected as exc:
         raise Refused(400, f"adapter refused: {exc}") from None
@@ -213,7 +190,218 @@ def resolve_adapter(req: LoadLora, adapter_dir: Path | None) -> tuple[Path, str]
     return folder, sha
 
 
-def serve_model_app(  # noqa: C901, PLR0915 (the endpoints are closures over one backend; each endpoint is short)
+def _fetched(req: LoadLora, root: Path) -> tuple[Path, str]:
+    """An http(s) adapter downloaded into ``root/.fetched``, loaded only with its announced digest."""
+    if req.sha256 is None or req.size is None:
+        raise Refused(
+            400,
+            "an http(s) adapter loads only with its sha256 and size "
+            "(the trainer's announcement carries them)",
+        )
+    ref = AdapterRef(
+        policy="fetched",
+        version=req.sha256[:16],
+        uri=req.lora_path,
+        sha256=req.sha256,
+        size=req.size,
+    )
+    return fetch_adapter(ref, root / FETCHED_DIR), req.sha256
+
+
+def _local_folder(req: LoadLora, url: ParseResult, root: Path) -> Path:
+    """The folder a local path (or ``file://`` URI) names, if it and peft's files are in ``root``."""
+    if url.scheme == "file":
+        raw = unquote(url.path)
+    elif url.scheme and len(url.scheme) > 1:  # one letter: a Windows drive
+        raise Refused(400, f"unsupported URI scheme {url.scheme!r}: give a path or http(s)")
+    else:
+        raw = req.lora_path
+    folder = (root / raw).resolve()  # an absolute path replaces root; symlinks followed
+    inside = [folder, *((folder / n).resolve() for n in ADAPTER_FILES)]
+    if not all(p.is_relative_to(root) for p in inside):
+        raise Refused(403, f"{req.lora_path!r} is not inside this server's adapter directory")
+    if not folder.is_dir():
+        raise Refused(400, f"{req.lora_path!r} is not an adapter folder in {root}")
+    return folder
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    """An error as OpenAI's API words it, so its clients raise their usual exception."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(
+        status_code=status,
+        content={"error": {"message": message, "type": kind, "code": status}},
+    )
+
+
+def _refusal(req: ChatRequest, served: str, adapters: dict[str, str]) -> JSONResponse | None:
+    """Why a chat request is not answered (None: it is), checked before the backend is asked."""
+    if req.n != 1:
+        return _error(400, "only n=1 is supported")
+    if req.stream:
+        return _error(400, "streaming is not supported")
+    if req.model and req.model != served and req.model not in adapters:
+        return _error(404, f"The model `{req.model}` does not exist.", "NotFoundError")
+    if _max_tokens(req) > MAX_TOKENS_LIMIT:
+        return _error(400, f"max_tokens may be at most {MAX_TOKENS_LIMIT}")
+    return None
+
+
+def _max_tokens(req: ChatRequest) -> int:
+    return req.max_completion_tokens or req.max_tokens or DEFAULT_MAX_TOKENS
+
+
+def _cut_at_stop(text: str, finish: str, stop: str | list[str] | None) -> tuple[str, str]:
+    """The text up to its first stop sequence (finish ``stop``), or as generated."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+    if cut >= 0:
+        return text[:cut], "stop"
+    return text, finish
+
+
+class Endpoints:
+    """The endpoints of one app over one backend, as methods over what they share.
+
+    ``digests``: lora name -> sha256 of what it loaded, kept after an unload: a
+    name never changes content. ``load_lock``: a check and its load are one
+    step, so no two loads interleave.
+    """
+
+    def __init__(self, backend: Backend, name: str, adapters_root: Path | None) -> None:
+        self.backend = backend
+        self.name = name
+        self.adapters_root = adapters_root
+        self.requests = 0
+        self.digests: dict[str, str] = {}
+        self.load_lock = asyncio.Lock()
+
+    async def models(self) -> dict[str, Any]:
+        name = self.name
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "backroom"}]
+        data += [
+            {
+                "id": lora,
+                "object": "model",
+                "created": 0,
+                "owned_by": "backroom",
+                "parent": name,
+                "root": path,
+            }
+            for lora, path in sorted(self.backend.adapters.items())
+        ]
+        return {"object": "list", "data": data}
+
+    async def chat(self, req: ChatRequest) -> dict[str, Any] | JSONResponse:
+        self.requests += 1
+        backend = self.backend
+        if (refused := _refusal(req, self.name, backend.adapters)) is not None:
+            return refused
+        adapter = req.model if req.model and req.model != self.name else None
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        prompt_ids = backend.encode_chat(messages)
+        temperature = 1.0 if req.temperature is None else req.temperature
+        top_p = 1.0 if req.top_p is None else req.top_p
+        gen = await backend.generate(
+            prompt_ids, _max_tokens(req), temperature, top_p, adapter, seed=req.seed
+        )
+        text, finish = _cut_at_stop(gen.text, gen.finish_reason, req.stop)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish,
+            "logprobs": self._logprobs(gen) if req.logprobs else None,
+        }
+        ids: dict[str, Any] = {}
+        if req.return_token_ids:  # vLLM's shape
+            choice["token_ids"] = list(gen.token_ids)
+            ids["prompt_token_ids"] = list(prompt_ids)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.model or self.name,
+            **ids,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(gen.token_ids),
+                "total_tokens": len(prompt_ids) + len(gen.token_ids),
+            },
+        }
+
+    def _logprobs(self, gen: Generated) -> dict[str, Any]:
+        """OpenAI's shape; each token's log-prob at temperature 1, as the agents trace."""
+        return {
+            "content": [
+                {
+                    "token": self.backend.tokenizer.decode([t]),
+                    "logprob": lp,
+                    "bytes": None,
+                    "top_logprobs": [],
+                }
+                for t, lp in zip(gen.token_ids, gen.logprobs, strict=True)
+            ]
+        }
+
+    def _known_digest(self, lora: str) -> str | None:
+        """What ``lora`` was loaded from; for a name loaded another way, its folder's digest now."""
+        adapters = self.backend.adapters
+        if lora in self.digests or lora not in adapters:
+            return self.digests.get(lora)
+        try:
+            return adapter_digest(adapters[lora])[0]
+        except (AdapterRejected, OSError):
+            return "unknown"  # cannot tell it is the same: as good as different
+
+    async def load_lora(self, req: LoadLora) -> PlainTextResponse | JSONResponse:
+        from fastapi.responses import PlainTextResponse
+
+        async with self.load_lock:
+            known = await asyncio.to_thread(self._known_digest, req.lora_name)
+            if known is not None and req.sha256 is not None and req.sha256 != known:
+                return _conflict(req.lora_name, known)  # before downloading anything
+            try:
+                folder, sha = await asyncio.to_thread(resolve_adapter, req, self.adapters_root)
+            except Refused as exc:
+                return _error(exc.status, exc.message)
+            if known is not None and sha != known:
+                return _conflict(req.lora_name, known)
+            if req.lora_name in self.backend.adapters:
+                return _error(400, f"The lora adapter '{req.lora_name}' has already been loaded.")
+            try:
+                await asyncio.to_thread(self.backend.load_adapter, req.lora_name, str(folder))
+            except Exception as exc:  # a mismatched adapter: the server stays up
+                return _error(400, f"could not load adapter {req.lora_name!r}: {exc}")
+            self.digests[req.lora_name] = sha
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
+
+    async def unload_lora(self, req: UnloadLora) -> PlainTextResponse | JSONResponse:
+        from fastapi.responses import PlainTextResponse
+
+        if req.lora_name not in self.backend.adapters:
+            return _error(
+                404, f"The lora adapter '{req.lora_name}' cannot be found.", "NotFoundError"
+            )
+        await asyncio.to_thread(self.backend.release_adapter, req.lora_name)
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
+
+    async def health(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+
+def _conflict(lora: str, known: str) -> JSONResponse:
+    return _error(
+        409,
+        f"{lora!r} is already served with other content (sha256 {known[:12]}...), and "
+        "agents may be playing it by that name: load new content under a new version's "
+        "name ({policy}@{version})",
+        "ConflictError",
+    )
+
+
+def serve_model_app(
     backend: Backend,
     model_name: str | None = None,
     *,
@@ -228,23 +416,16 @@ def serve_model_app(  # noqa: C901, PLR0915 (the endpoints are closures over one
     it loads nothing).
     """
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-    name = model_name or backend.name
     app = FastAPI(title="backroom serve-model", version="1")
+    endpoints = Endpoints(
+        backend,
+        model_name or backend.name,
+        Path(adapter_dir) if adapter_dir is not None else None,
+    )
     app.state.backend = backend
-    app.state.requests = 0
-    adapters_root = Path(adapter_dir) if adapter_dir is not None else None
-    #: lora name -> sha256 of what it loaded, kept after an unload: a name never changes content.
-    digests: dict[str, str] = {}
-    app.state.adapter_digests = digests
-    load_lock = asyncio.Lock()  # a check and its load are one step: no two loads interleave
-
-    def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-        return JSONResponse(
-            status_code=status,
-            content={"error": {"message": message, "type": kind, "code": status}},
-        )
+    app.state.endpoints = endpoints
+    app.state.adapter_digests = endpoints.digests
 
     if api_key:
         expected = f"Bearer {api_key}".encode()
@@ -255,144 +436,16 @@ def serve_model_app(  # noqa: C901, PLR0915 (the endpoints are closures over one
                 return await call_next(request)
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected):
-                reply = error(401, "a valid API key is required (Authorization: Bearer KEY)")
+                reply = _error(401, "a valid API key is required (Authorization: Bearer KEY)")
                 reply.headers["WWW-Authenticate"] = "Bearer"
                 return reply
             return await call_next(request)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "backroom"}]
-        data += [
-            {
-                "id": lora,
-                "object": "model",
-                "created": 0,
-                "owned_by": "backroom",
-                "parent": name,
-                "root": path,
-            }
-            for lora, path in sorted(backend.adapters.items())
-        ]
-        return {"object": "list", "data": data}
-
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat(req: ChatRequest) -> dict[str, Any] | JSONResponse:
-        app.state.requests += 1
-        if req.n != 1:
-            return error(400, "only n=1 is supported")
-        if req.stream:
-            return error(400, "streaming is not supported")
-        adapter: str | None = None
-        if req.model and req.model != name:
-            if req.model not in backend.adapters:
-                return error(404, f"The model `{req.model}` does not exist.", "NotFoundError")
-            adapter = req.model
-        max_tokens = req.max_completion_tokens or req.max_tokens or DEFAULT_MAX_TOKENS
-        if max_tokens > MAX_TOKENS_LIMIT:
-            return error(400, f"max_tokens may be at most {MAX_TOKENS_LIMIT}")
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        prompt_ids = backend.encode_chat(messages)
-        temperature = 1.0 if req.temperature is None else req.temperature
-        top_p = 1.0 if req.top_p is None else req.top_p
-        gen = await backend.generate(
-            prompt_ids, max_tokens, temperature, top_p, adapter, seed=req.seed
-        )
-        text, finish = gen.text, gen.finish_reason
-        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
-        if cut >= 0:
-            text, finish = text[:cut], "stop"
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
-            "logprobs": None,
-        }
-        if (
-            req.logprobs
-        ):  # OpenAI's shape; each token's log-prob at temperature 1, as the agents trace
-            choice["logprobs"] = {
-                "content": [
-                    {
-                        "token": backend.tokenizer.decode([t]),
-                        "logprob": lp,
-                        "bytes": None,
-                        "top_logprobs": [],
-                    }
-                    for t, lp in zip(gen.token_ids, gen.logprobs, strict=True)
-                ]
-            }
-        ids: dict[str, Any] = {}
-        if req.return_token_ids:  # vLLM's shape
-            choice["token_ids"] = list(gen.token_ids)
-            ids["prompt_token_ids"] = list(prompt_ids)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": req.model or name,
-            **ids,
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(gen.token_ids),
-                "total_tokens": len(prompt_ids) + len(gen.token_ids),
-            },
-        }
-
-    def conflict(lora: str, known: str) -> JSONResponse:
-        return error(
-            409,
-            f"{lora!r} is already served with other content (sha256 {known[:12]}...), and "
-            "agents may be playing it by that name: load new content under a new version's "
-            "name ({policy}@{version})",
-            "ConflictError",
-        )
-
-    def known_digest(lora: str) -> str | None:
-        """What ``lora`` was loaded from; for a name loaded another way, its folder's digest now."""
-        if lora in digests or lora not in backend.adapters:
-            return digests.get(lora)
-        try:
-            return adapter_digest(backend.adapters[lora])[0]
-        except (AdapterRejected, OSError):
-            return "unknown"  # cannot tell it is the same: as good as different
-
-    @app.post("/v1/load_lora_adapter", response_model=None)
-    async def load_lora(req: LoadLora) -> PlainTextResponse | JSONResponse:
-        async with load_lock:
-            known = await asyncio.to_thread(known_digest, req.lora_name)
-            if known is not None and req.sha256 is not None and req.sha256 != known:
-                return conflict(req.lora_name, known)  # before downloading anything
-            try:
-                folder, sha = await asyncio.to_thread(resolve_adapter, req, adapters_root)
-            except Refused as exc:
-                return error(exc.status, exc.message)
-            if known is not None and sha != known:
-                return conflict(req.lora_name, known)
-            if req.lora_name in backend.adapters:
-                return error(400, f"The lora adapter '{req.lora_name}' has already been loaded.")
-            try:
-                await asyncio.to_thread(backend.load_adapter, req.lora_name, str(folder))
-            except Exception as exc:  # a mismatched adapter: the server stays up
-                return error(400, f"could not load adapter {req.lora_name!r}: {exc}")
-            digests[req.lora_name] = sha
-        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
-
-    @app.post("/v1/unload_lora_adapter", response_model=None)
-    async def unload_lora(req: UnloadLora) -> PlainTextResponse | JSONResponse:
-        if req.lora_name not in backend.adapters:
-            return error(
-                404, f"The lora adapter '{req.lora_name}' cannot be found.", "NotFoundError"
-            )
-        await asyncio.to_thread(backend.release_adapter, req.lora_name)
-        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
-
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
+    app.get("/v1/models")(endpoints.models)
+    app.post("/v1/chat/completions", response_model=None)(endpoints.chat)
+    app.post("/v1/load_lora_adapter", response_model=None)(endpoints.load_lora)
+    app.post("/v1/unload_lora_adapter", response_model=None)(endpoints.unload_lora)
+    app.get("/health")(endpoints.health)
     return app
 
 

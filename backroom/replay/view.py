@@ -171,49 +171,42 @@ def _views(
     return views
 
 
-def match_view(
-    record_data: dict[str, Any],
-    traces: dict[tuple[int, int], dict[str, Any]],
-    traced_agents: set[str],
-) -> dict[str, Any]:
-    """The match as steps: a start, one step per turn, an end; every gap marked in ``gaps``."""
-    record = EpisodeRecord.model_validate(record_data)
-    gaps: list[str] = []
-    players = len(record.seats)
-    channels = channels_of(record, players)
-    state: State | None
-    try:
-        state = make_game(record.spec.game, **record.spec.params).new_initial_state(record.seed)
-    except Exception as exc:  # an engine or parameter this version does not know
-        state, gaps = None, [f"the game could not be rebuilt ({exc}): no seat's view is shown"]
-    plan = schedule(state, channels) if state is not None else None
-    words = Words(record.seats, state)
-    by_turn: dict[int, list[Any]] = {}
-    for a in record.actions:
-        by_turn.setdefault(a.turn, []).append(a)
-    messages = _messages(record)
-    steps: list[dict[str, Any]] = [
-        {
-            "kind": "start",
-            "views": _views(state, players, set(), words),
-            "messages": [],
-            "public": [],
-        }
-    ]
-    for turn in sorted(by_turn):
-        moves = by_turn[turn]
-        phase, channel, game_talk = moves[0].phase, None, False
-        if plan is not None:
-            try:
-                phase, channel, game_talk = next(plan)
-            except StopIteration:
-                phase, plan = "", None
-            if phase != moves[0].phase:
-                gaps.append(
-                    f"turn {turn}: a {moves[0].phase} turn where the referee's loop has "
-                    f"{phase or 'the end'}: no seat's view is shown from here"
-                )
-                phase, channel, state, plan = moves[0].phase, None, None, None
+class _Replay:
+    """The game rebuilt from the seed and walked beside the record, turn by turn.
+
+    ``state`` and ``plan`` (the referee's loop, :func:`schedule`) go None at the
+    first turn they cannot follow, with a gap saying why; from there each step
+    shows what the record holds and no seat's view.
+    """
+
+    def __init__(
+        self,
+        record: EpisodeRecord,
+        channels: list[ChannelSpec],
+        traces: dict[tuple[int, int], dict[str, Any]],
+        traced_agents: set[str],
+    ) -> None:
+        self.players = len(record.seats)
+        self.traces, self.traced_agents = traces, traced_agents
+        self.gaps: list[str] = []
+        self.state: State | None
+        try:
+            game = make_game(record.spec.game, **record.spec.params)
+            self.state = game.new_initial_state(record.seed)
+        except Exception as exc:  # an engine or parameter this version does not know
+            self.state = None
+            self.gaps.append(f"the game could not be rebuilt ({exc}): no seat's view is shown")
+        self.plan = schedule(self.state, channels) if self.state is not None else None
+        self.words = Words(record.seats, self.state)
+
+    def start(self) -> dict[str, Any]:
+        """The step before the first turn: every seat's first view."""
+        views = _views(self.state, self.players, set(), self.words)
+        return {"kind": "start", "views": views, "messages": [], "public": []}
+
+    def step(self, turn: int, moves: list[Any]) -> dict[str, Any]:
+        """One turn: its seats' views, moves and decisions; the game then moves on."""
+        phase, channel, game_talk = self._follow(turn, moves[0].phase)
         step: dict[str, Any] = {
             "kind": "turn",
             "turn": turn,
@@ -221,42 +214,79 @@ def match_view(
             "phase": moves[0].phase,
             "channel": channel,
             "game_talk": game_talk,
-            "views": _views(state, players, {a.seat for a in moves}, words),
-            "moves": [],
-            "decisions": [],
+            "views": _views(self.state, self.players, {a.seat for a in moves}, self.words),
+            "moves": [self._move(a) for a in moves],
+            "decisions": [d for a in moves if (d := self._decision(turn, a)) is not None],
             "messages": [],
             "public": [],
             "t": min(a.t for a in moves),
         }
-        for a in moves:
-            name = action_name(state, a.seat, a.action) if state and a.phase == "act" else None
-            step["moves"].append(
-                {
-                    "seat": a.seat,
-                    "agent": a.agent,
-                    "action": a.action,
-                    "name": words.move(a.phase, a.action, name),
-                    "fallback": a.fallback,
-                    "timed_out": a.timed_out,
-                }
-            )
-            trace = traces.get((turn, a.seat))
-            if trace is not None:
-                step["decisions"].append(
-                    {"seat": a.seat, **decision(trace), "fallback": a.fallback}
-                )
-            elif a.agent in traced_agents and not a.fallback:
-                step["decisions"].append({"seat": a.seat, "agent": a.agent, "gap": "trace missing"})
-                gaps.append(f"turn {turn}: no trace of {a.agent}'s decision (seat {a.seat})")
         if phase == "act" and step["moves"]:
             step["public"] = [f"{m['agent']}: {m['name']}" for m in step["moves"]]
-        if state is not None:
-            state = _advance(state, moves, phase, game_talk, gaps, turn)
-            if state is None:
-                plan = None
-        steps.append(step)
-    _place_messages(steps, messages)
-    steps.append(_end(record, words))
+        if self.state is not None:
+            self.state = _advance(self.state, moves, phase, game_talk, self.gaps, turn)
+            if self.state is None:
+                self.plan = None
+        return step
+
+    def _follow(self, turn: int, recorded: str) -> tuple[str, str | None, bool]:
+        """The turn's (phase, channel, game talk?) by the referee's loop; a turn it does not
+        have there ends the rebuilt views, with a gap."""
+        if self.plan is None:
+            return recorded, None, False
+        phase, channel, game_talk = "", None, False
+        try:
+            phase, channel, game_talk = next(self.plan)
+        except StopIteration:
+            self.plan = None
+        if phase != recorded:
+            self.gaps.append(
+                f"turn {turn}: a {recorded} turn where the referee's loop has "
+                f"{phase or 'the end'}: no seat's view is shown from here"
+            )
+            self.state, self.plan = None, None
+            return recorded, None, game_talk
+        return phase, channel, game_talk
+
+    def _move(self, a: Any) -> dict[str, Any]:
+        """One recorded move, named in the game's words where the rebuilt state can name it."""
+        state = self.state
+        name = action_name(state, a.seat, a.action) if state and a.phase == "act" else None
+        return {
+            "seat": a.seat,
+            "agent": a.agent,
+            "action": a.action,
+            "name": self.words.move(a.phase, a.action, name),
+            "fallback": a.fallback,
+            "timed_out": a.timed_out,
+        }
+
+    def _decision(self, turn: int, a: Any) -> dict[str, Any] | None:
+        """What the mover's trace says of its move; a traced agent's missing trace is a gap."""
+        trace = self.traces.get((turn, a.seat))
+        if trace is not None:
+            return {"seat": a.seat, **decision(trace), "fallback": a.fallback}
+        if a.agent in self.traced_agents and not a.fallback:
+            self.gaps.append(f"turn {turn}: no trace of {a.agent}'s decision (seat {a.seat})")
+            return {"seat": a.seat, "agent": a.agent, "gap": "trace missing"}
+        return None
+
+
+def match_view(
+    record_data: dict[str, Any],
+    traces: dict[tuple[int, int], dict[str, Any]],
+    traced_agents: set[str],
+) -> dict[str, Any]:
+    """The match as steps: a start, one step per turn, an end; every gap marked in ``gaps``."""
+    record = EpisodeRecord.model_validate(record_data)
+    channels = channels_of(record, len(record.seats))
+    replay = _Replay(record, channels, traces, traced_agents)
+    by_turn: dict[int, list[Any]] = {}
+    for a in record.actions:
+        by_turn.setdefault(a.turn, []).append(a)
+    steps = [replay.start(), *(replay.step(turn, by_turn[turn]) for turn in sorted(by_turn))]
+    _place_messages(steps, _messages(record))
+    steps.append(_end(record, replay.words))
     return {
         "match": record.match,
         "run": record.run,
@@ -271,7 +301,7 @@ def match_view(
         "returns": record.returns,
         "raw_returns": record.raw_returns,
         "steps": steps,
-        "gaps": gaps,
+        "gaps": replay.gaps,
         "traced": len(traces),
     }
 

@@ -17,15 +17,12 @@ local model and an OpenAI-compatible server (``{kind: llm, options:
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import random
-import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -35,206 +32,31 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from backroom.bus.auth import check_identity
-from backroom.bus.wire import ChannelSpec, Intervention, MatchSpec, Paraphrase, RewardTransform
+from backroom.bus.wire import ChannelSpec, MatchSpec, Paraphrase, RewardTransform
+from backroom.runner.config_blocks import (
+    ALWAYS,
+    MODEL,
+    AgentEntry,
+    DealSchedule,
+    ModelChoice,
+    RunChannel,
+    RunParaphraser,
+    RunTransform,
+)
+from backroom.runner.config_blocks import EXTERNAL as EXTERNAL
+from backroom.runner.config_blocks import agent_kind_names as agent_kind_names
+from backroom.runner.config_errors import ConfigError, read_yaml, validate
+from backroom.runner.config_errors import error_message as _message
+from backroom.runner.config_errors import field_errors as _field_errors
+from backroom.runner.game_checks import EXPLORED_STATES as EXPLORED_STATES
+from backroom.runner.game_checks import act_states as act_states
+from backroom.runner.game_checks import always_refusal, build_game
+from backroom.runner.game_checks import engine_params as engine_params
 from backroom.seeds import match_seed
 
 if TYPE_CHECKING:
-    from backroom.games.base import Game, State
-
-#: The kind of an agent the run does not start: someone else's process (a
-#: notebook, another machine) that joins with its own identity.
-EXTERNAL = "external"
-
-#: The kind of an agent that plays with the run's ``model:`` block (``ModelChoice``).
-MODEL = "model"
-
-#: The scripted kind whose ``action`` option is checked against the game's actions.
-ALWAYS = "always"
-#: States of a game visited for the actions it has (``act_states``).
-EXPLORED_STATES = 200
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-class ConfigError(ValueError):
-    pass
-
-
-def agent_kind_names() -> list[str]:
-    """Every kind a config may name: the registered built-ins, then ``external``."""
-    from backroom.agents.kinds import agent_kinds
-
-    return [*sorted(agent_kinds()), EXTERNAL]
-
-
-def engine_params(game: str) -> list[str] | None:
-    """The keyword parameters a registered engine takes; None when it takes any.
-
-    Read from the engine's constructor, so the list cannot drift from what the
-    referee will accept.
-    """
-    from backroom.games.base import _REGISTRY
-
-    signature = inspect.signature(_REGISTRY[game])
-    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
-        return None
-    return [
-        name
-        for name, p in signature.parameters.items()
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    ]
-
-
-def _no_secret_of_ours(options: dict[str, Any]) -> dict[str, Any]:
-    """Refuse an ``api_key_env`` naming a variable backroom sets (a password, a token): the
-    agent would send it to its ``base_url`` (``backroom.agents.llm.key_env_refusal``)."""
-    from backroom.agents.llm import key_env_refusal
-
-    if why := key_env_refusal(str(options.get("api_key_env") or "")):
-        raise ValueError(why)
-    return options
-
-
-class AgentEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str
-    kind: str
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("options")
-    @classmethod
-    def _options_name_no_secret(cls, options: dict[str, Any]) -> dict[str, Any]:
-        return _no_secret_of_ours(options)
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, kind: str) -> str:
-        # Here, not when the spawned `backroom agent` dies with a usage text.
-        known = agent_kind_names()
-        if kind not in known:
-            raise ValueError(
-                f"unknown agent kind {kind!r}; known: {', '.join(known)} "
-                f"({EXTERNAL}: a process of your own that the run waits for)"
-            )
-        return kind
-
-    @model_validator(mode="after")
-    def _valid_id(self) -> AgentEntry:
-        check_identity(self.id)
-        return self
-
-
-class ModelChoice(BaseModel):
-    """What every ``kind: model`` agent of a run plays with: a model-backed kind and its options.
-
-    Each such agent becomes an agent of ``kind`` whose options are these
-    options updated by its own (key by key: the agent's win). Keep what only
-    one backend understands here (``local``: ``max_new_tokens``, ``device``;
-    ``llm``: ``base_url``, ``model``, ``api_key_env``, ``max_tokens``) and what
-    both take (prompts, memory, ``collusion``) on the agents, so replacing this
-    one field switches backends.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: str = "local"
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("options")
-    @classmethod
-    def _options_name_no_secret(cls, options: dict[str, Any]) -> dict[str, Any]:
-        return _no_secret_of_ours(options)
-
-    @field_validator("kind")
-    @classmethod
-    def _a_startable_kind(cls, kind: str) -> str:
-        known = [k for k in agent_kind_names() if k != EXTERNAL]
-        if kind not in known:
-            raise ValueError(f"unknown agent kind {kind!r} for `model`; known: {', '.join(known)}")
-        return kind
-
-    def resolve(self, agent: dict[str, Any]) -> dict[str, Any]:
-        """A raw ``kind: model`` agent entry as the agent it stands for."""
-        own = agent.get("options") or {}
-        if not isinstance(own, dict):
-            return {**agent, "kind": self.kind}  # AgentEntry reports the bad options
-        return {**agent, "kind": self.kind, "options": {**self.options, **own}}
-
-
-class RunChannel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    members: list[int | str]
-    eavesdroppers: list[int | str] = Field(default_factory=list)
-    opens: Literal["before_act", "start", "always", "game"] = "before_act"
-    max_messages: int = 1
-    max_chars: int = 500
-    #: What the referee does to each message on its way (docs/collusion.md), in order.
-    interventions: list[Intervention] = Field(default_factory=list, max_length=16)
-    #: The eavesdroppers' own list (the overseer sees the raw text); None: the members'.
-    eavesdropper_interventions: list[Intervention] | None = Field(default=None, max_length=16)
-
-
-class RunParaphraser(BaseModel):
-    """A model a channel's ``paraphrase`` may name: an OpenAI-compatible endpoint the config's
-    author chose (``backroom serve-model`` for the local one), handed to the referees on their
-    command line (``--paraphraser``), never inside a match request."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    base_url: str = Field(pattern=r"^https?://")
-    model: str = Field(default="", description="the model to ask (empty: the server's own)")
-    key_env: str | None = Field(default=None, description="the variable holding its API key")
-
-    @field_validator("key_env")
-    @classmethod
-    def _not_ours(cls, key_env: str | None) -> str | None:
-        if key_env is not None and key_env.startswith("BACKROOM_"):
-            raise ValueError(f"{key_env} is a variable backroom sets (a bus password or token)")
-        return key_env
-
-    def option(self) -> str:
-        """The referee's ``--paraphraser`` value."""
-        extra = f",model={self.model}" if self.model else ""
-        extra += f",key_env={self.key_env}" if self.key_env else ""
-        return f"{self.name}={self.base_url}{extra}"
-
-
-class RunTransform(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["none", "coalition"] = "none"
-    members: list[int | str] = Field(default_factory=list)
-    #: Taken off each seat an overseer's flag accused (docs/collusion.md, "Overseers").
-    penalty_if_flagged: float = Field(default=0.0, ge=0.0)
-    flag_threshold: float = Field(default=0.5, ge=0.0, le=1.0)
-
-
-class DealSchedule(BaseModel):
-    """Fixed Kuhn deals: every hand ``each`` times, as the Loki paper's Table 1 ran them.
-
-    The paper plays "100 games for each hand"; dealt by chance, a run of 100
-    matches gives each of Loki's 60 deals 1.7 on average, and a given hand
-    none in about one run of five ((59/60)^100). A hand is the card of every seat, seat 0's first; ``hands``
-    names the hands to play, or ``all`` (the default) for every deal of the
-    deck. The run plays ``len(hands) * each`` matches, in rounds that play every
-    hand once, in an order shuffled from the run's seed, so any prefix of the
-    run is balanced to within one match per hand.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    each: int = Field(ge=1, description="matches per hand")
-    hands: list[list[int]] | Literal["all"] = Field(
-        default="all", description="the cards of every seat, seat 0's first; all: every deal"
-    )
+    from backroom.games.base import Game
 
 
 class RunConfig(BaseModel):
@@ -576,127 +398,6 @@ class RunConfig(BaseModel):
         )
 
 
-def act_states(game: Game, seed: int, limit: int = EXPLORED_STATES) -> Iterator[tuple[State, int]]:
-    """(state, seat) of the act turns in the first ``limit`` states of ``game``, breadth first.
-
-    A game declares its actions per state (``State.action_spec``), not once, so
-    the states are visited: every choice is followed (at most 16 combinations
-    of a simultaneous move), a described answer (a price, a proposal) and a
-    message by the engine's default.
-    """
-    from collections import deque
-
-    queue = deque([game.new_initial_state(seed)])
-    visited = 0
-    while queue and visited < limit:
-        state = queue.popleft()
-        visited += 1
-        if state.is_terminal():
-            continue
-        players = sorted(state.current_players())
-        options: list[list[Any]] = []
-        for p in players:
-            if state.phase == "act":
-                yield state, p
-            spec = state.action_spec(p)
-            choices = list(spec.choices) if state.phase == "act" else []
-            options.append(choices or [state.default_action(p)])
-        for combo in itertools.islice(itertools.product(*options), 16):
-            child = state.clone()
-            try:
-                child.apply(dict(zip(players, combo, strict=True)))
-            except ValueError:  # IllegalActionError: a combination the rules refuse
-                continue
-            queue.append(child)
-
-
-def always_refusal(game: Game, action: Any, seed: int = 0) -> str | None:
-    """Why an ``always`` agent's ``action`` is no action of ``game`` (None when it is one).
-
-    As the agent plays it: a listed choice, or its name, exactly (``A``, not
-    ``a``); where the game describes its answers instead (a price, a number),
-    what the engine accepts (``State.check_action``) in some act turn.
-    """
-    from backroom.games.base import IllegalActionError
-
-    names: list[Any] = []
-    schemas: list[dict[str, Any]] = []
-    for state, seat in act_states(game, seed):
-        spec = state.action_spec(seat)
-        if spec.choices:
-            if action is not None and (action in spec.choices or action in spec.names):
-                return None
-            for x in spec.names or spec.choices:
-                if x not in names:
-                    names.append(x)
-            continue
-        try:
-            state.check_action(seat, action)
-            return None
-        except IllegalActionError:
-            if spec.schema not in schemas:
-                schemas.append(spec.schema)
-    legal = [", ".join(str(x) for x in names)] if names else []
-    legal += [_describe_schema(s) for s in schemas]
-    what = " or ".join(legal) or "no act turn in its first states"
-    if action is None:
-        return f"`always` needs `action`; {game.name} takes {what}"
-    return f"{game.name} has no action {action!r}; it takes {what}"
-
-
-def _describe_schema(schema: dict[str, Any]) -> str:
-    """``a number from 0 to 10``, ``an integer from 0 to 100``, ``an object (hats, books)``."""
-    kind = schema.get("type")
-    if kind in ("integer", "number"):
-        word = "an integer" if kind == "integer" else "a number"
-        lo, hi = schema.get("minimum"), schema.get("maximum")
-        if lo is not None and hi is not None:
-            return f"{word} from {lo} to {hi}"
-        return word
-    if kind == "object":
-        return f"an object ({', '.join(schema.get('properties', {}))})"
-    return f"a {kind or 'value'}"
-
-
-def build_game(game: str, params: dict[str, Any]) -> Game:
-    """The game as the referee will build it, or errors at the parameter to fix.
-
-    Every match of a run shares the game and its parameters, so parameters the
-    engine refuses would end every match in ``error``. Error paths are relative
-    to ``params`` (``roundz``), and each says what the engine accepts.
-    """
-    from backroom.games import make_game
-
-    allowed = engine_params(game)
-    listed = ", ".join(allowed) if allowed is not None else "any"
-    if allowed is not None and (unknown := [k for k in params if k not in allowed]):
-        raise _field_errors(
-            [((k,), f"{game} has no parameter {k!r}; its parameters: {listed}") for k in unknown]
-        )
-    try:
-        return make_game(game, **params)
-    except Exception as exc:  # the engine's own check, in its words
-        reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-        named = [k for k in params if re.search(rf"\b{re.escape(k)}\b", reason)]
-        loc: tuple[str | int, ...] = (named[0],) if len(named) == 1 else ()
-        raise _field_errors([(loc, f"{reason} (parameters of {game}: {listed})")]) from None
-
-
-def _field_errors(errors: list[tuple[tuple[str | int, ...], str]]) -> ValidationError:
-    """Errors at given fields: raised from a validator, pydantic reports them at these paths."""
-    return ValidationError.from_exception_data(
-        "RunConfig",
-        [
-            InitErrorDetails(
-                type=PydanticCustomError("config", "{reason}", {"reason": reason}),
-                loc=loc,
-                input=None,
-            )
-            for loc, reason in errors
-        ],
-    )
-
-
 def _seats_of(members: list[int | str], seats: list[str]) -> list[int]:
     out = []
     for m in members:
@@ -707,32 +408,6 @@ def _seats_of(members: list[int | str], seats: list[str]) -> list[int]:
         else:
             raise ConfigError(f"{m!r} is neither a seat index nor a seated agent ({seats})")
     return out
-
-
-def read_yaml(path: str | Path) -> Any:
-    """A config file's data; a missing file or bad YAML is a ``ConfigError`` naming the file."""
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {p}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {exc}") from None
-    if data is None:  # pydantic's words for it were "Input should be a valid dictionary"
-        raise ConfigError(f"{p} is empty: a config is a YAML mapping (game:, agents:, ...)")
-    return data
-
-
-def validate(model: type[M], data: Any, source: str) -> M:
-    """``model.model_validate(data)``, its errors as one ``ConfigError`` naming each field."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc']) or '(top level)'}: {_message(e)}"
-            for e in exc.errors()
-        )
-        raise ConfigError(f"{source}: {problems}") from None
 
 
 def load_config(path: str | Path) -> RunConfig:
@@ -756,10 +431,3 @@ def files_beside(data: Any, path: Path) -> Any:
 
 def parse_config(data: Any, source: str = "config") -> RunConfig:
     return validate(RunConfig, data, source)
-
-
-def _message(error: Any) -> str:
-    """Our validators' words without pydantic's ``Value error, `` in front of them."""
-    if error["type"] == "value_error" and "error" in error.get("ctx", {}):
-        return str(error["ctx"]["error"])
-    return str(error["msg"])

@@ -109,33 +109,14 @@ class TraceLog:
         """
         if self.file is None:
             return
-        if len(payload) > MAX_TRACE_BYTES:
-            metrics.TRACES_REJECTED.labels(reason="oversized").inc()
+        msg, seats = self._of_this_run(payload)
+        if msg is None or seats is None:
             return
-        try:
-            msg = parse(payload, MAX_TRACE_BYTES)
-        except WireError:
-            return
-        seats = self.seats_of(msg.match or "") if isinstance(msg, Trace) else None
-        if not isinstance(msg, Trace) or seats is None:
-            return  # not a trace of this run
         sender = topic.rsplit("/", 1)[-1]
         line = payload.rstrip(b"\n") + b"\n"
         reason = self._refusal(msg, sender, seats, len(line))
         if reason not in ("forged", "not_seated"):  # the seat's own word: its decision is in
-            # no seat said: it counts for any seat of the sender's
-            held = (
-                [msg.seat]
-                if msg.seat is not None
-                else [i for i, a in enumerate(seats) if a == sender]
-            )
-            keys = [(msg.match or "", sender, seat, msg.turn) for seat in held]
-            self.decided.update(keys)
-            if reason in ("agent_bound", "run_bound"):
-                self.over[sender] += 1
-                self.cut.update(keys)
-            self.tracers.add(sender)
-            self._arrived.set()
+            self._decided(msg, sender, seats, cut=reason in ("agent_bound", "run_bound"))
         if reason is None:
             reason = self._write(line)
         if reason is not None:
@@ -143,6 +124,34 @@ class TraceLog:
             return
         self.last_turn[(msg.match or "", sender, msg.seat)] = msg.turn
         self.written[sender] += len(line)
+
+    def _of_this_run(self, payload: bytes) -> tuple[Trace | None, Sequence[str] | None]:
+        """The trace in ``payload`` and its match's seats; (None, None) when it is not a trace
+        of this run (an oversized one counted as refused, unread)."""
+        if len(payload) > MAX_TRACE_BYTES:
+            metrics.TRACES_REJECTED.labels(reason="oversized").inc()
+            return None, None
+        try:
+            msg = parse(payload, MAX_TRACE_BYTES)
+        except WireError:
+            return None, None
+        if not isinstance(msg, Trace):
+            return None, None
+        return msg, self.seats_of(msg.match or "")
+
+    def _decided(self, msg: Trace, sender: str, seats: Sequence[str], cut: bool) -> None:
+        """The seat's decision is in (its trace ``cut`` when past a budget): no seat said, it
+        counts for any seat of the sender's."""
+        held = (
+            [msg.seat] if msg.seat is not None else [i for i, a in enumerate(seats) if a == sender]
+        )
+        keys = [(msg.match or "", sender, seat, msg.turn) for seat in held]
+        self.decided.update(keys)
+        if cut:
+            self.over[sender] += 1
+            self.cut.update(keys)
+        self.tracers.add(sender)
+        self._arrived.set()
 
     def _write(self, line: bytes) -> str | None:
         """Append one trace; ``write_failed`` (said once) when the disk refuses it."""

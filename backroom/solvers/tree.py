@@ -412,20 +412,21 @@ class _Builder:
                     f"{what} sums to {sums[np.argmax(np.abs(sums - info.utility_sum))]}"
                 )
 
-    def finish(self, meta: dict[str, Any]) -> GameTree:
-        n = self.n
-        num_isets = len(self.iset_player)
-        # Level of an information set = its player's own-move depth (roots 0);
-        # order by (player, level) so every block and every player is one slice.
+    def _iset_levels(self) -> list[int]:
+        """Each information set's level: its player's own-move depth (roots 0)."""
         slot_owner_iset = np.empty(self.num_slots, dtype=np.int64)
         for i, (s, acts) in enumerate(zip(self.iset_start, self.iset_actions, strict=True)):
             slot_owner_iset[s : s + len(acts)] = i
-        level = [0] * num_isets
-        for i in range(n, num_isets):  # parents are created before children
+        level = [0] * len(self.iset_player)
+        for i in range(self.n, len(self.iset_player)):  # parents are created before children
             level[i] = level[int(slot_owner_iset[self.iset_parent[i]])] + 1
-        order = sorted(range(num_isets), key=lambda i: (self.iset_player[i], level[i], i))
-        new_iset = np.empty(num_isets, dtype=np.int64)
-        new_iset[order] = np.arange(num_isets)
+        return level
+
+    def _renumbering(self, order: list[int]) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+        """Information sets and slots numbered in ``order``: each set's new index, each slot's
+        new index, and each set's new first slot and size."""
+        new_iset = np.empty(len(order), dtype=np.int64)
+        new_iset[order] = np.arange(len(order))
         old_to_new_slot = np.empty(self.num_slots, dtype=np.int64)
         starts, sizes, pos = [], [], 0
         for i in order:
@@ -434,59 +435,75 @@ class _Builder:
             starts.append(pos)
             sizes.append(k)
             pos += k
-        infoset_start = np.array(starts, dtype=np.int64)
-        infoset_size = np.array(sizes, dtype=np.int64)
+        return (
+            new_iset,
+            old_to_new_slot,
+            np.array(starts, dtype=np.int64),
+            np.array(sizes, dtype=np.int64),
+        )
+
+    def finish(self, meta: dict[str, Any]) -> GameTree:
+        n = self.n
+        num_isets = len(self.iset_player)
+        # Order by (player, level) so every block and every player is one slice.
+        level = self._iset_levels()
+        order = sorted(range(num_isets), key=lambda i: (self.iset_player[i], level[i], i))
+        new_iset, old_to_new_slot, infoset_start, infoset_size = self._renumbering(order)
         infoset_parent = old_to_new_slot[
             np.array([self.iset_parent[i] for i in order], dtype=np.int64)
         ]
+        infoset_player = np.array([self.iset_player[i] for i in order], dtype=np.int64)
         slot_infoset = np.repeat(np.arange(num_isets, dtype=np.int64), infoset_size)
-        slot_parent = infoset_parent[slot_infoset]
-        infoset_level = np.array([level[i] for i in order], dtype=np.int64)
-        slot_level = infoset_level[slot_infoset]
-        slot_player = np.array([self.iset_player[i] for i in order], dtype=np.int64)[slot_infoset]
+        slot_level = np.array([level[i] for i in order], dtype=np.int64)[slot_infoset]
+        slot_player = infoset_player[slot_infoset]
         blocks = _blocks(slot_player, slot_level)
         root_slot = np.array([lo for p, d, lo, hi in blocks if d == 0], dtype=np.int64)
         player_bounds = _player_bounds(slot_player, n)
         assert all(lo == root_slot[p] for p, (lo, _hi) in enumerate(player_bounds))
 
-        z_seq = np.array([t[1] for t in self.terms], dtype=np.int64).reshape(-1, n)
-        vals = np.array([t[2] for t in self.terms], dtype=np.float64).reshape(len(self.terms), -1)
-        h_seq = np.array([t[2] for t in self.nodes], dtype=np.int64).reshape(-1, n)
+        z_seq = _column(self.terms, 1, np.int64).reshape(-1, n)
+        vals = _column(self.terms, 2, np.float64).reshape(len(self.terms), -1)
+        h_seq = _column(self.nodes, 2, np.int64).reshape(-1, n)
         return GameTree(
             game=self.game.name,
             params=dict(self.game.params()),
             num_players=n,
             num_seats=len(self.owner),
             owner=self.owner,
-            infoset_player=np.array([self.iset_player[i] for i in order], dtype=np.int64),
+            infoset_player=infoset_player,
             infoset_key=[self.iset_key[i] for i in order],
             infoset_actions=[self.iset_actions[i] for i in order],
             infoset_start=infoset_start,
             infoset_size=infoset_size,
             infoset_parent=infoset_parent,
             slot_infoset=slot_infoset,
-            slot_parent=slot_parent,
+            slot_parent=infoset_parent[slot_infoset],
             slot_level=slot_level,
             blocks=blocks,
             root_slot=root_slot,
             player_bounds=player_bounds,
-            term_chance=np.array([t[0] for t in self.terms], dtype=np.float64),
+            term_chance=_column(self.terms, 0, np.float64),
             term_utility=vals[:, :n].copy(),
             term_returns=vals[:, n:].copy(),
             term_seq=old_to_new_slot[z_seq],
-            term_path=np.array([t[3] for t in self.terms], dtype=np.int64),
+            term_path=_column(self.terms, 3, np.int64),
             chance_paths=list(self.paths),
             chance_path_prob=np.array(self.path_prob, dtype=np.float64),
-            node_infoset=new_iset[np.array([t[0] for t in self.nodes], dtype=np.int64)],
-            node_chance=np.array([t[1] for t in self.nodes], dtype=np.float64),
+            node_infoset=new_iset[_column(self.nodes, 0, np.int64)],
+            node_chance=_column(self.nodes, 1, np.float64),
             node_seq=old_to_new_slot[h_seq],
-            node_seat=np.array([t[3] for t in self.nodes], dtype=np.int64),
+            node_seat=_column(self.nodes, 3, np.int64),
             node_label=[t[4] for t in self.nodes],
             num_nodes=self.count,
             meta=meta,
             node_features=self.node_features,
             info=self.game.info,
         )
+
+
+def _column(rows: Sequence[tuple[Any, ...]], i: int, dtype: type[np.generic]) -> np.ndarray:
+    """Field ``i`` of every terminal or node record, as one array."""
+    return np.array([row[i] for row in rows], dtype=dtype)
 
 
 def _player_bounds(slot_player: np.ndarray, n: int) -> list[tuple[int, int]]:
