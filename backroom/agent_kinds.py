@@ -44,7 +44,7 @@ BUILTIN_KINDS: dict[str, str] = {
     "ts-greedy": "backroom.agents.scripted.trust_split",
     "ts-honest": "backroom.agents.scripted.trust_split",
     "llm": "backroom.agents.llm",
-    "local": "backroom.agents.local",
+    "local": "backroom.agents.local_model",
     "human": "backroom.human.tty",
 }
 

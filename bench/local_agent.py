@@ -42,7 +42,7 @@ import asyncio
 import statistics
 import time
 
-from backroom.agents.local import LocalAgent
+from backroom.agents.local_model import LocalAgent
 from backroom.bus.wire import ChannelSpec, MatchEnd, MatchStart, Turn
 from backroom.games import make_game
 from backroom.model.backend import Backend, ModelSpec, Scored, shared_backend

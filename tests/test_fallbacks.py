@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from backroom import metrics
-from backroom.agents.local import LocalAgent
+from backroom.agents.local_model import LocalAgent
 from backroom.agents.parsing import fallback_action
 from backroom.analysis import analyze_episodes, notes
 from backroom.bus.broker import Broker

@@ -22,7 +22,7 @@ from prometheus_client import REGISTRY
 
 from backroom.agents.adapter_seats import announced_key
 from backroom.agents.base import Agent
-from backroom.agents.local import LocalAgent
+from backroom.agents.local_model import LocalAgent
 from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.bus.wire import (

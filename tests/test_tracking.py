@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from backroom.agents.base import Agent
-from backroom.agents.local import LocalAgent
+from backroom.agents.local_model import LocalAgent
 from backroom.bus.broker import Broker
 from backroom.bus.client import BusConfig
 from backroom.model.adapters import adapter_digest

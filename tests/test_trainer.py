@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from backroom.agents.base import Agent
-from backroom.agents.local import LocalAgent
+from backroom.agents.local_model import LocalAgent
 from backroom.analysis import analyze_run
 from backroom.bus import topics
 from backroom.bus.broker import Broker

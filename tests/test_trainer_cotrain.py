@@ -25,7 +25,7 @@ import yaml
 
 from backroom.agents import make_agent
 from backroom.agents.base import Agent
-from backroom.agents.local import LocalAgent
+from backroom.agents.local_model import LocalAgent
 from backroom.bus.broker import Broker
 from backroom.bus.wire import Trace
 from backroom.model.adapters import adapter_digest

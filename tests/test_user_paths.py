@@ -746,7 +746,7 @@ def test_the_loading_weights_bar_does_not_reach_the_terminal(
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from backroom.trainer.progress import train_logging
+    from backroom.cli.progress import train_logging
 
     hf_logging.enable_progress_bar()  # as on a terminal, without HF_HUB_DISABLE_PROGRESS_BARS
     capfd.readouterr()

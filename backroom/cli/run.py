@@ -1,7 +1,7 @@
 """``backroom run CONFIG`` and ``backroom demo``: play a config's matches, then report them.
 
 What a run prints: its progress (rich's bar on a terminal; piped, a plain line
-every 5% of the matches, ``trainer.progress.StepProgress``), then the results
+every 5% of the matches, ``cli.progress.StepProgress``), then the results
 table (``results_table``), its warnings (fallbacks, timeout defaults), and the
 story under it (``analysis.story``: channels, a Kuhn coalition against CFR,
 what to run next). A run whose matches end in error exits 1; Ctrl-C, 130.
@@ -134,8 +134,8 @@ def execute(
     from backroom import metrics
     from backroom.bus.broker import BrokerError
     from backroom.bus.client import BusError, run
+    from backroom.cli.progress import StepProgress
     from backroom.runner.local import RunError, run_local
-    from backroom.trainer.progress import StepProgress
 
     if spawn:  # refuse before anything starts, not when a spawned agent dies
         for a in config.agents:

@@ -102,7 +102,7 @@ def train_cmd(
         return
     require_extra("backroom train", "train", ("torch", "transformers", "peft", "trl"))
     require_model("backroom train", config.model.path)
-    from backroom.trainer.progress import train_logging
+    from backroom.cli.progress import train_logging
 
     # transformers' download and "Loading weights" bars: carriage returns in a file, and drawn
     # through rich's bar on a terminal; set before transformers is imported, which reads it then
@@ -173,10 +173,10 @@ def _train(
     from backroom import metrics
     from backroom.bus.broker import BrokerError
     from backroom.bus.client import BusError, run
+    from backroom.cli.progress import StepProgress
     from backroom.trainer.launch import start_stack, trainer_identity
     from backroom.trainer.loop import ProcessExited, TrainError, follower, train
     from backroom.trainer.parallel import init_from_env
-    from backroom.trainer.progress import StepProgress
 
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         _start_ranks(nproc)
@@ -365,8 +365,8 @@ def _print_tracking(config: TrainConfig, target: Path) -> None:
 
 def _train_memory_one(config: TrainConfig, target: Path, resume: bool) -> None:
     """A config with a ``memory_one:`` block: the five-logit policy, in this process, in seconds."""
+    from backroom.cli.progress import StepProgress
     from backroom.trainer import memory_one
-    from backroom.trainer.progress import StepProgress
     from backroom.trainer.tracking import TrackingError
 
     if resume or memory_one.holds_run(target):

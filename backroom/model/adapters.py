@@ -46,7 +46,7 @@ REJECT_REASONS = (
     "fetch_failed",
     "too_large",
     "invalid",
-    "unannounced",  # a match named a version no trainer announced (backroom.agents.local)
+    "unannounced",  # a match named a version no trainer announced (backroom.agents.local_model)
 )
 #: Largest adapter an agent downloads or loads unless told otherwise.
 DEFAULT_MAX_BYTES = 2 * 1024**3

@@ -246,7 +246,7 @@ class TrainerBus:
         retained checkpoint of its policy.
 
         ``local`` agents load the adapter a match names only if it was announced
-        (``backroom.agents.local``): the checkpoint topic keeps the latest version
+        (``backroom.agents.local_model``): the checkpoint topic keeps the latest version
         alone, and the agent buffer's opponents are older ones. The version goes
         first, so an agent never holds a checkpoint it has not seen announced.
         """

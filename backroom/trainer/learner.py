@@ -15,7 +15,7 @@ What an "action token" is depends on how the agent decided:
 * free text (talk, prices): each completion token the agent sampled, with the
   exact ids it generated (never re-templated text) and its temperature-1 log-prob;
 * a scored choice among legal actions: the agent sampled from the softmax of
-  the candidates' summed log-probs (``backroom.agents.local``), so the policy
+  the candidates' summed log-probs (``backroom.agents.local_model``), so the policy
   here is that same renormalised distribution, and the decision is ONE action
   token whose log-prob is log softmax_c(sum_t log p(c_t))[chosen].
 

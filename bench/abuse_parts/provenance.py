@@ -69,7 +69,7 @@ async def name_unannounced_adapter(
     from prometheus_client import REGISTRY
 
     from backroom.agents.adapter_seats import adapter_name
-    from backroom.agents.local import LocalAgent
+    from backroom.agents.local_model import LocalAgent
     from backroom.agents.runtime import AgentRunner
     from backroom.bus.wire import AdapterRef
     from backroom.model.adapters import adapter_digest
