@@ -305,7 +305,7 @@ def test_a_process_of_the_run_that_exits_stops_it_at_once_with_its_reason(
 
 
 def test_library_warnings_go_to_the_log_file_not_the_terminal(tmp_path: Path) -> None:
-    from backroom.trainer import progress
+    from backroom.cli import progress
 
     terminal = io.StringIO()
     root = logging.getLogger()
