@@ -171,8 +171,11 @@ def test_the_trainer_budget_is_per_agent_and_per_step(tmp_path: Path) -> None:
     counts what the file already holds against the budget."""
     spec = MatchSpec(game="ipd", params={"rounds": 9}, seats=["alice", "eve"], seed=1)
     pad = "x" * 400
+    # a fixed timestamp: the size is exact (a float's digits vary), "alice" two bytes longer
     size = len(
-        Trace(match="s0", agent="eve", turn=1, seat=1, phase="act", reply=pad).model_dump_json()
+        Trace(
+            match="s0", agent="alice", turn=1, seat=1, phase="act", reply=pad, ts=1.5
+        ).model_dump_json()
     )
     path = tmp_path / "store.sqlite"
     with Store(path, trace_budget_bytes=3 * size + 10) as store:
@@ -180,7 +183,7 @@ def test_the_trainer_budget_is_per_agent_and_per_step(tmp_path: Path) -> None:
 
         def traces(agent: str, seat: int, match: str) -> list[Trace]:
             return [
-                Trace(match=match, agent=agent, turn=t, seat=seat, phase="act", reply=pad)
+                Trace(match=match, agent=agent, turn=t, seat=seat, phase="act", reply=pad, ts=1.5)
                 for t in range(1, 6)
             ]
 
@@ -193,7 +196,7 @@ def test_the_trainer_budget_is_per_agent_and_per_step(tmp_path: Path) -> None:
         assert store.over_budget_text(0) == "alice=2 eve=2"
         assert store.over_budget_text(1) == "eve=2"
     with Store(path, trace_budget_bytes=4 * size + 10) as store:
-        late = Trace(match="s0", agent="eve", turn=7, seat=1, phase="act", reply=pad)
+        late = Trace(match="s0", agent="eve", turn=7, seat=1, phase="act", reply=pad, ts=1.5)
         assert store.add_traces("eve", [late, late.model_copy(update={"turn": 8})]) == {
             STORED: 1,
             "trace_over_budget": 1,
