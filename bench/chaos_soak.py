@@ -47,7 +47,7 @@ dedupe, ``dedupe_episodes``, as ``backroom run`` does) and the runner's
   faults being handled, not failures;
 - the longest wait for a referee: from the match's first request (the time
   the runner built its ``MatchRequest``, recorded by wrapping that
-  constructor in ``backroom.play.batch``: nothing else says when a match
+  constructor in ``backroom.play.loop``: nothing else says when a match
   was asked for) to the ``started_at`` of its kept episode, reruns included.
   Both are ``time.time()`` on this one machine.
 
@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import backroom.play.batch as batch
+import backroom.play.loop as batch
 import backroom.runner.local as local
 from backroom.bus import topics
 from backroom.bus.wire import EpisodeRecord, MatchRequest
