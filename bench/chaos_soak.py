@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import backroom.play.loop as batch
+import backroom.play.loop as loop
 import backroom.runner.local as local
 from backroom.bus import topics
 from backroom.bus.wire import EpisodeRecord, MatchRequest
@@ -351,8 +351,8 @@ async def soak(  # noqa: C901, PLR0915 (one run under faults: start, play beside
     t0 = time.monotonic()
     deadline = limit_s if limit_s is not None else duration + 300.0
     episodes: list[EpisodeRecord] | None = None
-    saved = batch.MatchRequest
-    batch.MatchRequest = timed_request  # type: ignore[assignment,misc]
+    saved = loop.MatchRequest
+    loop.MatchRequest = timed_request  # type: ignore[assignment,misc]
     try:
         stack.start_broker(None, None, identities(config))
         waiting = local.start_processes(stack, config, runs_dir)
@@ -382,7 +382,7 @@ async def soak(  # noqa: C901, PLR0915 (one run under faults: start, play beside
         if report.error:
             await asyncio.to_thread(_diagnose, stack, say)
     finally:
-        batch.MatchRequest = saved  # type: ignore[misc]
+        loop.MatchRequest = saved  # type: ignore[misc]
         if ticker is not None:
             ticker.cancel()
         if chaos_task is not None:
