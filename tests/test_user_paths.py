@@ -18,7 +18,14 @@ import pytest
 
 from backroom.agents.runtime import AgentRunner
 from backroom.bus import topics
-from backroom.bus.broker import DEFAULT_PORT, DEFAULT_URL, Broker, BrokerError, free_port
+from backroom.bus.broker import (
+    DEFAULT_PORT,
+    DEFAULT_URL,
+    Broker,
+    BrokerError,
+    answers_mqtt,
+    free_port,
+)
 from backroom.runs import read_episodes
 
 from .conftest import RawAgent, Runner, agents, identity, load_factor, loki_spec, stack
@@ -249,6 +256,27 @@ def test_broker_on_a_taken_port_says_so_and_fails(tmp_path: Path) -> None:
     assert "broker at" not in cli.stdout
     (line,) = cli.stderr.strip().splitlines()  # one line, no traceback
     assert f"127.0.0.1:{port}" in line and "already in use" in line and "--port" in line
+
+
+def test_a_started_broker_answers_mqtt_and_survives_a_reload_at_once(tmp_path: Path) -> None:
+    """``Broker.start`` returns once Mosquitto answers a CONNECT, not once the port listens:
+    Mosquitto 2.0 listens before it catches SIGHUP, and the tests' first reload comes
+    right after the start (CI once lost a broker so: a ConnectTimeout in test_abuse).
+    A listener that accepts and never answers is not a broker; a closed port neither."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        assert not answers_mqtt("127.0.0.1", silent.getsockname()[1], timeout=0.2)
+    assert not answers_mqtt("127.0.0.1", free_port(), timeout=0.2)
+    for i in range(5):
+        b = Broker(tmp_path / str(i)).start()
+        try:
+            assert answers_mqtt(b.host, b.port)
+            b.reload()  # as ``identity`` does right after the fixture's start
+            assert answers_mqtt(b.host, b.port)  # the loop answers after the reload:
+            assert b.proc is not None and b.proc.poll() is None  # SIGHUP was caught
+        finally:
+            b.stop()
 
 
 def test_default_broker_port_is_not_mqtts_and_the_docs_agree() -> None:

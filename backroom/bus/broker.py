@@ -125,6 +125,31 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+#: An MQTT 3.1.1 CONNECT with no user name and an empty client id: Mosquitto refuses
+#: it (``allow_anonymous false``), and the refusal is the answer ``answers_mqtt`` waits for.
+#: Fixed header (type 1, 12 bytes follow), protocol "MQTT" level 4, flags: clean
+#: session, keepalive 0, client id of length 0.
+_PROBE_CONNECT = b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x00\x00\x00"
+
+
+def answers_mqtt(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether a broker's main loop answers a CONNECT there with a CONNACK.
+
+    A listening socket is not a ready broker: Mosquitto 2.0 listens before it
+    installs its signal handlers, and a SIGHUP in between (the tests add an
+    identity, then reload, right after the start) kills it by the default
+    action. The handlers are in place before its loop reads anything, so an
+    answer means a reload is safe. Hand-built because a client library's
+    connect would need a login and a loop for one packet.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(_PROBE_CONNECT)
+            return s.recv(1)[:1] == b"\x20"  # CONNACK, whatever its reason code
+    except OSError:
+        return False
+
+
 def find_mosquitto() -> str:
     for candidate in (
         shutil.which("mosquitto"),
@@ -186,7 +211,7 @@ class Broker:
         )
 
     def start(self, timeout: float = 5.0) -> Broker:
-        """Start Mosquitto and wait until it listens; BrokerError says why it did not."""
+        """Start Mosquitto and wait until it answers MQTT; BrokerError says why it did not."""
         self.write_config()
         binary = find_mosquitto()
         if port_in_use(self.host, self.port):
@@ -211,13 +236,11 @@ class Broker:
                 if "Address already in use" in err:  # someone took the port after our check
                     raise BrokerError(port_taken_message(self.host, self.port))
                 raise BrokerError(f"mosquitto exited with {self.proc.returncode}: {err.strip()}")
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.002)
+            if answers_mqtt(self.host, self.port):
+                return self
+            time.sleep(0.002)
         self.stop()
-        raise BrokerError(f"mosquitto did not listen on {self.host}:{self.port} within {timeout}s")
+        raise BrokerError(f"mosquitto did not answer on {self.host}:{self.port} within {timeout}s")
 
     def reload(self) -> None:
         """Reread the password and ACL files (Mosquitto does so on SIGHUP)."""
