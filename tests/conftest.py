@@ -80,7 +80,6 @@ async def stack(
     """A referee (``Referee``'s options as given) and agents in this process (each with its
     own connection and identity)."""
     configs = [identity(broker, a.id) for a in agents]
-    await asyncio.sleep(0.05)  # let the broker reread its password file after SIGHUP
     referee = Referee(identity(broker, "referee", "referee"), runs_dir=runs_dir, **referee_options)
     async with referee as ref:
         runners = [AgentRunner(a, c) for a, c in zip(agents, configs, strict=True)]

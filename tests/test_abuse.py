@@ -72,7 +72,6 @@ def sample(name: str, **labels: str) -> float:
 async def referee(broker: Broker, runs: Path, **options: Any) -> AsyncIterator[Referee]:
     """A referee of our own, with options the shared ``stack`` fixture does not pass."""
     config = identity(broker, "referee", "referee")
-    await asyncio.sleep(0.05)  # let the broker reread its password file after SIGHUP
     async with Referee(config, runs_dir=runs, **options) as ref:
         # as if seated in a match here: a referee reads only its seated agents' outboxes
         await ref.outboxes.seat(["mallory", "trent"])

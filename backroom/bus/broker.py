@@ -243,11 +243,17 @@ class Broker:
         raise BrokerError(f"mosquitto did not answer on {self.host}:{self.port} within {timeout}s")
 
     def reload(self) -> None:
-        """Reread the password and ACL files (Mosquitto does so on SIGHUP)."""
+        """Reread the password and ACL files (Mosquitto does so on SIGHUP), and return once done.
+
+        Mosquitto rereads at the end of the loop iteration that caught the
+        signal, and answers a CONNECT sent after the signal only in a later
+        one: the probe's answer means an identity added before is known.
+        """
         pid = self.pid()
         if pid is None:
             raise BrokerError("broker is not running")
         os.kill(pid, signal.SIGHUP)
+        answers_mqtt(self.host, self.port, timeout=2.0)
 
     def pid(self) -> int | None:
         if self.proc is not None and self.proc.poll() is None:
