@@ -103,14 +103,19 @@ class RawAgent:
     broker lets this identity read.
     """
 
-    def __init__(self, config: BusConfig) -> None:
+    def __init__(self, config: BusConfig, reads: str = f"{topics.PREFIX}/#") -> None:
         self.id = config.username or ""
         self.bus = Bus(config)
+        #: What it subscribes: everything, or (``topics.inbox``) only what is sent to it,
+        #: so that a payload nobody else reads comes back ``unheard`` (``send``).
+        self.reads = reads
         self.seen: list[tuple[str, bytes]] = []
         self.inbox: list[object] = []
         self.new = asyncio.Event()
         self._any = asyncio.Event()  # set on every message, for ``_until``
         self._barriers = 0
+        #: Payloads the broker took with nobody reading them (no referee subscribed: muted).
+        self.unheard = 0
         self._marked: set[str] = set()  # barrier markers that came back
         #: The referee each match's ``MatchStart`` named, whose outbox its moves go to.
         self.referees = Referees()
@@ -120,7 +125,7 @@ class RawAgent:
 
     async def __aenter__(self) -> RawAgent:
         await self.bus.open()
-        await self.bus.subscribe("backroom/v1/#", self._on)
+        await self.bus.subscribe(self.reads, self._on)
         await self.bus.publish(
             topics.status(self.id), Status(state="online", kind="raw"), retain=True
         )
@@ -150,7 +155,9 @@ class RawAgent:
         """Publish on this agent's outbox to ``referee``: by default the one that runs the
         message's match (its ``MatchStart``), else the last one that seated it."""
         to = referee or self.referees.of(getattr(payload, "match", None)) or self.referee
-        await self.bus.publish(topics.outbox(self.id, to), payload)  # type: ignore[arg-type]
+        sent = self.bus.publish(topics.outbox(self.id, to), payload)  # type: ignore[arg-type]
+        await sent
+        self.unheard += sent.unheard
 
     async def next_of(self, kind: type, timeout: float = 5.0, after: int = 0) -> object:
         """The first inbox message of ``kind`` at index >= ``after``."""

@@ -334,6 +334,27 @@ async def test_a_refused_publish_raises_when_awaited_and_is_logged_when_not(
     assert any("refused publish" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_publish_nobody_reads_is_unheard_and_one_read_is_not(broker: Broker) -> None:
+    """Mosquitto answers a QoS 1 publish with no subscriber with MQTT 5's reason 16: the
+    ``Sent`` says so (``unheard``), no error. A muted sender's payloads come back so, which
+    is how the fuzz test counts what a referee that stopped reading never saw. Any matching
+    subscription counts, the sender's own ``#`` too: so that test's sender reads only its
+    inbox."""
+    async with Bus(identity(broker, "alice")) as a, Bus(identity(broker, "ref", "referee")) as r:
+        nobody = a.publish(topics.outbox("alice", "ref"), b"{}")
+        await nobody
+        assert nobody.unheard
+        await r.subscribe(topics.outbox("alice", "ref"), lambda _t, _p: None)
+        read = a.publish(topics.outbox("alice", "ref"), b"{}")
+        await read
+        assert not read.unheard
+        await r.unsubscribe(topics.outbox("alice", "ref"))
+        await a.subscribe(f"{topics.PREFIX}/#", lambda _t, _p: None)
+        own = a.publish(topics.outbox("alice", "ref"), b"{}")
+        await own
+        assert not own.unheard
+
+
 _WRITE_FAILS_IN_HANDLER = """
 import asyncio, os, socket, sys
 from backroom.bus import topics

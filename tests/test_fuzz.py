@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
+from backroom.bus import topics
 from backroom.bus.broker import Broker
 from backroom.referee.budgets import ERROR_BURST
 
@@ -87,7 +88,9 @@ def test_fuzzed_outbox_never_breaks_the_referee(broker: Broker, tmp_path: Path) 
         )
         ctx["ref"], _ = await ctx["stack"].__aenter__()
         ctx["run"] = await Runner(broker).__aenter__()
-        ctx["mal"] = await RawAgent(identity(broker, "mallory")).__aenter__()
+        # she reads only her inbox: a payload sent while nobody reads her outbox is unheard
+        mallory = RawAgent(identity(broker, "mallory"), reads=topics.inbox("mallory"))
+        ctx["mal"] = await mallory.__aenter__()
         # read for the whole storm, as if seated in a match that lasts it: her matches
         # below end before it does, and a referee reads only seated agents' outboxes
         await ctx["ref"].outboxes.seat(["mallory"])
@@ -145,5 +148,10 @@ def test_fuzzed_outbox_never_breaks_the_referee(broker: Broker, tmp_path: Path) 
     dropped = (REGISTRY.get_sample_value("backroom_errors_dropped_total") or 0.0) - dropped_before
     unread = (REGISTRY.get_sample_value("backroom_inputs_dropped_total") or 0.0) - unread_before
     assert len(errors) >= ERROR_BURST
-    assert len(errors) + dropped + unread > 1000, (len(errors), dropped, unread)
+    # and what she sent while the referee had stopped reading her (muted past her input
+    # budget, a line in its log) the broker took with nobody subscribed, and said so
+    unheard = ctx["mal"].unheard
+    # all but the few payloads that were valid messages (9 to 14 of 2,500 in three runs)
+    accounted = len(errors) + dropped + unread + unheard
+    assert accounted > 0.8 * sent, (len(errors), dropped, unread, unheard)
     assert {"malformed", "unknown_type", "invalid"} <= reasons

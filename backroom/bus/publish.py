@@ -47,6 +47,9 @@ log = logging.getLogger("backroom.bus")
 #: refused. More goes as several arrays, in order.
 BATCH_MAX_BYTES = 32 * 1024
 
+#: MQTT 5's PUBACK reason "no matching subscribers": taken, and given to nobody.
+NO_SUBSCRIBERS = 16
+
 
 class Sent:
     """One MQTT message on its way: ``await`` it to wait for the broker's PUBACK.
@@ -57,10 +60,13 @@ class Sent:
     share their ``Sent``.
     """
 
-    __slots__ = ("_done", "_error", "_waiter", "topic")
+    __slots__ = ("_done", "_error", "_waiter", "topic", "unheard")
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
+        #: The broker took it with nobody subscribed to its topic (MQTT 5's PUBACK reason
+        #: 16, "no matching subscribers"): delivered to no one, and no error either.
+        self.unheard = False
         self._done = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None  # made only when someone awaits
@@ -74,11 +80,11 @@ class Sent:
         if self._error is not None:
             raise self._error
 
-    def resolve(self, error: BaseException | None) -> None:
+    def resolve(self, error: BaseException | None, unheard: bool = False) -> None:
         """The broker answered (``error`` None when it took the message), or the bus gave up."""
         if self._done:
             return
-        self._done, self._error = True, error
+        self._done, self._error, self.unheard = True, error, unheard
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -178,7 +184,7 @@ class Outbox:
                 f"broker refused publish to {packet.topic!r} by {self.who!r}: {reason}; "
                 "an identity may write only its own outbox, status and traces"
             )
-        packet.sent.resolve(error)
+        packet.sent.resolve(error, unheard=reason is not None and reason.value == NO_SUBSCRIBERS)
 
     def attach(self, link: PahoLink) -> None:
         """A connection is up: send what waited for it."""
