@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
+from prometheus_client import REGISTRY
 
 from backroom import metrics
 from backroom.agents import make_agent
@@ -453,7 +454,9 @@ def timed_run(config: RunConfig, runs: Path) -> tuple[float, float, list[tuple[s
         result = asyncio.run(run_local(config, runs_dir=runs, on_episode=on_episode))
     finally:
         local.run_options = saved
-    assert all(e.reason == "normal" for e in result.episodes)
+    assert all(e.reason == "normal" for e in result.episodes), {
+        (e.reason, e.detail) for e in result.episodes if e.reason != "normal"
+    }
     if len(snaps) != 2:
         return result.matches_per_second, 0.0, []
     (t0, first), (t1, last) = snaps
@@ -479,6 +482,12 @@ def throughput(concurrency: int, matches: int, runs: Path) -> tuple[float, dict[
 SCALING_AGENTS = 12
 
 
+def runner_messages_in() -> float:
+    """MQTT messages the runner (this process) has read so far: what it pays per message."""
+    labels = {"direction": "in", "role": "runner"}
+    return REGISTRY.get_sample_value("backroom_bus_messages_total", labels) or 0.0
+
+
 def scaling_part(runs: Path, referees: list[int], quick: bool, in_flight: int) -> None:
     """Matches per second with K referees against one, and what each kind of process used."""
     per_referee = 300 if quick else 4000
@@ -491,7 +500,7 @@ def scaling_part(runs: Path, referees: list[int], quick: bool, in_flight: int) -
     print(
         f"  {'K':>2}  {'matches/s':>9}  {'vs K=1':>6}  {'goal':>5}   CPU per second of play "
         "(1.00 = one core): broker, busiest referee, referees, agents, runner   "
-        "CPU ms per match: referees, runner"
+        "CPU ms per match: referees, runner   runner's MQTT messages in per match"
     )
     for k in referees:
         config = RunConfig(
@@ -504,7 +513,9 @@ def scaling_part(runs: Path, referees: list[int], quick: bool, in_flight: int) -
             referees=k,
             turn_timeout_s=30,
         )
+        heard_before = runner_messages_in()
         rates[k], wall, used = timed_run(config, runs)
+        heard_per_match = (runner_messages_in() - heard_before) / config.matches
         load = {
             kind: sum(s for r, s in used if r.startswith(kind)) / wall if wall else 0.0
             for kind in ("broker", "referee", "agent", "runner")
@@ -519,7 +530,8 @@ def scaling_part(runs: Path, referees: list[int], quick: bool, in_flight: int) -
         print(
             f"  {k:>2}  {rates[k]:9.1f}  {rates[k] / base:5.2f}x  {0.7 * k:4.1f}x   "
             f"{load['broker']:5.2f}  {busiest:5.2f}  {load['referee']:5.2f}  "
-            f"{load['agent']:5.2f}  {load['runner']:5.2f}   {ref_ms:8.3f}  {run_ms:6.3f}",
+            f"{load['agent']:5.2f}  {load['runner']:5.2f}   {ref_ms:8.3f}  {run_ms:6.3f}   "
+            f"{heard_per_match:5.2f}",
             flush=True,
         )
     low, high = min(per_match), max(per_match)

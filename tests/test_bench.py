@@ -114,11 +114,14 @@ def test_referee_scaling_prints_a_row_per_referee_count(tmp_path: Path) -> None:
     }
     assert set(rows) == {1, 2}, out.stdout
     for k, row in rows.items():
-        rate, _ratio, goal, broker, busiest, referees, agents, runner, ref_ms, run_ms = row
+        rate, _ratio, goal, broker, busiest, referees, agents, runner, ref_ms, run_ms, heard = row
         assert rate > 0 and goal == pytest.approx(0.7 * k), out.stdout
         # every kind of process worked, and the referees' total is at least the busiest one's
         assert min(broker, busiest, agents, runner) > 0 and referees >= busiest, out.stdout
         assert ref_ms > 0 and run_ms > 0, out.stdout  # CPU ms per match: referees, runner
+        # the runner read its episodes and acknowledgements: at most one of each a match
+        # and a few statuses (batched, fewer)
+        assert 0 < heard < 3, out.stdout
     assert rows[1][1] == 1.0
     assert re.search(r"CPU per match, K=2 vs K=1: referees [0-9.]+x .*runner [0-9.]+x", out.stdout)
 
