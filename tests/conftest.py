@@ -69,7 +69,7 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
 def identity(broker: Broker, name: str, role: str = "agent") -> BusConfig:
     """Create (if needed) an identity on the running broker and return its connection settings."""
     cred = broker.credentials.add(name, role=role)  # type: ignore[arg-type]
-    broker.reload()
+    broker.reload(timeout=5.0 * load_factor())  # returns once the broker knows the name
     return BusConfig(host=broker.host, port=broker.port, username=name, password=cred.password)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -279,6 +280,20 @@ def test_a_started_broker_answers_mqtt_and_survives_a_reload_at_once(tmp_path: P
             assert b.proc is not None and b.proc.poll() is None  # SIGHUP was caught
         finally:
             b.stop()
+
+
+def test_a_broker_that_does_not_answer_after_a_reload_says_so(broker: Broker) -> None:
+    """``reload`` returns once the broker answers again; a stopped one (SIGSTOP) is an error
+    naming its log, not a reload that seemed to work. Resumed, it answers."""
+    pid = broker.pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(BrokerError, match=r"did not answer .* within 0.3s .*mosquitto.log"):
+            broker.reload(timeout=0.3)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert answers_mqtt(broker.host, broker.port, timeout=5.0)
 
 
 async def logs_in(config: BusConfig) -> None:

@@ -145,7 +145,7 @@ def answers_mqtt(host: str, port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
             s.sendall(_PROBE_CONNECT)
-            return s.recv(1)[:1] == b"\x20"  # CONNACK, whatever its reason code
+            return s.recv(1) == b"\x20"  # CONNACK, whatever its reason code
     except OSError:
         return False
 
@@ -242,7 +242,7 @@ class Broker:
         self.stop()
         raise BrokerError(f"mosquitto did not answer on {self.host}:{self.port} within {timeout}s")
 
-    def reload(self) -> None:
+    def reload(self, timeout: float = 5.0) -> None:
         """Reread the password and ACL files (Mosquitto does so on SIGHUP), and return once done.
 
         Mosquitto rereads at the end of the loop iteration that caught the
@@ -253,7 +253,11 @@ class Broker:
         if pid is None:
             raise BrokerError("broker is not running")
         os.kill(pid, signal.SIGHUP)
-        answers_mqtt(self.host, self.port, timeout=2.0)
+        if not answers_mqtt(self.host, self.port, timeout=timeout):
+            raise BrokerError(
+                f"mosquitto did not answer on {self.host}:{self.port} within {timeout}s of "
+                f"rereading its files (SIGHUP); see {self.dir / 'mosquitto.log'}"
+            )
 
     def pid(self) -> int | None:
         if self.proc is not None and self.proc.poll() is None:
