@@ -111,7 +111,10 @@ def test_a_killed_referee_of_two_loses_no_match(tmp_path: Path) -> None:
     assert Counter(e.reason for e in eps) == {"normal": 300}
     dead = str(killed["referee"])
     assert result.faults.referees_lost == [dead.split("@")[0]]
-    assert result.faults.rerequested >= 1  # it had matches in play
+    # it had matches in play: those it had acknowledged were asked for elsewhere, one whose
+    # acknowledgement was still on its way was sent again (a suite run saw a kill leave one
+    # such match and no other)
+    assert result.faults.rerequested + result.faults.resubmitted >= 1
     # its session went with it: no request queued for it, so next to none to send again
     assert result.faults.resubmitted <= config.concurrency
     later = [e for e in eps if e.started_at > float(killed["at"]) + 0.5]
