@@ -483,7 +483,10 @@ SCALING_AGENTS = 12
 
 
 def runner_messages_in() -> float:
-    """MQTT messages the runner (this process) has read so far: what it pays per message."""
+    """MQTT messages the runner (this process) has read so far: what it pays per message.
+
+    Read around a whole run, so the start's statuses and rosters count too: one per agent
+    and referee, against 300 matches or more a run."""
     labels = {"direction": "in", "role": "runner"}
     return REGISTRY.get_sample_value("backroom_bus_messages_total", labels) or 0.0
 
