@@ -25,7 +25,7 @@
    feeder here that starts a match whenever one ends) against raw aiomqtt
    request/response round trips per second with 100 requests outstanding
    through the same broker (the echo answers each as it comes). Blocks of
-   each alternate. Target: moves / round trips >= 0.5. (Printed between
+   each alternate. Target: moves / round trips >= 1.2 (issue 37; it was 0.5). (Printed between
    parts 2 and 3; ``--only rate`` runs it alone.)
 5. Referee scaling (``--only scaling --referees 1 2 4 8``): the same run
    through ``backroom run``'s code with K referee processes sharing one
@@ -626,7 +626,7 @@ def latency_part(
     print(
         f"referee-mediated Kuhn move        median {move_ms:.3f} ms  (n={len(moves)} matches; {where})"
     )
-    print(f"ratio move / raw                  {move_ms / raw_ms:.2f}x   (target <= 1.5x)")
+    print(f"ratio move / raw                  {move_ms / raw_ms:.2f}x   (target <= 1.25x)")
     print()
 
 
@@ -654,7 +654,7 @@ def rate_part(
     )
     print(
         f"ratio moves / raw round trips at {in_flight} in flight  {move_r / raw_r:.2f}x"
-        "   (target >= 0.5x)"
+        "   (target >= 1.2x)"
     )
     print()
 

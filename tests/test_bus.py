@@ -440,3 +440,96 @@ def test_a_filter_added_again_with_its_handler_is_routed_once() -> None:
     subs.add("backroom/v1/agents/a/outbox", lambda _t, _p: got.append("other"))
     subs.deliver("backroom/v1/agents/a/outbox", b"")  # another handler still gets its own
     assert got[2:] == ["backroom/v1/agents/a/outbox", "other"]
+
+
+class _Tap:
+    """A TCP relay between one client and the broker that keeps what the client wrote.
+
+    What a client sends, in what order, is the bus's business and nobody
+    else's; reading it off the wire, between two real endpoints, is how a
+    test sees it.
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.written = bytearray()  # the client's bytes, in order
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> _Tap:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        broker_r, broker_w = await asyncio.open_connection(self.broker.host, self.broker.port)
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, keep: bool) -> None:
+            while data := await r.read(65536):
+                if keep:
+                    self.written += data
+                w.write(data)
+                await w.drain()
+            w.close()
+
+        await asyncio.gather(
+            pipe(client_r, broker_w, True), pipe(broker_r, client_w, False), return_exceptions=True
+        )
+
+    def packets(self) -> list[tuple[int, bytes]]:
+        """The client's MQTT packets: (type, the rest after the fixed header)."""
+        out, buf, i = [], bytes(self.written), 0
+        while i < len(buf):
+            kind, length, shift, i = buf[i] >> 4, 0, 0, i + 1
+            while True:  # the remaining length, a varint
+                byte = buf[i]
+                length, shift, i = length | (byte & 0x7F) << shift, shift + 7, i + 1
+                if not byte & 0x80:
+                    break
+            out.append((kind, buf[i : i + length]))
+            i += length
+        return out
+
+
+PUBLISH, PUBACK = 3, 4
+
+
+async def test_what_a_delivery_wakes_leaves_before_its_acknowledgement(broker: Broker) -> None:
+    """A referee's next turn, sent by the match task that an agent's answer woke, goes out
+    ahead of that answer's PUBACK, in the same write: the turn is not kept behind an
+    acknowledgement nobody waits for (docs/speed.md, *Answers before acknowledgements*).
+    A delivery that wakes nothing and answers nothing is acknowledged all the same, once."""
+    ref, alice = identity(broker, "referee", "referee"), identity(broker, "alice")
+    async with _Tap(broker) as tap:
+        tapped = dataclasses.replace(ref, port=tap.port)
+        answered: asyncio.Queue[bytes] = asyncio.Queue()
+        turns: list[bytes] = []
+        async with Bus(tapped) as r, Bus(alice) as a:
+            await r.subscribe(
+                topics.outbox("alice", "referee"), lambda _t, p: answered.put_nowait(p)
+            )
+            await a.subscribe(topics.inbox("alice"), lambda _t, p: turns.append(p))
+
+            async def match_task() -> None:  # wakes on each answer and sends the next turn
+                for turn in (b"turn 2", b"turn 3"):
+                    await answered.get()
+                    r.publish(topics.inbox("alice"), turn)
+
+            task = asyncio.create_task(match_task())
+            await a.publish(topics.outbox("alice", "referee"), b"answer 1")
+            await eventually(lambda: len(turns) == 1, 10 * load_factor())
+            await a.publish(topics.outbox("alice", "referee"), b"answer 2")
+            await task
+            await eventually(lambda: len(turns) == 2, 10 * load_factor())
+            await a.publish(topics.outbox("alice", "referee"), b"answer 3")  # wakes nothing
+            await round_trip(r, topics.referee_probe("referee"))
+    assert turns == [b"turn 2", b"turn 3"]
+    kinds = [kind for kind, _ in tap.packets() if kind in (PUBLISH, PUBACK)]
+    # two turns, each ahead of the PUBACK of the answer that caused it; the third answer's
+    # PUBACK on its own; the round trip's marker (a publish, read back and acknowledged).
+    assert kinds[:5] == [PUBLISH, PUBACK, PUBLISH, PUBACK, PUBACK], kinds
+    assert kinds.count(PUBACK) == 4, kinds

@@ -1,6 +1,6 @@
 """Where the bus reaches past aiomqtt into the paho client under it, and why.
 
-aiomqtt 2.x wraps paho-mqtt for asyncio. Three things it does not do as the bus
+aiomqtt 2.x wraps paho-mqtt for asyncio. Four things it does not do as the bus
 needs them, so once a connection is up ``PahoLink`` installs its own paho
 callbacks. Every use of aiomqtt's private ``_client`` (the paho client) is in
 this module; nothing else in backroom touches paho's internals.
@@ -21,6 +21,16 @@ this module; nothing else in backroom touches paho's internals.
    two loop iterations per packet. Once connected, every publish happens on
    the loop's own thread, so ``PahoLink.write`` writes what paho holds in one
    go; aiomqtt's writer takes over only when the socket's buffer is full.
+
+4. **Acknowledgements after answers.** paho queues a delivery's PUBACK
+   the moment its ``on_message`` returns, so a referee's next turn, queued
+   by the match task that the delivered answer woke, left in a second
+   socket write behind that PUBACK. With paho's public ``manual_ack``,
+   ``PahoLink`` acknowledges what it read in its next write, after
+   everything the outbox queued meanwhile: the turn is on its way before
+   the PUBACK of the move that caused it (docs/speed.md, *Answers before
+   acknowledgements*). A connection that drops between the two loses the
+   PUBACK, as it could before, and the broker delivers the message again.
 
 A write from inside a paho callback (every handler that answers a
 delivery) lets go of paho's callback lock while it writes: see ``write``.
@@ -66,6 +76,12 @@ class PahoLink:
         self._aiomqtt_on_publish: Any = self._paho.on_publish  # paho types it as v1 | v2
         self._aiomqtt_register_write = self._paho.on_socket_register_write
         self._write_scheduled: asyncio.Handle | None = None
+        #: Whether the outbox will write in this loop iteration anyway (``Outbox.flush_due``):
+        #: then what paho queued of its own (acknowledgements, pings) leaves with that write.
+        self.flush_due: Callable[[], bool] | None = None
+        # Fix 4: what was read is acknowledged in the next write, after what it caused.
+        self._acks: list[tuple[int, int]] = []  # (mid, qos) read, not yet acknowledged
+        self._paho.manual_ack_set(True)
         self._paho.on_publish = self._on_publish
         self._paho.on_message = self._on_message
         self._paho.on_socket_register_write = self._register_write
@@ -97,6 +113,10 @@ class PahoLink:
         10% of the bus's rate at 100 matches in flight (``bench/bus_overhead.py
         --quick --only rate``, three alternating runs each).
         """
+        if self._acks:
+            acks, self._acks = self._acks, []
+            for mid, qos in acks:
+                self._paho.ack(mid, qos)  # behind what the outbox handed paho before this write
         if self._write_scheduled is not None:
             self._write_scheduled.cancel()  # this call does what it would have done
             self._write_scheduled = None
@@ -124,7 +144,14 @@ class PahoLink:
                 self._aiomqtt_register_write(client, userdata, sock)
             return
         if self._write_scheduled is None:
-            self._write_scheduled = self._loop.call_soon(self.write)
+            self._write_scheduled = self._loop.call_soon(self._write_soon)
+
+    def _write_soon(self) -> None:
+        """A write paho asked for, or an acknowledgement's: left to the outbox's flush when
+        one is due in this iteration (it writes everything paho holds), else done now."""
+        self._write_scheduled = None
+        if self.flush_due is None or not self.flush_due():
+            self.write()
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason: Any, props: Any) -> None:
         self._on_ack(mid, reason if isinstance(reason, ReasonCode) else None)
@@ -132,4 +159,8 @@ class PahoLink:
             self._aiomqtt_on_publish(client, userdata, mid, reason, props)
 
     def _on_message(self, _client: Any, _userdata: Any, message: paho.MQTTMessage) -> None:
+        if message.qos:
+            self._acks.append((message.mid, message.qos))
         self._deliver(message.topic, bytes(message.payload))
+        if self._acks and self._write_scheduled is None:  # the handlers wrote nothing
+            self._write_scheduled = self._loop.call_soon(self._write_soon)

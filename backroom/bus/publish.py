@@ -186,13 +186,20 @@ class Outbox:
             )
         packet.sent.resolve(error, unheard=reason is not None and reason.value == NO_SUBSCRIBERS)
 
+    def flush_due(self) -> bool:
+        """Whether a flush is scheduled in this loop iteration (``PahoLink`` then waits for it)."""
+        return self._flush_handle is not None
+
     def attach(self, link: PahoLink) -> None:
         """A connection is up: send what waited for it."""
         self._link = link
+        link.flush_due = self.flush_due
         self.flush()
 
     def detach(self) -> None:
         """The connection dropped: what it did not acknowledge goes first on the next one."""
+        if self._link is not None:
+            self._link.flush_due = None
         self._link = None
         if self._flush_handle is not None:
             self._flush_handle.cancel()
