@@ -160,6 +160,9 @@ class PahoLink:
 
     def _on_message(self, _client: Any, _userdata: Any, message: paho.MQTTMessage) -> None:
         if message.qos:
+            # Written by the first write after the handlers return, never during them: a
+            # handler's publish only queues (``bus.publish``), so what a handler commits
+            # (the trainer's store) is committed before the broker hears it was taken.
             self._acks.append((message.mid, message.qos))
         self._deliver(message.topic, bytes(message.payload))
         if self._acks and self._write_scheduled is None:  # the handlers wrote nothing
