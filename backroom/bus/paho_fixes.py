@@ -164,6 +164,8 @@ class PahoLink:
             # handler's publish only queues (``bus.publish``), so what a handler commits
             # (the trainer's store) is committed before the broker hears it was taken.
             self._acks.append((message.mid, message.qos))
-        self._deliver(message.topic, bytes(message.payload))
-        if self._acks and self._write_scheduled is None:  # the handlers wrote nothing
-            self._write_scheduled = self._loop.call_soon(self._write_soon)
+        try:
+            self._deliver(message.topic, bytes(message.payload))
+        finally:  # a delivery that raised is acknowledged all the same, as paho did
+            if self._acks and self._write_scheduled is None:  # the handlers wrote nothing
+                self._write_scheduled = self._loop.call_soon(self._write_soon)
