@@ -104,7 +104,7 @@ def client(cfg: BusConfig) -> aiomqtt.Client:
         identifier=cfg.username,
         protocol=aiomqtt.ProtocolVersion.V5,
         socket_options=NODELAY,
-        max_inflight_messages=1000,  # as the Bus: paho's default of 20 would throttle 100 in flight
+        max_inflight_messages=0,  # as the Bus: no cap (paho's default of 20 would throttle 100 in flight)
         logger=QUIET,
     )
 

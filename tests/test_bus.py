@@ -458,6 +458,10 @@ class _Tap:
         self.written = bytearray()  # the client's bytes, in order
         self.server: asyncio.Server | None = None
         self.port = 0
+        # While holding, what the broker sends (its PUBACKs) waits here, not at the client.
+        self.holding = False
+        self._held = bytearray()
+        self._to_client: asyncio.StreamWriter | None = None
 
     async def __aenter__(self) -> _Tap:
         self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
@@ -470,11 +474,15 @@ class _Tap:
 
     async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         broker_r, broker_w = await asyncio.open_connection(self.broker.host, self.broker.port)
+        self._to_client = client_w
 
         async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, keep: bool) -> None:
             while data := await r.read(65536):
                 if keep:
                     self.written += data
+                elif self.holding:
+                    self._held += data
+                    continue
                 w.write(data)
                 await w.drain()
             w.close()
@@ -482,6 +490,13 @@ class _Tap:
         await asyncio.gather(
             pipe(client_r, broker_w, True), pipe(broker_r, client_w, False), return_exceptions=True
         )
+
+    def release(self) -> None:
+        """Stop holding: what the broker sent meanwhile goes to the client, then the rest."""
+        self.holding = False
+        if self._held and self._to_client is not None:
+            self._to_client.write(bytes(self._held))
+            self._held.clear()
 
     def packets(self) -> list[tuple[int, bytes]]:
         """The client's whole MQTT packets so far: (type, the rest after the fixed header)."""
@@ -504,6 +519,31 @@ class _Tap:
     def kinds(self) -> list[int]:
         """The types of the client's PUBLISH and PUBACK packets, in order."""
         return [kind for kind, _ in self.packets() if kind in (PUBLISH, PUBACK)]
+
+
+async def test_a_publisher_sends_without_waiting_for_acknowledgements(broker: Broker) -> None:
+    """Everything queued goes on the wire at once, however many PUBACKs are still to come:
+    paho keeps no window of its own (at any cap it would also walk every unacknowledged
+    packet on each PUBACK; docs/speed.md, *In flight without a scan*). The broker's
+    acknowledgements, held back meanwhile, then settle every one."""
+    ref = identity(broker, "referee", "referee")
+    many = 1_100  # more than the cap of 1,000 the bus had
+    async with _Tap(broker) as tap:
+        async with Bus(dataclasses.replace(ref, port=tap.port)) as r:
+            await round_trip(r, topics.referee_probe("referee"))
+            tap.holding = True
+            sent = [r.publish(topics.inbox("alice"), b"turn %d" % i) for i in range(many)]
+            published = tap.kinds().count(PUBLISH)
+            await eventually(
+                lambda: tap.kinds().count(PUBLISH) == published + many, 10 * load_factor()
+            )
+            assert not any(s.done for s in sent)  # none acknowledged: all sent all the same
+            tap.release()
+            await asyncio.wait_for(asyncio.gather(*sent), 10 * load_factor())
+    turns = [
+        b[b.index(b"turn ") :] for kind, b in tap.packets() if kind == PUBLISH and b"turn " in b
+    ]
+    assert turns == [b"turn %d" % i for i in range(many)]  # in order, each once
 
 
 async def test_what_a_delivery_wakes_leaves_before_its_acknowledgement(broker: Broker) -> None:

@@ -105,6 +105,18 @@ async def test_the_referee_writes_a_stamped_run_into_its_own_directory(tmp_path:
     assert resolve_run_dir(tmp_path / "r") == stamped.parent
 
 
+def test_a_long_lived_referee_finds_every_runs_file(tmp_path: Path) -> None:
+    """The referee remembers run directories (each match asks for its own twice) and
+    forgets them past a bound: past the bound, old and new runs still get their own files."""
+    log = EpisodeLog(tmp_path)
+    names = [(f"run{i}", f"2026120{i % 3}-0000{i % 10}") for i in range(1_100)]
+    for _ in range(2):
+        for run, stamp in names:
+            assert log.path(run, stamp) == tmp_path / run / stamp / "episodes.jsonl"
+            assert log.path(run) == tmp_path / run / "episodes.jsonl"
+    assert log.may_write("run0", "20261200-00000", None)  # keyless, never bound
+
+
 @pytest.mark.parametrize("stamp", ["..", ".", "a/b", ""])
 def test_a_run_stamp_is_one_directory_name(stamp: str) -> None:
     with pytest.raises(pydantic.ValidationError, match="run_stamp"):

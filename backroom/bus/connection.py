@@ -159,7 +159,10 @@ class Connection:
             keepalive=self.config.keepalive,
             properties=props,
             clean_start=clean_start,
-            max_inflight_messages=1000,
+            # No cap of paho's own: at any cap paho walks every unacknowledged packet on
+            # each PUBACK (``_update_inflight``), hundreds at a time for a busy referee
+            # (docs/speed.md, *In flight without a scan*); the broker holds QoS 1 to nothing.
+            max_inflight_messages=0,
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
             timeout=self.config.connect_timeout_s,
         )

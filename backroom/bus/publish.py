@@ -80,6 +80,11 @@ class Sent:
         if self._error is not None:
             raise self._error
 
+    @property
+    def done(self) -> bool:
+        """Whether the broker has answered (or the bus gave up): awaiting it returns at once."""
+        return self._done
+
     def resolve(self, error: BaseException | None, unheard: bool = False) -> None:
         """The broker answered (``error`` None when it took the message), or the bus gave up."""
         if self._done:

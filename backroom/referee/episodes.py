@@ -33,6 +33,9 @@ class EpisodeLog:
         self._writer: asyncio.Task[None] | None = None
         self._stamped: set[Path] = set()  # run directories of stamped runs, to link as `latest`
         self._keys: dict[Path, str] = {}  # stamped run directory -> the digest it is bound to
+        # (run, stamp) -> its run directory: every match asks twice, and joining a Path
+        # costs more than the dictionary (docs/speed.md, *In flight without a scan*).
+        self._dirs: dict[tuple[str, str], Path] = {}
 
     def may_write(self, run: str, stamp: str, key: str | None) -> bool:
         """Whether a request carrying ``key`` may have its record written in ``runs/<run>/<stamp>``.
@@ -46,7 +49,7 @@ class EpisodeLog:
         runners before keys); one that cannot be read is left to the write,
         whose failure is reported (``EpisodeLog.commit``).
         """
-        run_dir = self.runs_dir / run / stamp
+        run_dir = self._run_dir(run, stamp)
         digest = key_digest(key) if key else None
         bound = self._keys.get(run_dir)
         if bound is None:
@@ -79,7 +82,15 @@ class EpisodeLog:
 
     def path(self, run: str, stamp: str | None = None) -> Path:
         """``runs/<run>/<stamp>/episodes.jsonl``; without a stamp, ``runs/<run>/episodes.jsonl``."""
-        return self.runs_dir / run / (stamp or "") / EPISODES_FILE
+        return self._run_dir(run, stamp or "") / EPISODES_FILE
+
+    def _run_dir(self, run: str, stamp: str) -> Path:
+        run_dir = self._dirs.get((run, stamp))
+        if run_dir is None:
+            if len(self._dirs) >= 1024:  # a referee that outlives many runs forgets the old
+                self._dirs.clear()
+            run_dir = self._dirs[run, stamp] = self.runs_dir / run / stamp
+        return run_dir
 
     async def commit(
         self, record: EpisodeRecord, record_json: bytes, log: logging.Logger
