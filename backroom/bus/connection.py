@@ -161,7 +161,8 @@ class Connection:
             clean_start=clean_start,
             # No cap of paho's own: at any cap paho walks every unacknowledged packet on
             # each PUBACK (``_update_inflight``), hundreds at a time for a busy referee
-            # (docs/speed.md, *In flight without a scan*); the broker holds QoS 1 to nothing.
+            # (docs/speed.md, *In flight without a scan*); Mosquitto counts no QoS 1 publish
+            # against a receive maximum, and paho reads none.
             max_inflight_messages=0,
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
             timeout=self.config.connect_timeout_s,
