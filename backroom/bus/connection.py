@@ -160,7 +160,7 @@ class Connection:
             properties=props,
             clean_start=clean_start,
             # No cap of paho's own: at any cap paho walks every unacknowledged packet on
-            # each PUBACK (``_update_inflight``), hundreds at a time for a busy referee
+            # each PUBACK (``_update_inflight``), as many as a busy referee has out
             # (docs/speed.md, *In flight without a scan*); Mosquitto counts no QoS 1 publish
             # against a receive maximum, and paho reads none.
             max_inflight_messages=0,
